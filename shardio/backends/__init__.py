@@ -1,0 +1,90 @@
+"""Shard backends: one file per shard, behind one small writer/reader protocol.
+
+A backend stores *framed records* (see ``shardio.format``) and knows nothing of
+samples, codecs or manifests. ``records`` is a flat file read front to back
+with an offset index at its end; ``lmdb`` is one LMDB file keyed by the record's
+index in the shard. Both give O(1) access to record ``i`` and a sequential scan.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Protocol
+
+
+class ShardFileWriter(Protocol):
+    """Appends framed records to one shard file under a temporary name."""
+
+    def append(self, key: str, framed: bytes) -> None:
+        """Add the next record; ``key`` is the sample's ``__key__``."""
+        ...
+
+    def finish(self) -> tuple[int, str]:
+        """Complete, fsync and close the file; return ``(size in bytes, "crc32:…")``."""
+        ...
+
+    def abort(self) -> None:
+        """Close and delete the partial file."""
+        ...
+
+
+class ShardFileReader(Protocol):
+    """Reads framed records from one finished shard file."""
+
+    path: str
+    num_records: int
+
+    def frame(self, index: int) -> memoryview:
+        """The framed bytes of record ``index`` (checked later by ``shardio.format``)."""
+        ...
+
+    def offset(self, index: int) -> int:
+        """Byte offset of record ``index`` in the file, for error messages."""
+        ...
+
+    def scan(self, start: int = 0, stop: int | None = None) -> Iterator[tuple[int, memoryview]]:
+        """Yield ``(index, framed bytes)`` for records ``start..stop`` in storage order."""
+        ...
+
+    def keys(self) -> Sequence[str]:
+        """The ``__key__`` of every record, in record order."""
+        ...
+
+    def close(self) -> None:
+        """Release the file; the reader must not be used afterwards."""
+        ...
+
+
+SHARD_SUFFIX = {"records": ".rec", "lmdb": ".mdb"}
+
+
+def shard_name(backend: str, number: int) -> str:
+    """The file name of shard ``number`` for ``backend``."""
+    return f"shard-{number:05d}{SHARD_SUFFIX[backend]}"
+
+
+def create_shard(backend: str, path: Path) -> ShardFileWriter:
+    """Start writing a shard of ``backend`` at temporary ``path``."""
+    if backend == "records":
+        from shardio.backends.records import RecordsShardWriter
+
+        return RecordsShardWriter(path)
+    if backend == "lmdb":
+        from shardio.backends.lmdb import LmdbShardWriter
+
+        return LmdbShardWriter(path)
+    raise ValueError(f"unknown backend {backend!r}; expected one of {', '.join(SHARD_SUFFIX)}")
+
+
+def open_shard(backend: str, path: str | Path) -> ShardFileReader:
+    """Open a finished shard of ``backend`` for reading."""
+    if backend == "records":
+        from shardio.backends.records import RecordsShardReader
+
+        return RecordsShardReader(path)
+    if backend == "lmdb":
+        from shardio.backends.lmdb import LmdbShardReader
+
+        return LmdbShardReader(path)
+    raise ValueError(f"unknown backend {backend!r}; expected one of {', '.join(SHARD_SUFFIX)}")

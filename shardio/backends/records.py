@@ -1,0 +1,168 @@
+"""The ``records`` backend: one flat ``.rec`` file per shard.
+
+Layout (docs/format.md): a 16-byte header, the framed records back to back,
+an index of ``num_records + 1`` little-endian u64 offsets (record ``i`` spans
+``offsets[i]:offsets[i+1]``), the keys as one msgpack array of str, and a
+fixed footer that says where the index and keys start. A reader maps the file
+once and slices records out of the map: no syscall per record.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+import zlib
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import BinaryIO
+
+import msgpack
+import numpy as np
+
+from shardio.errors import ChecksumError, ShardCorruptError, ShardMissingError
+from shardio.format import (
+    FOOTER_SIZE,
+    HEADER_SIZE,
+    check_header,
+    pack_footer,
+    pack_header,
+    unpack_footer,
+)
+
+WRITE_BUFFER_BYTES = 8 << 20
+
+
+class RecordsShardWriter:
+    """Writes one ``.rec`` shard, computing its file checksum as it goes."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = Path(path)
+        self._fh: BinaryIO | None = open(self.path, "wb", buffering=WRITE_BUFFER_BYTES)  # noqa: SIM115 - closed in finish/abort
+        self._crc = 0
+        self._size = 0
+        self._offsets: list[int] = []
+        self._keys: list[str] = []
+        self._write(pack_header())
+
+    def _write(self, data: bytes) -> None:
+        assert self._fh is not None, "shard already finished"
+        self._fh.write(data)
+        self._crc = zlib.crc32(data, self._crc)
+        self._size += len(data)
+
+    def append(self, key: str, framed: bytes) -> None:
+        """Add the next record."""
+        self._offsets.append(self._size)
+        self._keys.append(key)
+        self._write(framed)
+
+    def finish(self) -> tuple[int, str]:
+        """Write index, keys and footer; fsync; return ``(bytes, checksum)``."""
+        index_offset = self._size
+        offsets = np.asarray([*self._offsets, index_offset], dtype="<u8").tobytes()
+        keys = msgpack.packb(self._keys, use_bin_type=True)
+        tail = offsets + keys
+        self._write(tail)
+        self._write(
+            pack_footer(index_offset, index_offset + len(offsets), len(self._keys), zlib.crc32(tail))
+        )
+        assert self._fh is not None
+        self._fh.flush()
+        os.fsync(self._fh.fileno())
+        self._fh.close()
+        self._fh = None
+        return self._size, f"crc32:{self._crc:08x}"
+
+    def abort(self) -> None:
+        """Close and delete the partial file."""
+        if self._fh is not None:
+            self._fh.close()
+            self._fh = None
+        self.path.unlink(missing_ok=True)
+
+
+class RecordsShardReader:
+    """Maps one ``.rec`` shard and serves its records as memoryview slices."""
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = str(path)
+        try:
+            fd = os.open(self.path, os.O_RDONLY)
+        except FileNotFoundError as exc:
+            raise ShardMissingError(
+                f"{self.path}: shard file is missing; the dataset is incomplete. Restore the "
+                "file, or re-pack the dataset",
+                path=self.path,
+            ) from exc
+        try:
+            size = os.fstat(fd).st_size
+            if size < HEADER_SIZE + FOOTER_SIZE:
+                unpack_footer(b"\0" * size, path=self.path)
+            self._mmap = mmap.mmap(fd, size, access=mmap.ACCESS_READ)
+        finally:
+            os.close(fd)
+        self.size = size
+        view = memoryview(self._mmap)
+        self._view = view
+        check_header(view[:HEADER_SIZE], path=self.path)
+        footer = unpack_footer(view, path=self.path)
+        self.num_records = footer.num_records
+        tail = view[footer.index_offset : size - FOOTER_SIZE]
+        if zlib.crc32(tail) != footer.index_crc32:
+            raise ChecksumError(
+                f"{self.path}: the record index at byte {footer.index_offset} fails its "
+                "checksum; the shard is corrupt: restore it from a copy or re-pack",
+                path=self.path, offset=footer.index_offset,
+            )
+        self.offsets = np.frombuffer(view, dtype="<u8", count=footer.num_records + 1,
+                                     offset=footer.index_offset)
+        self._offsets_list: list[int] = self.offsets.tolist()
+        if self._offsets_list[0] != HEADER_SIZE or self._offsets_list[-1] != footer.index_offset:
+            raise ShardCorruptError(
+                f"{self.path}: record index does not span the record area; re-pack it",
+                path=self.path, offset=footer.index_offset,
+            )
+        self._keys_offset = footer.keys_offset
+        self._keys: list[str] | None = None
+
+    def frame(self, index: int) -> memoryview:
+        """Framed bytes of record ``index``."""
+        if not 0 <= index < self.num_records:
+            raise IndexError(f"{self.path}: record {index} out of range 0..{self.num_records - 1}")
+        offs = self._offsets_list
+        return self._view[offs[index] : offs[index + 1]]
+
+    def offset(self, index: int) -> int:
+        """Byte offset of record ``index``."""
+        return self._offsets_list[index]
+
+    def scan(self, start: int = 0, stop: int | None = None) -> Iterator[tuple[int, memoryview]]:
+        """Yield ``(index, framed bytes)`` front to back."""
+        stop = self.num_records if stop is None else stop
+        offs = self._offsets_list
+        view = self._view
+        for i in range(start, stop):
+            yield i, view[offs[i] : offs[i + 1]]
+
+    def advise_sequential(self, start: int, stop: int) -> None:
+        """Tell the kernel records ``start..stop`` will be read soon, in order."""
+        lo = self._offsets_list[start] & ~(mmap.PAGESIZE - 1)
+        hi = self._offsets_list[stop]
+        if hi > lo and hasattr(self._mmap, "madvise"):
+            self._mmap.madvise(mmap.MADV_WILLNEED, lo, hi - lo)
+
+    def keys(self) -> Sequence[str]:
+        """Every record's ``__key__``, read from the key block on first use."""
+        if self._keys is None:
+            raw = self._view[self._keys_offset : self.size - FOOTER_SIZE]
+            self._keys = list(msgpack.unpackb(raw, raw=False))
+        return self._keys
+
+    def close(self) -> None:
+        """Unmap the file (later, when the last record view a caller holds is dropped)."""
+        self.offsets = np.empty(0, dtype="<u8")
+        try:
+            self._view.release()
+            self._mmap.close()
+        except BufferError:
+            pass

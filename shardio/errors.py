@@ -1,0 +1,97 @@
+"""The exception tree of shardio; every error a user can meet is one of these.
+
+Each class also subclasses the builtin a caller would naturally catch, so
+``except FileNotFoundError`` keeps working around shardio calls::
+
+    ShardioError(Exception)
+    ├── ManifestError(ValueError)             bad or unsupported manifest.json
+    │   └── UnsupportedVersionError           format version this reader does not know
+    ├── ManifestNotFoundError(FileNotFoundError)
+    ├── ShardMissingError(FileNotFoundError)  manifest names a shard that is not there
+    ├── ShardCorruptError(ValueError)         bytes on disk disagree with the format
+    │   ├── ChecksumError                     a record or file checksum does not match
+    │   └── TruncatedShardError               a shard is shorter than it claims
+    ├── RecordEncodeError(TypeError)          a sample holds a value the format cannot store
+    ├── PackError                             packing could not finish
+    │   ├── BadInputError(OSError)            an input file is unreadable, empty, not an image…
+    │   ├── EmptySourceError(ValueError)      nothing to pack
+    │   └── OutputExistsError(FileExistsError)
+    └── UnsafeKeyError(ValueError)            unpack refused a key that escapes DEST
+
+Every constructor takes the message as its only positional argument (the
+DataLoader re-raises worker errors in the main process by calling
+``type(exc)(message)``); the location is kept in keyword attributes.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+
+class ShardioError(Exception):
+    """Base class of every shardio error; carries where it happened."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        path: str | Path | None = None,
+        record: int | None = None,
+        offset: int | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.path = None if path is None else str(path)
+        self.record = record
+        self.offset = offset
+
+
+class ManifestError(ShardioError, ValueError):
+    """The manifest cannot be read or describes something this version cannot use."""
+
+
+class UnsupportedVersionError(ManifestError):
+    """The manifest or a shard was written by a format version this reader does not know."""
+
+
+class ManifestNotFoundError(ShardioError, FileNotFoundError):
+    """A dataset directory has no manifest.json."""
+
+
+class ShardMissingError(ShardioError, FileNotFoundError):
+    """The manifest names a shard file that does not exist."""
+
+
+class ShardCorruptError(ShardioError, ValueError):
+    """A shard's bytes disagree with the format or the manifest."""
+
+
+class ChecksumError(ShardCorruptError):
+    """A record's or a shard file's checksum does not match the stored one."""
+
+
+class TruncatedShardError(ShardCorruptError):
+    """A shard file is shorter than its header, index or manifest entry says."""
+
+
+class RecordEncodeError(ShardioError, TypeError):
+    """A sample holds a value the record format cannot store (it would need pickle)."""
+
+
+class PackError(ShardioError):
+    """Packing could not finish; nothing that points at partial output was written."""
+
+
+class BadInputError(PackError, OSError):
+    """An input file cannot be packed: unreadable, empty, a broken link, not an image."""
+
+
+class EmptySourceError(PackError, ValueError):
+    """The source folder holds nothing to pack."""
+
+
+class OutputExistsError(PackError, FileExistsError):
+    """The output folder is not empty and neither --overwrite nor --resume was given."""
+
+
+class UnsafeKeyError(ShardioError, ValueError):
+    """Unpacking refused a sample key that would write outside the destination."""

@@ -1,0 +1,209 @@
+"""The dataset manifest: frozen dataclasses, JSON in and out, the version gate.
+
+``manifest.json`` is the one file that makes a directory a shardio dataset. It
+is written last and atomically (temporary name, fsync, rename), so a manifest
+never points at a shard that is missing or partial.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Final
+
+from shardio.errors import ManifestError, ManifestNotFoundError, UnsupportedVersionError
+from shardio.format import FORMAT_NAME, FORMAT_VERSION, SUPPORTED_VERSIONS
+
+MANIFEST_NAME: Final = "manifest.json"
+BACKENDS: Final = ("records", "lmdb")
+
+
+@dataclass(frozen=True)
+class ShardInfo:
+    """One shard file as the manifest records it."""
+
+    name: str
+    num_samples: int
+    first_index: int
+    num_bytes: int
+    checksum: str
+    """``"crc32:<8 hex digits>"`` of the whole file."""
+
+
+@dataclass(frozen=True)
+class SkippedFile:
+    """An input file that ``pack --skip-bad`` left out, and why."""
+
+    path: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class Manifest:
+    """What a dataset directory holds: counts, fields, classes, options and its shards."""
+
+    backend: str
+    codec: str
+    num_samples: int
+    num_bytes: int
+    fields: tuple[str, ...]
+    shards: tuple[ShardInfo, ...]
+    classes: tuple[str, ...] | None = None
+    class_to_idx: Mapping[str, int] | None = None
+    seed: int | None = None
+    shuffle: bool = True
+    options: Mapping[str, Any] = field(default_factory=dict)
+    input_bytes: int = 0
+    skipped: tuple[SkippedFile, ...] = ()
+    shardio_version: str = ""
+    format: str = FORMAT_NAME
+    version: int = FORMAT_VERSION
+
+    @property
+    def is_labelled(self) -> bool:
+        """Whether samples carry an ImageFolder ``label`` field with a ``classes`` list."""
+        return self.classes is not None
+
+    def to_json(self) -> dict[str, Any]:
+        """The manifest as the JSON object written to ``manifest.json``."""
+        out = asdict(self)
+        out["fields"] = list(self.fields)
+        out["classes"] = None if self.classes is None else list(self.classes)
+        out["class_to_idx"] = None if self.class_to_idx is None else dict(self.class_to_idx)
+        order = ["format", "version", "shardio_version", "backend", "codec", "num_samples",
+                 "num_bytes", "input_bytes", "fields", "classes", "class_to_idx", "seed",
+                 "shuffle", "options", "skipped", "shards"]
+        return {key: out[key] for key in order}
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any], *, path: str = MANIFEST_NAME) -> Manifest:
+        """Build a manifest from parsed JSON, refusing unknown formats and versions."""
+        if not isinstance(data, Mapping) or data.get("format") != FORMAT_NAME:
+            raise ManifestError(
+                f"{path}: not a shardio manifest (format is {data.get('format')!r} "
+                f"where {FORMAT_NAME!r} was expected)" if isinstance(data, Mapping)
+                else f"{path}: not a shardio manifest (top level is not an object)",
+                path=path,
+            )
+        version = data.get("version")
+        if version not in SUPPORTED_VERSIONS:
+            raise UnsupportedVersionError(
+                f"{path}: format version {version!r} is not supported by this shardio "
+                f"(supports {sorted(SUPPORTED_VERSIONS)}); upgrade shardio to read it",
+                path=path,
+            )
+        try:
+            backend = str(data["backend"])
+            if backend not in BACKENDS:
+                raise ManifestError(f"{path}: unknown backend {backend!r}", path=path)
+            shards = tuple(ShardInfo(**s) for s in data["shards"])
+            classes = data.get("classes")
+            class_to_idx = data.get("class_to_idx")
+            manifest = cls(
+                backend=backend,
+                codec=str(data["codec"]),
+                num_samples=int(data["num_samples"]),
+                num_bytes=int(data["num_bytes"]),
+                fields=tuple(data["fields"]),
+                shards=shards,
+                classes=None if classes is None else tuple(classes),
+                class_to_idx=None if class_to_idx is None else dict(class_to_idx),
+                seed=data.get("seed"),
+                shuffle=bool(data.get("shuffle", True)),
+                options=dict(data.get("options") or {}),
+                input_bytes=int(data.get("input_bytes", 0)),
+                skipped=tuple(SkippedFile(**s) for s in data.get("skipped") or ()),
+                shardio_version=str(data.get("shardio_version", "")),
+                format=FORMAT_NAME,
+                version=int(version),
+            )
+        except (KeyError, TypeError, ValueError) as exc:
+            if isinstance(exc, ManifestError):
+                raise
+            raise ManifestError(f"{path}: malformed manifest ({exc!r})", path=path) from exc
+        manifest.check_consistency(path)
+        return manifest
+
+    def check_consistency(self, path: str = MANIFEST_NAME) -> None:
+        """Refuse a manifest whose shard counts and first indices do not add up."""
+        expected = 0
+        for shard in self.shards:
+            if shard.first_index != expected or shard.num_samples < 0:
+                raise ManifestError(
+                    f"{path}: shard {shard.name} starts at sample {shard.first_index}, "
+                    f"expected {expected}; the manifest is damaged",
+                    path=path,
+                )
+            expected += shard.num_samples
+        if expected != self.num_samples:
+            raise ManifestError(
+                f"{path}: shards hold {expected} samples but num_samples is "
+                f"{self.num_samples}; the manifest is damaged",
+                path=path,
+            )
+
+    @property
+    def shard_sizes(self) -> tuple[int, ...]:
+        """Samples per shard, in shard order."""
+        return tuple(s.num_samples for s in self.shards)
+
+
+def manifest_path(path: str | os.PathLike[str]) -> Path:
+    """The manifest file of a dataset directory (or the file itself if given)."""
+    p = Path(path)
+    return p if p.name == MANIFEST_NAME and not p.is_dir() else p / MANIFEST_NAME
+
+
+def read_manifest(path: str | os.PathLike[str]) -> Manifest:
+    """Read and validate the manifest of the dataset at ``path``.
+
+    Raises:
+        ManifestNotFoundError: ``path`` has no manifest.json.
+        ManifestError: the manifest is not valid JSON or not a shardio manifest.
+        UnsupportedVersionError: it was written by an unknown format version.
+    """
+    mpath = manifest_path(path)
+    try:
+        text = mpath.read_text(encoding="utf-8")
+    except FileNotFoundError as exc:
+        raise ManifestNotFoundError(
+            f"{mpath.parent}: no {MANIFEST_NAME} here, so this is not a shardio dataset "
+            f"(or its pack did not finish). Make one with `shardio pack SRC {mpath.parent}`, "
+            f"or finish an interrupted pack with `shardio pack --resume`.",
+            path=str(mpath),
+        ) from exc
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ManifestError(f"{mpath}: not valid JSON ({exc})", path=str(mpath)) from exc
+    return Manifest.from_json(data, path=str(mpath))
+
+
+def write_manifest(directory: str | os.PathLike[str], manifest: Manifest) -> Path:
+    """Write ``manifest.json`` atomically: temporary file, fsync, rename, fsync the folder."""
+    target = Path(directory) / MANIFEST_NAME
+    tmp = target.with_name(f".{MANIFEST_NAME}.tmp")
+    data = json.dumps(manifest.to_json(), indent=1, ensure_ascii=False) + "\n"
+    with open(tmp, "w", encoding="utf-8") as fh:
+        fh.write(data)
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, target)
+    fsync_dir(target.parent)
+    return target
+
+
+def fsync_dir(directory: str | os.PathLike[str]) -> None:
+    """Make a rename inside ``directory`` durable (a no-op where folders cannot be opened)."""
+    try:
+        fd = os.open(directory, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+

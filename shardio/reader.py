@@ -1,0 +1,153 @@
+"""Read a packed dataset without torch: by global index, by shard range, or in stored order.
+
+``DatasetReader`` opens shards lazily (one open per shard per reader) and
+checks each against the manifest's size when it opens; record checksums are
+checked as records are read. It is the one place where manifest, backend and
+record codec meet, and everything above it (the torch datasets, the CLI)
+reads through it.
+"""
+
+from __future__ import annotations
+
+import bisect
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+from shardio.backends import ShardFileReader, open_shard
+from shardio.errors import ShardMissingError, TruncatedShardError
+from shardio.manifest import Manifest, ShardInfo, read_manifest
+from shardio.record import INDEX_FIELD, decode_record
+
+
+class DatasetReader:
+    """Random and sequential access to the samples of one dataset directory."""
+
+    def __init__(self, path: str | os.PathLike[str], *, verify: bool = True) -> None:
+        """Read the manifest of ``path``; shards are opened on first use.
+
+        Args:
+            path: dataset folder (or its manifest.json).
+            verify: check each record's CRC-32 as it is read.
+        """
+        self.manifest: Manifest = read_manifest(path)
+        p = Path(path)
+        self.root = p.parent if p.is_file() else p
+        self.verify = verify
+        self._firsts = [s.first_index for s in self.manifest.shards]
+        self._open: dict[int, ShardFileReader] = {}
+
+    def __len__(self) -> int:
+        return self.manifest.num_samples
+
+    def __enter__(self) -> DatasetReader:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def shard_path(self, shard: int) -> Path:
+        """File path of shard number ``shard``."""
+        return self.root / self.manifest.shards[shard].name
+
+    def shard(self, shard: int) -> ShardFileReader:
+        """The open reader of shard number ``shard``, opening and checking it once."""
+        reader = self._open.get(shard)
+        if reader is None:
+            reader = self._open_checked(shard)
+            self._open[shard] = reader
+        return reader
+
+    def _open_checked(self, shard: int) -> ShardFileReader:
+        info: ShardInfo = self.manifest.shards[shard]
+        path = self.shard_path(shard)
+        try:
+            size = path.stat().st_size
+        except FileNotFoundError as exc:
+            raise ShardMissingError(
+                f"{path}: shard {info.name} named by {self.root / 'manifest.json'} is missing; "
+                "restore the file or re-pack the dataset",
+                path=path,
+            ) from exc
+        if size != info.num_bytes:
+            raise TruncatedShardError(
+                f"{path}: shard is {size} bytes but the manifest says {info.num_bytes}; it was "
+                "truncated or replaced: restore it from a copy or re-pack",
+                path=path,
+            )
+        reader = open_shard(self.manifest.backend, path)
+        if reader.num_records != info.num_samples:
+            reader.close()
+            raise TruncatedShardError(
+                f"{path}: shard holds {reader.num_records} records but the manifest says "
+                f"{info.num_samples}; re-pack the dataset",
+                path=path,
+            )
+        return reader
+
+    def close_shard(self, shard: int) -> None:
+        """Release one shard's file (its map and descriptor)."""
+        reader = self._open.pop(shard, None)
+        if reader is not None:
+            reader.close()
+
+    def close(self) -> None:
+        """Release every open shard."""
+        for shard in list(self._open):
+            self.close_shard(shard)
+
+    def locate(self, index: int) -> tuple[int, int]:
+        """``(shard number, record in shard)`` of global sample ``index``."""
+        if not 0 <= index < self.manifest.num_samples:
+            raise IndexError(f"sample {index} out of range 0..{self.manifest.num_samples - 1}")
+        shard = bisect.bisect_right(self._firsts, index) - 1
+        return shard, index - self._firsts[shard]
+
+    def decode(self, shard: int, record: int, framed: memoryview | bytes) -> dict[str, Any]:
+        """Check and decode one framed record of ``shard`` into its sample dict."""
+        reader = self.shard(shard)
+        sample = decode_record(
+            framed, path=reader.path, record=record, offset=reader.offset(record),
+            verify=self.verify,
+        )
+        sample[INDEX_FIELD] = self._firsts[shard] + record
+        return sample
+
+    def get(self, index: int) -> dict[str, Any]:
+        """Sample ``index`` (global, in stored order) as a dict with ``__key__`` and ``__index__``."""
+        shard, record = self.locate(index)
+        return self.decode(shard, record, self.shard(shard).frame(record))
+
+    def __getitem__(self, index: int) -> dict[str, Any]:
+        return self.get(index)
+
+    def iter_shard(
+        self, shard: int, start: int = 0, stop: int | None = None
+    ) -> Iterator[dict[str, Any]]:
+        """Samples ``start..stop`` of one shard, read front to back."""
+        reader = self.shard(shard)
+        for record, framed in reader.scan(start, stop):
+            yield self.decode(shard, record, framed)
+
+    def __iter__(self) -> Iterator[dict[str, Any]]:
+        """Every sample in stored order, one shard open at a time."""
+        for shard in range(len(self.manifest.shards)):
+            yield from self.iter_shard(shard)
+            self.close_shard(shard)
+
+    def keys(self) -> Iterator[str]:
+        """Every sample key in stored order, from the shards' key blocks (no record reads)."""
+        for shard in range(len(self.manifest.shards)):
+            yield from self.shard(shard).keys()
+
+
+def open_dataset(path: str | os.PathLike[str], *, verify: bool = True) -> DatasetReader:
+    """Open the dataset at ``path`` for reading (see ``DatasetReader``)."""
+    return DatasetReader(path, verify=verify)

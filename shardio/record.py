@@ -1,0 +1,112 @@
+"""Samples ↔ record payloads: msgpack with one extension type for numpy arrays.
+
+A sample is a mapping of field name to value. Values may be bytes, str, int,
+float, bool, None, lists and dicts of those, and numpy arrays of a plain dtype
+(kept with dtype and shape). Anything else is refused with a
+``RecordEncodeError``: nothing is ever pickled or unpickled.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, Final
+
+import msgpack
+import numpy as np
+
+from shardio.codecs import Codec, decompress, looks_compressed
+from shardio.errors import RecordEncodeError, ShardCorruptError
+from shardio.format import CODEC_NONE, frame, unframe
+
+KEY_FIELD: Final = "__key__"
+INDEX_FIELD: Final = "__index__"
+EXT_NDARRAY: Final = 1
+"""msgpack ext type 1: an ndarray as msgpack ``[dtype.str, shape, raw C-order bytes]``."""
+
+
+def _default(value: Any) -> Any:
+    if isinstance(value, np.ndarray):
+        if value.dtype.hasobject or value.dtype.fields is not None:
+            raise RecordEncodeError(
+                f"numpy arrays of dtype {value.dtype} cannot be stored without pickle; "
+                "convert to a plain numeric dtype"
+            )
+        body = msgpack.packb(
+            [value.dtype.str, list(value.shape), np.ascontiguousarray(value).tobytes()],
+            use_bin_type=True,
+        )
+        return msgpack.ExtType(EXT_NDARRAY, body)
+    if isinstance(value, np.generic):
+        return value.item()
+    if isinstance(value, (bytearray, memoryview)):
+        return bytes(value)
+    if isinstance(value, tuple):
+        return list(value)
+    raise RecordEncodeError(
+        f"cannot store a value of type {type(value).__name__}: records hold bytes, str, int, "
+        "float, bool, None, lists, dicts and numpy arrays (nothing is pickled)"
+    )
+
+
+def _ext_hook(code: int, data: bytes) -> Any:
+    if code == EXT_NDARRAY:
+        dtype, shape, raw = msgpack.unpackb(data, raw=False)
+        return np.frombuffer(raw, dtype=np.dtype(dtype)).reshape(shape)
+    raise ValueError(f"unknown msgpack extension type {code}")
+
+
+def encode_sample(sample: Mapping[str, Any]) -> bytes:
+    """Serialize one sample to its msgpack payload (before compression)."""
+    for name in sample:
+        if not isinstance(name, str):
+            raise RecordEncodeError(f"field names must be str, got {name!r}")
+    try:
+        return msgpack.packb(dict(sample), default=_default, use_bin_type=True, strict_types=False)  # type: ignore[no-any-return]
+    except (TypeError, ValueError, OverflowError) as exc:
+        if isinstance(exc, RecordEncodeError):
+            raise
+        raise RecordEncodeError(f"cannot encode sample: {exc}") from exc
+
+
+def decode_payload(payload: bytes | memoryview) -> dict[str, Any]:
+    """Parse a msgpack payload back into the sample dict."""
+    value = msgpack.unpackb(payload, raw=False, ext_hook=_ext_hook, strict_map_key=True)
+    if not isinstance(value, dict):
+        raise ValueError(f"payload is a {type(value).__name__}, not a map")
+    return value
+
+
+def mostly_compressed(sample: Mapping[str, Any]) -> bool:
+    """Whether most of a sample's bytes are already-compressed media (JPEG, PNG, …)."""
+    total = 0
+    packed = 0
+    for value in sample.values():
+        if isinstance(value, (bytes, bytearray, memoryview)):
+            total += len(value)
+            if looks_compressed(value):
+                packed += len(value)
+    return total > 0 and packed * 2 >= total
+
+
+def encode_record(sample: Mapping[str, Any], codec: Codec) -> bytes:
+    """Encode, compress where it pays, and frame one sample."""
+    payload = encode_sample(sample)
+    if mostly_compressed(sample):
+        return frame(payload, CODEC_NONE)
+    codec_id, stored = codec.compress(payload)
+    return frame(stored, codec_id)
+
+
+def decode_record(
+    buf: bytes | memoryview, *, path: str, record: int, offset: int = 0, verify: bool = True
+) -> dict[str, Any]:
+    """Check, decompress and parse one framed record into its sample dict."""
+    codec_id, stored = unframe(buf, path=path, record=record, offset=offset, verify=verify)
+    try:
+        return decode_payload(decompress(codec_id, stored))
+    except Exception as exc:  # msgpack and zstd raise a zoo of types; map them at this boundary
+        raise ShardCorruptError(
+            f"{path}: record {record} at byte {offset} passed its checksum but does not "
+            f"decode ({type(exc).__name__}: {exc}); the shard was written by a broken writer",
+            path=path, record=record, offset=offset,
+        ) from exc

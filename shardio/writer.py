@@ -1,0 +1,298 @@
+"""``ShardWriter``: samples in, shards and a manifest out, crash-safe.
+
+Samples are written in the order given. Each shard is written under a hidden
+temporary name, fsynced and renamed when it rolls (at ``max_shard_bytes`` or
+``max_shard_samples``); after every finished shard a small journal
+(``.shardio-pack.json``) records what is done, so an interrupted pack can
+resume. ``manifest.json`` is written last and atomically, on a clean exit only:
+an exception, Ctrl-C or ``kill -9`` never leaves a manifest that points at a
+missing or partial shard.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from types import TracebackType
+from typing import Any, Final
+
+from shardio.version import __version__
+from shardio.backends import SHARD_SUFFIX, ShardFileWriter, create_shard, open_shard, shard_name
+from shardio.codecs import get_codec
+from shardio.errors import OutputExistsError, PackError, RecordEncodeError
+from shardio.manifest import (
+    MANIFEST_NAME,
+    Manifest,
+    ShardInfo,
+    SkippedFile,
+    fsync_dir,
+    write_manifest,
+)
+from shardio.record import KEY_FIELD, encode_record
+
+JOURNAL_NAME: Final = ".shardio-pack.json"
+DEFAULT_MAX_SHARD_BYTES: Final = 256 * 1000 * 1000
+
+
+@dataclass(frozen=True)
+class WriteOptions:
+    """How samples become shards; also the identity a resumed pack must match."""
+
+    backend: str = "records"
+    codec: str = "zstd"
+    level: int = 3
+    max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES
+    max_shard_samples: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.backend not in SHARD_SUFFIX:
+            raise ValueError(f"backend must be one of {sorted(SHARD_SUFFIX)}, got {self.backend!r}")
+        get_codec(self.codec, self.level)
+        if self.max_shard_bytes <= 0:
+            raise ValueError(f"max_shard_bytes must be positive, got {self.max_shard_bytes}")
+        if self.max_shard_samples is not None and self.max_shard_samples <= 0:
+            raise ValueError(f"max_shard_samples must be positive, got {self.max_shard_samples}")
+
+
+def _is_shardio_file(name: str) -> bool:
+    return (
+        name in (MANIFEST_NAME, JOURNAL_NAME, f".{MANIFEST_NAME}.tmp", f"{JOURNAL_NAME}.tmp")
+        or (name.startswith(("shard-", ".shard-")) and name.endswith(
+            tuple(SHARD_SUFFIX.values()) + tuple(s + ".tmp" for s in SHARD_SUFFIX.values())
+            + tuple(s + "-lock" for s in SHARD_SUFFIX.values())
+        ))
+    )
+
+
+def prepare_output(out: Path, *, overwrite: bool, resume: bool) -> None:
+    """Create ``out`` or check that it may be written; clear old shardio files on overwrite."""
+    out.mkdir(parents=True, exist_ok=True)
+    names = sorted(os.listdir(out))
+    if not names or resume:
+        return
+    if not overwrite:
+        raise OutputExistsError(
+            f"{out}: output folder is not empty ({len(names)} entries, e.g. {names[0]!r}); "
+            "choose an empty folder, pass --overwrite to replace a dataset, or --resume to "
+            "finish an interrupted pack",
+            path=out,
+        )
+    foreign = [n for n in names if not _is_shardio_file(n)]
+    if foreign:
+        raise OutputExistsError(
+            f"{out}: refusing to overwrite a folder that holds files shardio did not write "
+            f"(e.g. {foreign[0]!r}); choose another output folder",
+            path=out,
+        )
+    (out / MANIFEST_NAME).unlink(missing_ok=True)
+    fsync_dir(out)
+    for name in names:
+        (out / name).unlink(missing_ok=True)
+
+
+class ShardWriter:
+    """Write samples into shards with a manifest; use as a context manager.
+
+    Example::
+
+        with ShardWriter("out/", max_shard_samples=1000) as writer:
+            writer.write({"__key__": "a/0001", "jpg": data, "cls": 3})
+    """
+
+    def __init__(
+        self,
+        out: str | os.PathLike[str],
+        options: WriteOptions | None = None,
+        *,
+        classes: Sequence[str] | None = None,
+        overwrite: bool = False,
+        resume: bool = False,
+        identity: Mapping[str, Any] | None = None,
+    ) -> None:
+        """Open ``out`` for writing.
+
+        Args:
+            out: dataset folder; created if absent, must be empty unless ``overwrite``.
+            options: backend, codec and shard size limits.
+            classes: for labelled data, the class names; ``class_to_idx`` follows their order.
+            overwrite: replace an existing shardio dataset in ``out``.
+            resume: keep the shards an interrupted writer with the same ``identity``
+                finished; the caller then skips the first ``num_resumed`` samples.
+            identity: what must be equal for a resume to be valid (pack options, seed…).
+        """
+        self.out = Path(out)
+        self.options = options or WriteOptions()
+        self.classes = None if classes is None else tuple(classes)
+        self._codec = get_codec(self.options.codec, self.options.level)
+        self._identity = {"write": asdict(self.options), **dict(identity or {})}
+        self._shards: list[ShardInfo] = []
+        self._fields: dict[str, None] = {}
+        self._keys: set[str] = set()
+        self._current: ShardFileWriter | None = None
+        self._current_tmp: Path | None = None
+        self._current_count = 0
+        self._current_bytes = 0
+        self._num_samples = 0
+        self._closed = False
+        self.info: dict[str, Any] = {}
+        prepare_output(self.out, overwrite=overwrite, resume=resume)
+        if resume:
+            self._load_journal()
+        self.num_resumed = self._num_samples
+
+    def _load_journal(self) -> None:
+        for name in os.listdir(self.out):
+            if name.startswith(".shard-") or name == f".{MANIFEST_NAME}.tmp":
+                (self.out / name).unlink(missing_ok=True)
+        journal = self.out / JOURNAL_NAME
+        if (self.out / MANIFEST_NAME).exists():
+            raise OutputExistsError(
+                f"{self.out}: this dataset is already complete (it has a {MANIFEST_NAME}); "
+                "there is nothing to resume. Use --overwrite to pack it again",
+                path=self.out,
+            )
+        if not journal.exists():
+            leftovers = [n for n in os.listdir(self.out) if n != JOURNAL_NAME]
+            if leftovers:
+                raise OutputExistsError(
+                    f"{self.out}: no pack journal ({JOURNAL_NAME}) to resume from, but the "
+                    f"folder is not empty; use --overwrite to start again",
+                    path=self.out,
+                )
+            return
+        state = json.loads(journal.read_text(encoding="utf-8"))
+        if state.get("identity") != json.loads(json.dumps(self._identity)):
+            raise PackError(
+                f"{self.out}: the interrupted pack used other options or input "
+                f"({state.get('identity')}); resume with the same options, or use --overwrite",
+                path=journal,
+            )
+        for entry in state["shards"]:
+            info = ShardInfo(**entry)
+            path = self.out / info.name
+            if not path.exists() or path.stat().st_size != info.num_bytes:
+                break
+            reader = open_shard(self.options.backend, path)
+            try:
+                self._keys.update(reader.keys())
+            finally:
+                reader.close()
+            self._shards.append(info)
+            self._num_samples += info.num_samples
+        self._fields = dict.fromkeys(state.get("fields", []))
+
+    def __enter__(self) -> ShardWriter:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        if exc_type is None:
+            self.close()
+        else:
+            self.abort()
+
+    @property
+    def num_samples(self) -> int:
+        """Samples written so far, resumed ones included."""
+        return self._num_samples
+
+    def write(self, sample: Mapping[str, Any]) -> None:
+        """Encode and append one sample; its ``__key__`` must be a unique str."""
+        key = sample.get(KEY_FIELD)
+        if not isinstance(key, str) or not key:
+            raise RecordEncodeError(f"every sample needs a non-empty str {KEY_FIELD!r}, got {key!r}")
+        self.write_encoded(key, encode_record(sample, self._codec), sample.keys())
+
+    def write_encoded(self, key: str, framed: bytes, fields: Iterable[str]) -> None:
+        """Append a record already framed by ``shardio.record.encode_record``."""
+        if self._closed:
+            raise ValueError("ShardWriter is closed")
+        if key in self._keys:
+            raise RecordEncodeError(f"duplicate sample key {key!r}: keys must be unique")
+        self._keys.add(key)
+        for name in fields:
+            if name != KEY_FIELD and name not in self._fields:
+                self._fields[name] = None
+        opts = self.options
+        if self._current is not None and (
+            self._current_bytes + len(framed) > opts.max_shard_bytes
+            or (opts.max_shard_samples is not None and self._current_count >= opts.max_shard_samples)
+        ):
+            self._finish_shard()
+        if self._current is None:
+            name = shard_name(opts.backend, len(self._shards))
+            self._current_tmp = self.out / f".{name}.tmp"
+            self._current = create_shard(opts.backend, self._current_tmp)
+        self._current.append(key, framed)
+        self._current_count += 1
+        self._current_bytes += len(framed)
+        self._num_samples += 1
+
+    def _finish_shard(self) -> None:
+        assert self._current is not None and self._current_tmp is not None
+        size, checksum = self._current.finish()
+        name = shard_name(self.options.backend, len(self._shards))
+        os.replace(self._current_tmp, self.out / name)
+        first = self._shards[-1].first_index + self._shards[-1].num_samples if self._shards else 0
+        self._shards.append(ShardInfo(name, self._current_count, first, size, checksum))
+        self._current = None
+        self._current_tmp = None
+        self._current_count = 0
+        self._current_bytes = 0
+        fsync_dir(self.out)
+        self._write_journal()
+
+    def _write_journal(self) -> None:
+        state = {
+            "identity": self._identity,
+            "fields": list(self._fields),
+            "shards": [asdict(s) for s in self._shards],
+        }
+        tmp = self.out / f"{JOURNAL_NAME}.tmp"
+        with open(tmp, "w", encoding="utf-8") as fh:
+            json.dump(state, fh)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, self.out / JOURNAL_NAME)
+
+    def close(self) -> Manifest:
+        """Finish the last shard and write the manifest; returns it."""
+        if self._closed:
+            raise ValueError("ShardWriter is already closed")
+        if self._current is not None:
+            self._finish_shard()
+        info = self.info
+        manifest = Manifest(
+            backend=self.options.backend,
+            codec=self.options.codec,
+            num_samples=self._num_samples,
+            num_bytes=sum(s.num_bytes for s in self._shards),
+            fields=tuple(self._fields),
+            shards=tuple(self._shards),
+            classes=self.classes,
+            class_to_idx=None if self.classes is None else {c: i for i, c in enumerate(self.classes)},
+            seed=info.get("seed"),
+            shuffle=bool(info.get("shuffle", False)),
+            options={**asdict(self.options), **info.get("options", {})},
+            input_bytes=int(info.get("input_bytes", 0)),
+            skipped=tuple(SkippedFile(str(p), str(r)) for p, r in info.get("skipped", ())),
+            shardio_version=__version__,
+        )
+        write_manifest(self.out, manifest)
+        (self.out / JOURNAL_NAME).unlink(missing_ok=True)
+        self._closed = True
+        return manifest
+
+    def abort(self) -> None:
+        """Drop the partial shard; finished shards and the journal stay for ``resume``."""
+        if self._current is not None:
+            self._current.abort()
+            self._current = None
+        self._closed = True

@@ -1,0 +1,57 @@
+"""Shared fixtures: generated data (never checked in), parametrized over backend × codec."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from shardio.synth import make_imagefolder, make_tiny_tree
+
+BACKENDS = ("records", "lmdb")
+CODECS = ("zstd", "none")
+
+
+@pytest.fixture(params=BACKENDS)
+def backend(request: pytest.FixtureRequest) -> str:
+    """Every test that takes ``backend`` runs once per backend."""
+    return str(request.param)
+
+
+@pytest.fixture(params=CODECS)
+def codec(request: pytest.FixtureRequest) -> str:
+    """Every test that takes ``codec`` runs once per codec."""
+    return str(request.param)
+
+
+@pytest.fixture(scope="session")
+def imagefolder(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A small class-ordered ImageFolder of real JPEGs: 4 classes × 12 images, 48–64 px."""
+    root = tmp_path_factory.mktemp("imagefolder")
+    make_imagefolder(root, num_classes=4, per_class=12, seed=1, long_side=(48, 64))
+    return root
+
+
+@pytest.fixture(scope="session")
+def tiny_tree(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A nested tree of 300 small binary files."""
+    root = tmp_path_factory.mktemp("tiny")
+    make_tiny_tree(root, num_files=300, seed=2, files_per_folder=25)
+    return root
+
+
+@pytest.fixture(autouse=True)
+def no_leaked_threads() -> Iterator[None]:
+    """Fail a test that leaves threads running (a prefetcher or writer that never stopped)."""
+    before = set(threading.enumerate())
+    yield
+    leaked = [
+        t for t in threading.enumerate()
+        if t not in before and t.is_alive() and not t.daemon
+    ]
+    for thread in leaked:
+        thread.join(timeout=5)
+    still = [t.name for t in leaked if t.is_alive()]
+    assert not still, f"test leaked threads: {still}"
