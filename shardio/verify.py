@@ -1,0 +1,254 @@
+"""``verify``: check a dataset directory against its manifest and report every fault.
+
+It owns the *what is wrong with this dataset* question and answers it whole:
+a damaged dataset yields one ``VerifyFault`` per problem (the manifest, a
+missing or resized shard, a file checksum, each bad record) instead of
+stopping at the first. Parsing stays where it lives: shards are opened through
+``shardio.reader.DatasetReader`` and records checked by
+``shardio.record.decode_record``. Torch-free; nothing above the reader is imported.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+import zlib
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Final
+
+from tqdm import tqdm
+
+from shardio.errors import ShardioError
+from shardio.manifest import MANIFEST_NAME, Manifest, ShardInfo, manifest_path, read_manifest
+from shardio.reader import DatasetReader
+from shardio.record import KEY_FIELD
+
+CHUNK_BYTES: Final = 8 << 20
+"""Read size for whole-file checksums: large enough that syscalls do not matter."""
+
+
+@dataclass(frozen=True)
+class VerifyFault:
+    """One problem found: where it is and what to do about it."""
+
+    shard: str
+    """The shard file name, or ``manifest.json`` for a manifest problem."""
+    record: int | None
+    """Record index within the shard, when one record is at fault."""
+    offset: int | None
+    """Byte offset in the shard file, when known."""
+    message: str
+
+
+@dataclass(frozen=True)
+class VerifyReport:
+    """What ``verify`` checked and every fault it found; ``ok`` when there are none."""
+
+    ok: bool
+    num_shards: int
+    num_records: int
+    """Records read and decoded (zero for a quick check)."""
+    num_bytes: int
+    """Shard bytes whose checksum was computed."""
+    faults: tuple[VerifyFault, ...]
+    quick: bool = False
+    seconds: float = 0.0
+
+    def to_json(self) -> dict[str, Any]:
+        """The report as a JSON-ready dict (``shardio verify --json``)."""
+        return asdict(self)
+
+
+def file_checksum(path: str | os.PathLike[str], *, progress: tqdm[Any] | None = None) -> str:
+    """``"crc32:<8 hex>"`` of a whole file, streamed in ``CHUNK_BYTES`` reads."""
+    crc = 0
+    with open(path, "rb", buffering=0) as fh:
+        while chunk := fh.read(CHUNK_BYTES):
+            crc = zlib.crc32(chunk, crc)
+            if progress is not None:
+                progress.update(len(chunk))
+    return f"crc32:{crc:08x}"
+
+
+def verify(
+    path: str | os.PathLike[str], *, quick: bool = False, progress: bool = False
+) -> VerifyReport:
+    """Check the dataset at ``path``: manifest, shard sizes, file checksums and every record.
+
+    Args:
+        path: dataset folder (or its manifest.json).
+        quick: check the manifest, shard sizes and whole-file checksums only,
+            without reading records.
+        progress: show a progress bar on stderr.
+
+    Returns:
+        A report listing every fault; ``report.ok`` is true when there is none.
+        A missing or unreadable manifest is a fault too, not an exception.
+    """
+    start = time.perf_counter()
+    try:
+        manifest = read_manifest(path)
+    except ShardioError as exc:
+        fault = VerifyFault(MANIFEST_NAME, None, None, str(exc))
+        return VerifyReport(False, 0, 0, 0, (fault,), quick, time.perf_counter() - start)
+    root = manifest_path(path).parent
+    faults = list(_manifest_faults(manifest, root))
+    num_bytes = 0
+    num_records = 0
+    total = manifest.num_bytes if quick else manifest.num_samples
+    with tqdm(total=total, unit="B" if quick else " records", unit_scale=quick,
+              disable=not progress, desc="verify", leave=False) as bar, \
+            DatasetReader(root, verify=True) as reader:
+        for number, info in enumerate(manifest.shards):
+            if not _is_plain_name(info.name):
+                continue
+            file_faults, hashed = _file_faults(root / info.name, info, bar if quick else None)
+            faults.extend(file_faults)
+            num_bytes += hashed
+            if quick or (file_faults and not hashed):
+                continue
+            checked, record_faults = _record_faults(reader, number, manifest, bar)
+            num_records += checked
+            faults.extend(record_faults)
+            reader.close_shard(number)
+    return VerifyReport(
+        ok=not faults,
+        num_shards=len(manifest.shards),
+        num_records=num_records,
+        num_bytes=num_bytes,
+        faults=tuple(faults),
+        quick=quick,
+        seconds=time.perf_counter() - start,
+    )
+
+
+def _manifest_faults(manifest: Manifest, root: Path) -> Iterator[VerifyFault]:
+    """What ``read_manifest`` does not already refuse: totals, shard names, classes."""
+    where = root / MANIFEST_NAME
+    total = sum(s.num_bytes for s in manifest.shards)
+    if total != manifest.num_bytes:
+        yield VerifyFault(MANIFEST_NAME, None, None,
+                          f"{where}: num_bytes is {manifest.num_bytes} but the shards add up to "
+                          f"{total}; the manifest is damaged, re-pack the dataset")
+    seen: set[str] = set()
+    for shard in manifest.shards:
+        if not _is_plain_name(shard.name):
+            yield VerifyFault(shard.name, None, None,
+                              f"{where}: shard name {shard.name!r} is not a plain file name in "
+                              "the dataset folder; the manifest is damaged, re-pack the dataset")
+        elif shard.name in seen:
+            yield VerifyFault(shard.name, None, None,
+                              f"{where}: shard {shard.name} is listed twice; the manifest is "
+                              "damaged, re-pack the dataset")
+        seen.add(shard.name)
+    if manifest.classes is not None:
+        expected = {name: i for i, name in enumerate(manifest.classes)}
+        if dict(manifest.class_to_idx or {}) != expected:
+            yield VerifyFault(MANIFEST_NAME, None, None,
+                              f"{where}: class_to_idx does not match the order of classes "
+                              f"(expected {_abbreviate(expected)}); the manifest is damaged")
+
+
+def _file_faults(
+    path: Path, info: ShardInfo, bar: tqdm[Any] | None
+) -> tuple[list[VerifyFault], int]:
+    """Existence, size and whole-file checksum of one shard; returns ``(faults, bytes hashed)``.
+
+    A shard of the wrong size is not hashed and its records are not read:
+    mapping a truncated file can fault the process, and the size says enough.
+    """
+    try:
+        size = path.stat().st_size
+    except FileNotFoundError:
+        return [VerifyFault(info.name, None, None,
+                            f"{path}: shard {info.name} is missing; restore the file or "
+                            "re-pack the dataset")], 0
+    if size != info.num_bytes:
+        return [VerifyFault(info.name, None, None,
+                            f"{path}: shard is {size} bytes but the manifest says "
+                            f"{info.num_bytes}; it was truncated or replaced: restore it from "
+                            "a copy or re-pack (its records were not checked)")], 0
+    try:
+        actual = file_checksum(path, progress=bar)
+    except OSError as exc:
+        return [VerifyFault(info.name, None, None,
+                            f"{path}: cannot read shard ({exc.strerror or exc}); check its "
+                            "permissions and the disk")], 0
+    if actual != info.checksum:
+        return [VerifyFault(info.name, None, None,
+                            f"{path}: file checksum is {actual} but the manifest says "
+                            f"{info.checksum}; the shard is corrupt: restore it from a copy "
+                            "or re-pack")], size
+    return [], size
+
+
+def _record_faults(
+    reader: DatasetReader, number: int, manifest: Manifest, bar: tqdm[Any]
+) -> tuple[int, list[VerifyFault]]:
+    """Read every record of shard ``number``; returns ``(records read, faults)``."""
+    info = manifest.shards[number]
+    faults: list[VerifyFault] = []
+    try:
+        shard = reader.shard(number)
+        keys = shard.keys()
+        scan = shard.scan()
+    except (ShardioError, OSError) as exc:
+        return 0, [_fault(info.name, exc)]
+    if len(keys) != shard.num_records:
+        faults.append(VerifyFault(info.name, None, None,
+                                  f"{shard.path}: key block lists {len(keys)} keys for "
+                                  f"{shard.num_records} records; re-pack the dataset"))
+    checked = 0
+    while True:
+        try:
+            record, framed = next(scan)
+        except StopIteration:
+            break
+        except (ShardioError, OSError) as exc:
+            faults.append(_fault(info.name, exc))
+            break
+        checked += 1
+        bar.update(1)
+        try:
+            sample = reader.decode(number, record, framed)
+        except ShardioError as exc:
+            key_note = f" (key {keys[record]!r})" if record < len(keys) else ""
+            faults.append(_fault(info.name, exc, note=f"; sample {info.first_index + record}"
+                                 f"{key_note}"))
+            continue
+        where = f"{shard.path}: record {record} at byte {shard.offset(record)}"
+        key = sample.get(KEY_FIELD)
+        if record < len(keys) and key != keys[record]:
+            faults.append(VerifyFault(info.name, record, shard.offset(record),
+                                      f"{where} has key {key!r} but the key block says "
+                                      f"{keys[record]!r}; re-pack the dataset"))
+        label = sample.get("label")
+        if manifest.classes is not None and not (
+            isinstance(label, int) and 0 <= label < len(manifest.classes)
+        ):
+            faults.append(VerifyFault(info.name, record, shard.offset(record),
+                                      f"{where} has label {label!r}, not an index into the "
+                                      f"{len(manifest.classes)} classes; re-pack the dataset"))
+    if checked != info.num_samples:
+        faults.append(VerifyFault(info.name, None, None,
+                                  f"{shard.path}: read {checked} records but the manifest says "
+                                  f"{info.num_samples}; re-pack the dataset"))
+    return checked, faults
+
+
+def _is_plain_name(name: str) -> bool:
+    return "/" not in name and "\\" not in name and name not in ("", ".", "..")
+
+
+def _fault(shard: str, exc: BaseException, *, note: str = "") -> VerifyFault:
+    record = getattr(exc, "record", None)
+    offset = getattr(exc, "offset", None)
+    return VerifyFault(shard, record, offset, f"{exc}{note}")
+
+
+def _abbreviate(mapping: dict[str, int], limit: int = 5) -> str:
+    items = [f"{k!r}: {v}" for k, v in list(mapping.items())[:limit]]
+    more = len(mapping) - limit
+    return "{" + ", ".join(items) + (f", … {more} more" if more > 0 else "") + "}"

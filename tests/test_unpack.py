@@ -1,0 +1,180 @@
+"""``shardio.unpack``: byte-for-byte round trips, and refusal of keys that escape DEST."""
+
+from __future__ import annotations
+
+import io
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from shardio import OutputExistsError, ShardWriter, UnsafeKeyError, WriteOptions
+from shardio.synth import make_photo
+from shardio.unpack import check_key, field_bytes, unpack
+
+
+def require_backend(backend: str) -> None:
+    """Skip lmdb runs until ``shardio/backends/lmdb.py`` lands."""
+    if backend == "lmdb":
+        pytest.importorskip("shardio.backends.lmdb")
+
+
+def make_tree(root: Path) -> None:
+    """A mixed tree: JPEG and PNG images, text, random binary, nesting, no extension."""
+    rng = np.random.default_rng(7)
+    files = {
+        "photos/cats/tom.jpg": make_photo(rng, 64, 48),
+        "photos/cats/tom.seg.png": make_photo(rng, 64, 48, fmt="PNG"),
+        "photos/dogs/deep/er/rex.jpg": make_photo(rng, 40, 30, quality=80),
+        "photos/dogs/deep/er/rex.txt": b"a dog called rex\n",
+        "docs/readme.txt": ("lines of text, some unicode: \u00e9\u00e8 \u2713\n" * 40).encode(),
+        "docs/data.json": b'{"a": [1, 2, 3], "b": null}',
+        "bin/blob.bin": rng.integers(0, 256, 5000, dtype=np.uint8).tobytes(),
+        "bin/zeros.bin": bytes(4096),
+        "bin/noext": rng.integers(0, 256, 300, dtype=np.uint8).tobytes(),
+        "LICENSE": b"Apache-2.0\n",
+        "caf\u00e9 menu.txt": "cr\u00e8me br\u00fbl\u00e9e".encode(),
+    }
+    for rel, data in files.items():
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_bytes(data)
+
+
+def pack_tree(src: Path, out: Path, *, backend: str, codec: str) -> None:
+    """Pack a generic folder following the team's naming rules (stand-in for ``shardio.pack``)."""
+    samples: dict[str, dict[str, object]] = {}
+    for path in sorted(src.rglob("*")):
+        if path.is_file():
+            folder, _, name = path.relative_to(src).as_posix().rpartition("/")
+            stem, _, field = name.partition(".")
+            key = f"{folder}/{stem}" if folder else stem
+            samples.setdefault(key, {"__key__": key})[field] = path.read_bytes()
+    options = WriteOptions(backend=backend, codec=codec, max_shard_samples=3)
+    with ShardWriter(out, options) as writer:
+        for sample in samples.values():
+            writer.write(sample)
+
+
+def pack_imagefolder_tree(src: Path, out: Path, *, backend: str, codec: str) -> None:
+    """Pack an ImageFolder following the team's naming rules (stand-in for ``shardio.pack``)."""
+    classes = sorted(p.name for p in src.iterdir() if p.is_dir())
+    options = WriteOptions(backend=backend, codec=codec, max_shard_samples=10)
+    with ShardWriter(out, options, classes=classes) as writer:
+        for label, name in enumerate(classes):
+            for path in sorted((src / name).rglob("*.jpg")):
+                key = path.relative_to(src).as_posix()
+                writer.write({"__key__": key, "image": path.read_bytes(), "label": label})
+
+
+def write_keys(out: Path, keys: list[str]) -> None:
+    with ShardWriter(out) as writer:
+        for key in keys:
+            writer.write({"__key__": key, "txt": b"payload"})
+
+
+def tree(root: Path) -> dict[str, bytes]:
+    return {p.relative_to(root).as_posix(): p.read_bytes() for p in root.rglob("*") if p.is_file()}
+
+
+def test_generic_round_trip_byte_for_byte(tmp_path: Path, backend: str, codec: str) -> None:
+    require_backend(backend)
+    src, out, dest = tmp_path / "src", tmp_path / "out", tmp_path / "dest"
+    make_tree(src)
+    pack_tree(src, out, backend=backend, codec=codec)
+    summary = unpack(out, dest)
+    assert tree(dest) == tree(src)
+    assert summary.num_files == len(tree(src))
+    assert summary.num_bytes == sum(len(b) for b in tree(src).values())
+    assert summary.num_samples == len(tree(src)) - 2, "tom and rex have two fields each"
+
+
+def test_imagefolder_round_trip_byte_for_byte(
+    tmp_path: Path, imagefolder: Path, backend: str, codec: str
+) -> None:
+    require_backend(backend)
+    out, dest = tmp_path / "out", tmp_path / "dest"
+    pack_imagefolder_tree(imagefolder, out, backend=backend, codec=codec)
+    summary = unpack(out, dest, progress=True)
+    assert tree(dest) == tree(imagefolder)
+    assert summary.num_samples == summary.num_files == len(tree(imagefolder))
+
+
+def test_refuses_existing_files_unless_overwrite(tmp_path: Path) -> None:
+    src, out, dest = tmp_path / "src", tmp_path / "out", tmp_path / "dest"
+    make_tree(src)
+    pack_tree(src, out, backend="records", codec="zstd")
+    unpack(out, dest)
+    (dest / "LICENSE").write_bytes(b"changed")
+    (dest / "docs" / "readme.txt").unlink()
+    with pytest.raises(OutputExistsError, match="--overwrite"):
+        unpack(out, dest)
+    assert not (dest / "docs" / "readme.txt").exists(), "wrote before refusing"
+    unpack(out, dest, overwrite=True)
+    assert tree(dest) == tree(src)
+
+
+@pytest.mark.parametrize(
+    "key", ["../x", "a/../../x", "/abs", "/etc/passwd", "C:/x", "C:x", "..\\x", "a/./b", "a//b"]
+)
+def test_refuses_unsafe_keys_before_writing(tmp_path: Path, key: str) -> None:
+    out, dest = tmp_path / "out", tmp_path / "sub" / "dest"
+    write_keys(out, ["fine/first", key, "fine/last"])
+    with pytest.raises(UnsafeKeyError) as info:
+        unpack(out, dest)
+    assert repr(key) in str(info.value)
+    assert info.value.record == 1
+    assert not (tmp_path / "sub").exists(), "unpack wrote before refusing"
+    assert not Path("/abs").exists()
+
+
+def test_refuses_key_escaping_through_symlink(tmp_path: Path) -> None:
+    outside, out, dest = tmp_path / "outside", tmp_path / "out", tmp_path / "dest"
+    outside.mkdir()
+    dest.mkdir()
+    (dest / "link").symlink_to(outside, target_is_directory=True)
+    write_keys(out, ["a", "link/evil"])
+    with pytest.raises(UnsafeKeyError, match="symlink"):
+        unpack(out, dest, overwrite=True)
+    assert list(outside.iterdir()) == []
+    assert not (dest / "a.txt").exists()
+
+
+def test_refuses_overwriting_a_symlinked_file_that_points_outside(tmp_path: Path) -> None:
+    outside, out, dest = tmp_path / "outside.txt", tmp_path / "out", tmp_path / "dest"
+    outside.write_bytes(b"precious")
+    dest.mkdir()
+    (dest / "evil.txt").symlink_to(outside)
+    write_keys(out, ["evil"])
+    with pytest.raises(UnsafeKeyError):
+        unpack(out, dest, overwrite=True)
+    assert outside.read_bytes() == b"precious"
+
+
+def test_symlink_inside_dest_is_followed_safely(tmp_path: Path) -> None:
+    out, dest = tmp_path / "out", tmp_path / "dest"
+    (dest / "real").mkdir(parents=True)
+    (dest / "alias").symlink_to(dest / "real", target_is_directory=True)
+    write_keys(out, ["alias/x"])
+    unpack(out, dest)
+    assert (dest / "real" / "x.txt").read_bytes() == b"payload"
+
+
+def test_field_bytes_of_non_bytes_values() -> None:
+    assert field_bytes(b"\x00\x01") == b"\x00\x01"
+    assert field_bytes("caf\u00e9") == "caf\u00e9".encode()
+    assert field_bytes(3) == b"3"
+    assert field_bytes({"a": [1, None]}) == b'{"a": [1, null]}'
+    array = np.arange(6, dtype=np.int16).reshape(2, 3)
+    assert np.array_equal(np.load(io.BytesIO(field_bytes(array))), array)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.text(alphabet=st.sampled_from("ab./\\:C\x00~"), max_size=12))
+def test_accepted_keys_stay_inside_dest(key: str) -> None:
+    root = os.path.realpath("/tmp/shardio-dest-that-need-not-exist")
+    if check_key(key) is None:
+        target = os.path.normpath(os.path.join(root, key))
+        assert target.startswith(root + os.sep)

@@ -1,0 +1,177 @@
+"""``shardio.verify``: a clean dataset passes; every kind of damage is found and located."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from shardio import ShardWriter, WriteOptions, open_dataset, read_manifest
+from shardio.verify import VerifyReport, file_checksum, verify
+
+NUM_SAMPLES = 10
+PER_SHARD = 4
+
+
+def require_backend(backend: str) -> None:
+    """Skip lmdb runs until ``shardio/backends/lmdb.py`` lands."""
+    if backend == "lmdb":
+        pytest.importorskip("shardio.backends.lmdb")
+
+
+def blob(i: int) -> bytes:
+    """Incompressible bytes unique to sample ``i``, so a test can find them in a shard."""
+    return np.random.default_rng(1000 + i).integers(0, 256, 3000, dtype=np.uint8).tobytes()
+
+
+@pytest.fixture
+def dataset(tmp_path: Path, backend: str) -> Path:
+    """10 samples in shards of 4: shard 0 holds k0..k3, shard 1 k4..k7, shard 2 k8, k9."""
+    require_backend(backend)
+    out = tmp_path / "ds"
+    options = WriteOptions(backend=backend, codec="none", max_shard_samples=PER_SHARD)
+    with ShardWriter(out, options) as writer:
+        for i in range(NUM_SAMPLES):
+            writer.write({"__key__": f"k{i}", "bin": blob(i), "txt": f"sample {i}"})
+    return out
+
+
+def flip_byte_of(dataset: Path, i: int) -> str:
+    """Flip one byte in the middle of sample ``i``'s blob; return its shard's file name."""
+    shard = read_manifest(dataset).shards[i // PER_SHARD].name
+    path = dataset / shard
+    data = bytearray(path.read_bytes())
+    at = data.find(blob(i))
+    assert at > 0, "blob not found in its shard"
+    data[at + 1500] ^= 0x40
+    path.write_bytes(bytes(data))
+    return shard
+
+
+def test_clean_dataset_passes(dataset: Path) -> None:
+    report = verify(dataset)
+    assert report.ok, report.faults
+    assert report.faults == ()
+    assert report.num_shards == 3
+    assert report.num_records == NUM_SAMPLES
+    assert report.num_bytes == read_manifest(dataset).num_bytes
+
+
+def test_report_is_json_ready(dataset: Path) -> None:
+    flip_byte_of(dataset, 2)
+    data = json.loads(json.dumps(verify(dataset).to_json()))
+    assert data["ok"] is False
+    assert {"shard", "record", "offset", "message"} <= set(data["faults"][0])
+
+
+def test_flipped_byte_names_shard_and_record(dataset: Path) -> None:
+    shard = flip_byte_of(dataset, 5)
+    report = verify(dataset)
+    assert not report.ok
+    record_faults = [f for f in report.faults if f.record is not None]
+    assert len(record_faults) == 1
+    fault = record_faults[0]
+    assert fault.shard == shard
+    assert fault.record == 5 - PER_SHARD
+    assert shard in fault.message and f"record {fault.record}" in fault.message
+    assert "'k5'" in fault.message
+    file_faults = [f for f in report.faults if f.record is None]
+    assert [f.shard for f in file_faults] == [shard]
+    assert "checksum" in file_faults[0].message
+    assert report.num_records == NUM_SAMPLES
+
+
+def test_every_fault_is_collected(dataset: Path) -> None:
+    first = flip_byte_of(dataset, 1)
+    second = flip_byte_of(dataset, 9)
+    report = verify(dataset)
+    located = sorted((f.shard, f.record) for f in report.faults if f.record is not None)
+    assert located == [(first, 1), (second, 1)]
+
+
+def test_truncated_shard(dataset: Path) -> None:
+    shard = read_manifest(dataset).shards[0]
+    path = dataset / shard.name
+    os.truncate(path, shard.num_bytes - 100)
+    report = verify(dataset)
+    assert not report.ok
+    assert [f.shard for f in report.faults] == [shard.name]
+    assert shard.name in report.faults[0].message
+    assert str(shard.num_bytes) in report.faults[0].message
+    assert report.num_records == NUM_SAMPLES - PER_SHARD
+
+
+def test_missing_shard(dataset: Path) -> None:
+    shard = read_manifest(dataset).shards[1].name
+    (dataset / shard).unlink()
+    report = verify(dataset)
+    assert not report.ok
+    assert [f.shard for f in report.faults] == [shard]
+    assert "missing" in report.faults[0].message and shard in report.faults[0].message
+
+
+def test_record_count_disagreeing_with_manifest(dataset: Path) -> None:
+    manifest_file = dataset / "manifest.json"
+    data = json.loads(manifest_file.read_text())
+    data["shards"][2]["num_samples"] += 1
+    data["num_samples"] += 1
+    manifest_file.write_text(json.dumps(data))
+    report = verify(dataset)
+    assert not report.ok
+    assert [f.shard for f in report.faults] == [data["shards"][2]["name"]]
+    assert "3" in report.faults[0].message and "2" in report.faults[0].message
+
+
+def test_unknown_manifest_version(dataset: Path) -> None:
+    manifest_file = dataset / "manifest.json"
+    data = json.loads(manifest_file.read_text())
+    data["version"] = 99
+    manifest_file.write_text(json.dumps(data))
+    report = verify(dataset)
+    assert not report.ok
+    assert len(report.faults) == 1
+    assert report.faults[0].shard == "manifest.json"
+    assert "99" in report.faults[0].message and "version" in report.faults[0].message
+
+
+def test_missing_manifest_is_a_fault(tmp_path: Path) -> None:
+    report = verify(tmp_path)
+    assert not report.ok
+    assert report.faults[0].shard == "manifest.json"
+    assert "pack" in report.faults[0].message
+
+
+def test_manifest_total_bytes_checked(dataset: Path) -> None:
+    manifest_file = dataset / "manifest.json"
+    data = json.loads(manifest_file.read_text())
+    data["num_bytes"] += 1
+    manifest_file.write_text(json.dumps(data))
+    report = verify(dataset)
+    assert [f.shard for f in report.faults] == ["manifest.json"]
+    assert "num_bytes" in report.faults[0].message
+
+
+def test_quick_checks_only_file_checksums(dataset: Path) -> None:
+    clean: VerifyReport = verify(dataset, quick=True)
+    assert clean.ok and clean.quick
+    assert clean.num_records == 0
+    assert clean.num_bytes == read_manifest(dataset).num_bytes
+    shard = flip_byte_of(dataset, 6)
+    report = verify(dataset, quick=True)
+    assert not report.ok
+    assert [(f.shard, f.record) for f in report.faults] == [(shard, None)]
+    assert report.num_records == 0
+
+
+def test_file_checksum_matches_writer(dataset: Path) -> None:
+    for shard in read_manifest(dataset).shards:
+        assert file_checksum(dataset / shard.name) == shard.checksum
+
+
+def test_verify_leaves_dataset_readable(dataset: Path) -> None:
+    assert verify(dataset, progress=True).ok
+    with open_dataset(dataset) as reader:
+        assert [s["__key__"] for s in reader] == [f"k{i}" for i in range(NUM_SAMPLES)]
