@@ -47,6 +47,10 @@ class ShardFileReader(Protocol):
         """Yield ``(index, framed bytes)`` for records ``start..stop`` in storage order."""
         ...
 
+    def read_frames(self, start: int, stop: int) -> list[memoryview]:
+        """Framed bytes of records ``start..stop`` in one sequential read (a streaming block)."""
+        ...
+
     def keys(self) -> Sequence[str]:
         """The ``__key__`` of every record, in record order."""
         ...

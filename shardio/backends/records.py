@@ -99,8 +99,10 @@ class RecordsShardReader:
             if size < HEADER_SIZE + FOOTER_SIZE:
                 unpack_footer(b"\0" * size, path=self.path)
             self._mmap = mmap.mmap(fd, size, access=mmap.ACCESS_READ)
-        finally:
+        except BaseException:
             os.close(fd)
+            raise
+        self._fd = fd
         self.size = size
         view = memoryview(self._mmap)
         self._view = view
@@ -144,12 +146,25 @@ class RecordsShardReader:
         for i in range(start, stop):
             yield i, view[offs[i] : offs[i + 1]]
 
-    def advise_sequential(self, start: int, stop: int) -> None:
-        """Tell the kernel records ``start..stop`` will be read soon, in order."""
-        lo = self._offsets_list[start] & ~(mmap.PAGESIZE - 1)
-        hi = self._offsets_list[stop]
-        if hi > lo and hasattr(self._mmap, "madvise"):
-            self._mmap.madvise(mmap.MADV_WILLNEED, lo, hi - lo)
+    def read_frames(self, start: int, stop: int) -> list[memoryview]:
+        """Records ``start..stop`` with one positional read into a private buffer.
+
+        Streaming uses this rather than the map: one syscall per block, and the
+        bytes live only as long as the caller holds them, so memory stays
+        bounded by the shuffle window instead of growing with mapped pages.
+        """
+        offs = self._offsets_list
+        base = offs[start]
+        length = offs[stop] - base
+        buf = os.pread(self._fd, length, base)
+        if len(buf) != length:
+            raise ShardCorruptError(
+                f"{self.path}: short read of records {start}..{stop} at byte {base} "
+                f"({len(buf)} of {length} bytes); the file changed while reading",
+                path=self.path, record=start, offset=base,
+            )
+        view = memoryview(buf)
+        return [view[offs[i] - base : offs[i + 1] - base] for i in range(start, stop)]
 
     def keys(self) -> Sequence[str]:
         """Every record's ``__key__``, read from the key block on first use."""
@@ -161,6 +176,9 @@ class RecordsShardReader:
     def close(self) -> None:
         """Unmap the file (later, when the last record view a caller holds is dropped)."""
         self.offsets = np.empty(0, dtype="<u8")
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
         try:
             self._view.release()
             self._mmap.close()

@@ -1,0 +1,253 @@
+"""Pure epoch planning: which global samples a (rank, worker) yields, in which order.
+
+Everything here is a function of its arguments alone (no I/O, no torch, no
+global state), so every process computes the same plan without talking to the
+others, and a resumed run recomputes exactly the order it was interrupted in.
+
+The plan for an epoch:
+
+1. Each shard is cut into *blocks* of ``block_size`` consecutive records; the
+   blocks of all shards are permuted with ``(seed, epoch)``. Concatenated, they
+   form the epoch's global *stream*. Blocks are a few MB, so reading a block is
+   one sequential read, and mixing does not depend on the number of shards.
+2. The stream is split into ``world_size`` contiguous, equal parts (the tail
+   padded by wrapping around to the stream's start, or dropped with
+   ``drop_last``), then each rank's part into ``num_workers`` contiguous parts
+   that differ by at most one sample: splitting is at sample granularity.
+3. A worker's part is cut into *windows* of ``window`` samples (the shuffle
+   buffer); each window is permuted with ``(seed, epoch, rank, worker, n)``.
+   A window holds about ``window / block_size`` blocks from random places in
+   the dataset, which is what mixes classes within a batch.
+
+With ``shuffle=False`` neither blocks nor windows are permuted.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
+
+IndexArray = npt.NDArray[np.int64]
+
+_BLOCKS = 0
+_WINDOWS = 1
+_RESUME = 2
+
+
+@dataclass(frozen=True)
+class PlanConfig:
+    """Everything that determines an epoch's order, except the epoch number and the split."""
+
+    shard_sizes: tuple[int, ...]
+    seed: int = 0
+    shuffle: bool = True
+    block_size: int = 128
+    window: int = 16384
+    drop_last: bool = False
+
+    def __post_init__(self) -> None:
+        if self.block_size < 1 or self.window < 1:
+            raise ValueError(f"block_size and window must be >= 1, got {self.block_size}, {self.window}")
+        if any(n < 0 for n in self.shard_sizes):
+            raise ValueError("shard sizes must be non-negative")
+
+    @property
+    def num_samples(self) -> int:
+        """Samples in the dataset."""
+        return sum(self.shard_sizes)
+
+
+@dataclass(frozen=True)
+class Split:
+    """Where a reader sits: its rank among ``world_size`` and worker among ``num_workers``."""
+
+    rank: int = 0
+    world_size: int = 1
+    worker: int = 0
+    num_workers: int = 1
+
+    def __post_init__(self) -> None:
+        if not (0 <= self.rank < self.world_size and 0 <= self.worker < self.num_workers):
+            raise ValueError(f"invalid split {self}")
+
+
+def _rng(*words: int) -> np.random.Generator:
+    return np.random.default_rng(np.random.SeedSequence([w & 0xFFFFFFFF for w in words]))
+
+
+def epoch_blocks(config: PlanConfig, epoch: int) -> tuple[IndexArray, IndexArray]:
+    """``(global start, length)`` of every block, in the epoch's stream order."""
+    starts: list[IndexArray] = []
+    first = 0
+    for size in config.shard_sizes:
+        starts.append(np.arange(first, first + size, config.block_size, dtype=np.int64))
+        first += size
+    block_starts = np.concatenate(starts) if starts else np.zeros(0, np.int64)
+    shard_ends = np.repeat(
+        np.cumsum(config.shard_sizes, dtype=np.int64), [len(s) for s in starts]
+    )
+    lengths = np.minimum(block_starts + config.block_size, shard_ends) - block_starts
+    if config.shuffle and len(block_starts) > 1:
+        order = _rng(config.seed, epoch, _BLOCKS).permutation(len(block_starts))
+        block_starts, lengths = block_starts[order], lengths[order]
+    return block_starts, lengths.astype(np.int64)
+
+
+def stream_slice(starts: IndexArray, lengths: IndexArray, lo: int, hi: int) -> IndexArray:
+    """Global sample indices at stream positions ``lo..hi``, wrapping past the end (padding)."""
+    total = int(lengths.sum())
+    if hi <= lo:
+        return np.zeros(0, np.int64)
+    if total == 0:
+        raise ValueError("cannot plan an epoch over an empty dataset")
+    positions = np.arange(lo, hi, dtype=np.int64) % total
+    ends = np.cumsum(lengths)
+    block = np.searchsorted(ends, positions, side="right")
+    return starts[block] + (positions - (ends[block] - lengths[block]))
+
+
+def samples_per_rank(num_samples: int, world_size: int, drop_last: bool) -> int:
+    """Samples every rank yields per epoch: equal on all ranks, so DDP never hangs."""
+    if drop_last:
+        return num_samples // world_size
+    return -(-num_samples // world_size)
+
+
+def worker_range(count: int, worker: int, num_workers: int) -> tuple[int, int]:
+    """The contiguous part ``[lo, hi)`` of ``count`` items that ``worker`` takes."""
+    return count * worker // num_workers, count * (worker + 1) // num_workers
+
+
+def shuffle_windows(
+    order: IndexArray, config: PlanConfig, epoch: int, split: Split, salt: int = 0
+) -> IndexArray:
+    """Permute ``order`` within consecutive windows of ``config.window`` samples."""
+    if not config.shuffle or len(order) < 2:
+        return order
+    out = order.copy()
+    for n, lo in enumerate(range(0, len(order), config.window)):
+        rng = _rng(config.seed, epoch, _WINDOWS, split.rank, split.worker, n, salt)
+        window = out[lo : lo + config.window]
+        out[lo : lo + config.window] = window[rng.permutation(len(window))]
+    return out
+
+
+def plan_epoch(config: PlanConfig, epoch: int, split: Split) -> IndexArray:
+    """Global sample indices that ``split`` yields in ``epoch``, in yield order."""
+    starts, lengths = epoch_blocks(config, epoch)
+    per_rank = samples_per_rank(config.num_samples, split.world_size, config.drop_last)
+    w_lo, w_hi = worker_range(per_rank, split.worker, split.num_workers)
+    base = split.rank * per_rank
+    order = stream_slice(starts, lengths, base + w_lo, base + w_hi)
+    return shuffle_windows(order, config, epoch, split)
+
+
+@dataclass(frozen=True)
+class Progress:
+    """How far an interrupted epoch got: samples consumed per (rank, worker) of its split.
+
+    ``prior`` is set when that epoch was itself resumed under another split:
+    its order then came from ``plan_resume(config, prior, split)``.
+    """
+
+    epoch: int
+    world_size: int
+    num_workers: int
+    consumed: Mapping[int, tuple[int, ...]]
+    """``consumed[rank][worker]``: samples that worker of that rank had yielded."""
+    prior: Progress | None = None
+
+    def __post_init__(self) -> None:
+        for rank, counts in self.consumed.items():
+            if not 0 <= rank < self.world_size or len(counts) != self.num_workers:
+                raise ValueError(
+                    f"consumed[{rank}] must list {self.num_workers} worker counts for a rank "
+                    f"below {self.world_size}, got {counts}"
+                )
+
+    @property
+    def complete(self) -> bool:
+        """Whether every rank's counts are known (needed to resume under another split)."""
+        return len(self.consumed) == self.world_size
+
+
+def stage_order(config: PlanConfig, epoch: int, split: Split, prior: Progress | None) -> IndexArray:
+    """The full order of ``split`` in ``epoch``: fresh, or re-planned after ``prior``."""
+    if prior is None:
+        return plan_epoch(config, epoch, split)
+    return plan_resume(config, prior, split)
+
+
+def seen_mask(config: PlanConfig, progress: Progress) -> npt.NDArray[np.bool_]:
+    """Which global samples an interrupted epoch had already yielded (on any rank)."""
+    if not progress.complete:
+        raise ValueError(
+            f"resuming under another world size needs every rank's progress; got ranks "
+            f"{sorted(progress.consumed)} of {progress.world_size}. Gather the ranks' states "
+            "and merge them with shardio.merge_states"
+        )
+    seen = (
+        seen_mask(config, progress.prior)
+        if progress.prior is not None
+        else np.zeros(config.num_samples, dtype=bool)
+    )
+    for rank, counts in progress.consumed.items():
+        for worker, count in enumerate(counts):
+            split = Split(rank, progress.world_size, worker, progress.num_workers)
+            seen[stage_order(config, progress.epoch, split, progress.prior)[:count]] = True
+    return seen
+
+
+def same_split(progress: Progress, split: Split) -> bool:
+    """Whether ``progress`` was made under the same world size and worker count as ``split``."""
+    return (progress.world_size, progress.num_workers) == (split.world_size, split.num_workers)
+
+
+def plan_resume(config: PlanConfig, progress: Progress, split: Split) -> IndexArray:
+    """Order for ``split`` over the samples an interrupted epoch had not yet yielded.
+
+    With the same world size and worker count this is exactly the tail of the
+    uninterrupted order. Otherwise the unseen samples keep their stream order,
+    are split again over the new ranks and workers (equal per rank, padded or
+    dropped like a fresh epoch) and shuffled within windows again, so each
+    not-yet-seen sample arrives exactly once (plus padding).
+    """
+    if same_split(progress, split) and split.rank in progress.consumed:
+        done = progress.consumed[split.rank][split.worker]
+        return stage_order(config, progress.epoch, split, progress.prior)[done:]
+    seen = seen_mask(config, progress)
+    starts, lengths = epoch_blocks(config, progress.epoch)
+    stream = stream_slice(starts, lengths, 0, config.num_samples)
+    remaining = stream[~seen[stream]]
+    if len(remaining) == 0:
+        return remaining
+    per_rank = samples_per_rank(len(remaining), split.world_size, config.drop_last)
+    w_lo, w_hi = worker_range(per_rank, split.worker, split.num_workers)
+    base = split.rank * per_rank
+    positions = np.arange(base + w_lo, base + w_hi, dtype=np.int64) % len(remaining)
+    return shuffle_windows(remaining[positions], config, progress.epoch, split, salt=_RESUME)
+
+
+def consumed_per_worker(
+    num_batches: int, batch_size: int, worker_sizes: Sequence[int]
+) -> list[int]:
+    """Samples each worker had delivered after ``num_batches`` batches of a DataLoader.
+
+    A ``torch.utils.data.DataLoader`` over an iterable dataset takes batches from
+    its workers in turn (0, 1, …, 0, 1, …), skipping workers that ran out; each
+    worker batches its own samples, so its last batch may be short.
+    """
+    batches = [-(-n // batch_size) for n in worker_sizes]
+    taken = [0] * len(worker_sizes)
+    remaining = num_batches
+    round_no = 0
+    while remaining > 0 and any(taken[k] < batches[k] for k in range(len(batches))):
+        for k in range(len(batches)):
+            if remaining and batches[k] > round_no:
+                taken[k] += 1
+                remaining -= 1
+        round_no += 1
+    return [min(t * batch_size, n) for t, n in zip(taken, worker_sizes, strict=True)]
