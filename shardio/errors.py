@@ -12,6 +12,7 @@ Each class also subclasses the builtin a caller would naturally catch, so
     │   ├── ChecksumError                     a record or file checksum does not match
     │   └── TruncatedShardError               a shard is shorter than it claims
     ├── RecordEncodeError(TypeError)          a sample holds a value the format cannot store
+    ├── DecodeError(ValueError)               a sample's image bytes cannot be decoded
     ├── PackError                             packing could not finish
     │   ├── BadInputError(OSError)            an input file is unreadable, empty, not an image…
     │   ├── EmptySourceError(ValueError)      nothing to pack
@@ -75,6 +76,21 @@ class TruncatedShardError(ShardCorruptError):
 
 class RecordEncodeError(ShardioError, TypeError):
     """A sample holds a value the record format cannot store (it would need pickle)."""
+
+
+class DecodeError(ShardioError, ValueError):
+    """A sample's stored bytes are not an image Pillow can decode; ``key`` names the sample."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        key: str | None = None,
+        path: str | Path | None = None,
+        record: int | None = None,
+    ) -> None:
+        super().__init__(message, path=path, record=record)
+        self.key = key
 
 
 class PackError(ShardioError):

@@ -1,0 +1,96 @@
+"""uint8 image tensors and the collate that batches them for ``decode="tensor"``.
+
+``decode_tensor`` turns encoded bytes into a uint8 CHW tensor (a view over
+the decoded pixels, like torchvision's ``pil_to_tensor`` but without its
+extra copy). ``collate_tensor`` stacks ``(image, label)`` samples into one
+``(B, C, H, W)`` uint8 tensor and one int64 label tensor. Inside a DataLoader
+worker the stacked batch is allocated in shared memory (torch's
+``default_collate`` does that), so a batch reaches the main process as two
+shared-memory tensors instead of pickled arrays. Imports torch; nothing below
+the torch layer may import this module.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from torch.utils.data import default_collate
+
+from shardio.decode import decode_image, image_to_array
+
+
+def decode_tensor(
+    data: bytes | memoryview,
+    *,
+    draft_size: tuple[int, int] | None = None,
+    key: str | None = None,
+) -> torch.Tensor:
+    """Decode an encoded image into a uint8 ``(3, H, W)`` RGB tensor.
+
+    The tensor is a CHW view (not contiguous) over the one buffer Pillow
+    packs its pixels into; ``collate_tensor`` makes the batch contiguous when
+    it stacks. The buffer belongs to this tensor alone, so writing to it is
+    safe even though numpy marks it read-only.
+
+    Args:
+        data: the encoded file's bytes.
+        draft_size: see ``shardio.decode.decode_image``.
+        key: the sample's key, named in the error if decoding fails.
+
+    Raises:
+        DecodeError: ``data`` is not an image Pillow can decode.
+    """
+    arr = image_to_array(decode_image(data, mode="RGB", draft_size=draft_size, key=key))
+    with warnings.catch_warnings():
+        # The array wraps a bytes object nothing else references; see the docstring.
+        warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
+        hwc = torch.from_numpy(arr)
+    return hwc.permute(2, 0, 1)
+
+
+def collate_tensor(
+    batch: Sequence[tuple[torch.Tensor, Any]],
+) -> tuple[torch.Tensor | list[torch.Tensor], torch.Tensor]:
+    """Batch ``(uint8 CHW image, label)`` samples into ``(images, labels)``.
+
+    Args:
+        batch: samples as yielded by a dataset with ``decode="tensor"``.
+
+    Returns:
+        ``images``: one ``(B, C, H, W)`` uint8 tensor when every image has the
+        same shape, else the list of images (stacking would need a resize
+        that only the caller can choose). ``labels``: an int64 ``(B,)`` tensor
+        for int labels (other label types are collated by ``default_collate``).
+
+    Raises:
+        TypeError: a sample is not an ``(image tensor, label)`` pair.
+        ValueError: ``batch`` is empty.
+    """
+    if not batch:
+        raise ValueError("collate_tensor got an empty batch")
+    images: list[torch.Tensor] = []
+    labels: list[Any] = []
+    for i, sample in enumerate(batch):
+        if not (isinstance(sample, (tuple, list)) and len(sample) == 2):
+            raise TypeError(
+                f"collate_tensor wants (image, label) pairs; sample {i} is {type(sample).__name__}"
+            )
+        image, label = sample
+        if not isinstance(image, torch.Tensor):
+            raise TypeError(
+                f"collate_tensor wants tensor images (decode='tensor'); sample {i} holds "
+                f"{type(image).__name__}"
+            )
+        images.append(image)
+        labels.append(label)
+    if all(type(x) is int for x in labels):
+        label_batch = torch.tensor(labels, dtype=torch.int64)
+    else:
+        label_batch = default_collate(labels)
+    first = images[0].shape
+    if all(x.shape == first and x.dtype == images[0].dtype for x in images):
+        return default_collate(images), label_batch
+    return images, label_batch

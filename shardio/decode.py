@@ -1,0 +1,130 @@
+"""Image bytes → pixels with Pillow (or pillow-simd): the one place shardio decodes images.
+
+``decode_image`` decodes like torchvision's ``pil_loader`` (``Image.open`` then
+``convert("RGB")``), so an ImageFolder pack yields the same pixels as the
+original files; it can ask libjpeg for a reduced-size decode (JPEG draft mode)
+when the transform will downscale anyway. ``image_to_array`` exposes the
+pixels as a uint8 HWC numpy array. ``pil_backend`` says which imaging library
+is doing the work. This module must not import torch: the torch-side wrappers
+live in ``shardio.collate``.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.metadata
+import io
+import struct
+
+import numpy as np
+import PIL
+from PIL import Image
+
+from shardio.errors import DecodeError
+
+_DECODE_FAILURES = (
+    OSError,
+    SyntaxError,
+    ValueError,
+    EOFError,
+    IndexError,
+    struct.error,
+    Image.DecompressionBombError,
+)
+"""What Pillow raises on bytes it cannot decode (``UnidentifiedImageError`` is an ``OSError``)."""
+
+
+@functools.cache
+def pil_backend() -> str:
+    """Name and version of the library that provides ``PIL``: pillow-simd or Pillow.
+
+    Both install the same ``PIL`` package, so the name is read from the
+    installed distribution whose version matches ``PIL.__version__`` (the one
+    whose files are on disk when one was installed over the other). Without
+    metadata, pillow-simd is recognised by the ``.postN`` suffix it adds to
+    Pillow's version.
+
+    Returns:
+        ``"pillow-simd <version>"`` or ``"Pillow <version>"``.
+    """
+    version = PIL.__version__
+    providers = importlib.metadata.packages_distributions().get("PIL", [])
+    matching = set()
+    for name in providers:
+        try:
+            if importlib.metadata.version(name) == version:
+                matching.add(name.lower().replace("_", "-"))
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    simd = "pillow-simd" in matching if matching else ".post" in version
+    return f"{'pillow-simd' if simd else 'Pillow'} {version}"
+
+
+def decode_image(
+    data: bytes | memoryview,
+    *,
+    mode: str = "RGB",
+    draft_size: tuple[int, int] | None = None,
+    key: str | None = None,
+) -> Image.Image:
+    """Decode one encoded image into a fully loaded Pillow image of ``mode``.
+
+    The pixels equal ``Image.open(f).convert(mode)`` (torchvision's
+    ``pil_loader``), except that an image already in ``mode`` is not copied.
+
+    Args:
+        data: the encoded file's bytes (JPEG, PNG, WebP, … anything Pillow reads).
+        mode: Pillow mode of the result.
+        draft_size: ``(width, height)`` the transform will shrink the image to
+            at least. For JPEG, libjpeg then decodes at the largest 1/2, 1/4
+            or 1/8 scale that stays at or above this size in both sides (Pillow's
+            draft mode), which is several times faster. Other formats ignore it.
+            Leave it unset when a transform may crop a small region and enlarge
+            it (``RandomResizedCrop``): draft discards detail such crops need.
+        key: the sample's key, named in the error if decoding fails.
+
+    Returns:
+        A loaded image that holds no file handle.
+
+    Raises:
+        DecodeError: ``data`` is not an image Pillow can decode, or is truncated.
+        ValueError: ``draft_size`` is not two positive integers.
+    """
+    if draft_size is not None and (len(draft_size) != 2 or min(draft_size) < 1):
+        raise ValueError(f"draft_size must be (width, height) of positive ints, got {draft_size!r}")
+    try:
+        with Image.open(io.BytesIO(data)) as img:
+            if draft_size is not None and img.format in ("JPEG", "MPO"):
+                img.draft(mode, draft_size)
+            img.load()
+            return img if img.mode == mode else img.convert(mode)
+    except _DECODE_FAILURES as exc:
+        raise DecodeError(_failure_message(data, key, exc), key=key) from exc
+
+
+def image_to_array(img: Image.Image) -> np.ndarray:
+    """The pixels of ``img`` as a read-only uint8 array, HWC (or HW for one-band modes).
+
+    Pillow packs its pixels into one new buffer and numpy wraps that buffer
+    without copying it again; copy the array before writing to it.
+
+    Raises:
+        ValueError: ``img`` is not an 8-bit mode (``I;16``, ``I``, ``F``).
+    """
+    arr = np.asarray(img)
+    if arr.dtype != np.uint8:
+        raise ValueError(
+            f"image_to_array wants an 8-bit image, got mode {img.mode!r} ({arr.dtype}); "
+            "decode with mode='RGB' or 'L'"
+        )
+    return arr
+
+
+def _failure_message(data: bytes | memoryview, key: str | None, exc: BaseException) -> str:
+    where = f"sample {key!r}" if key is not None else "image bytes"
+    head = bytes(data[:8])
+    return (
+        f"{where}: cannot decode {len(data)} bytes starting {head!r} as an image ({exc}); "
+        "the stored field is not an image Pillow can read - repack from the original file, "
+        "or read it with decode='raw' to inspect it"
+    )
