@@ -1,0 +1,228 @@
+"""End to end through real DataLoaders: coverage, balance, order, resume and errors, both backends."""
+
+from __future__ import annotations
+
+import collections
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from torch.utils.data import DataLoader
+
+from shardio import ShardWriter, WriteOptions
+from shardio.batch import RecordBatch
+from shardio.dataset import IndexedDataset, StreamingDataset, merge_states
+from shardio.errors import ChecksumError, ManifestNotFoundError, ShardMissingError
+from shardio.loader import loader
+
+NUM_SAMPLES = 301
+
+
+def payload(i: int) -> bytes:
+    return i.to_bytes(4, "little") * (20 + i % 13)
+
+
+def write_dataset(out: Path, backend: str, num: int = NUM_SAMPLES, codec: str = "zstd") -> Path:
+    options = WriteOptions(backend=backend, codec=codec, max_shard_samples=64)
+    with ShardWriter(out, options) as writer:
+        for i in range(num):
+            writer.write({"__key__": f"s/{i:05d}", "bin": payload(i), "n": i})
+    return out
+
+
+@pytest.fixture(scope="module", params=["records", "lmdb"])
+def dataset_dir(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_dataset(tmp_path_factory.mktemp(request.param) / "ds", request.param)
+
+
+def indices_of(batch: dict[str, Any]) -> list[int]:
+    for i, data, n in zip(batch["__index__"].tolist(), batch["bin"], batch["n"].tolist(),
+                          strict=True):
+        assert data == payload(i) and n == i  # right bytes with the right index
+    return list(batch["__index__"].tolist())
+
+
+@pytest.mark.parametrize("num_workers", [0, 1, 2, 3])
+@pytest.mark.parametrize("world_size", [1, 2, 3])
+def test_ranks_cover_the_dataset_with_equal_counts(
+    dataset_dir: Path, num_workers: int, world_size: int
+) -> None:
+    per_rank = []
+    for rank in range(world_size):
+        ds = StreamingDataset(dataset_dir, rank=rank, world_size=world_size, shuffle_buffer=32)
+        got = [
+            i for batch in DataLoader(ds, batch_size=16, num_workers=num_workers)
+            for i in indices_of(batch)
+        ]
+        assert len(got) == len(ds)
+        per_rank.append(got)
+    assert len({len(r) for r in per_rank}) == 1
+    counts = collections.Counter(i for r in per_rank for i in r)
+    assert set(counts) == set(range(NUM_SAMPLES))
+    padding = len(per_rank[0]) * world_size - NUM_SAMPLES
+    assert sum(counts.values()) - NUM_SAMPLES == padding < world_size
+    if world_size == 1:
+        assert max(counts.values()) == 1
+
+
+def test_drop_last_drops_the_tail(dataset_dir: Path) -> None:
+    got = []
+    for rank in range(2):
+        ds = StreamingDataset(dataset_dir, rank=rank, world_size=2, drop_last=True)
+        got.append([s["__index__"] for s in ds])
+    assert [len(g) for g in got] == [150, 150]
+    assert len(set(got[0]) | set(got[1])) == 300
+
+
+def order(ds: StreamingDataset, num_workers: int = 2) -> list[int]:
+    return [
+        i for batch in DataLoader(ds, batch_size=8, num_workers=num_workers)
+        for i in batch["__index__"].tolist()
+    ]
+
+
+def test_same_seed_same_order_other_epoch_other_order(dataset_dir: Path) -> None:
+    first = order(StreamingDataset(dataset_dir, seed=3, shuffle_buffer=64))
+    assert first == order(StreamingDataset(dataset_dir, seed=3, shuffle_buffer=64))
+    ds = StreamingDataset(dataset_dir, seed=3, shuffle_buffer=64)
+    ds.set_epoch(1)
+    assert order(ds) != first and sorted(order(ds)) == sorted(first)
+    assert first != order(StreamingDataset(dataset_dir, seed=4, shuffle_buffer=64))
+    unshuffled = [s["__index__"] for s in StreamingDataset(dataset_dir, shuffle=False)]
+    assert unshuffled == list(range(NUM_SAMPLES))
+
+
+def test_loader_advances_epochs_with_persistent_workers(dataset_dir: Path) -> None:
+    ds = StreamingDataset(dataset_dir, decode="raw", shuffle_buffer=64)
+    shard_loader = loader(ds, batch_size=16, num_workers=2)
+    epochs = [[i for b in shard_loader for i in b.indices.tolist()] for _ in range(2)]
+    assert epochs[0] != epochs[1]
+    assert sorted(epochs[0]) == sorted(epochs[1]) == list(range(NUM_SAMPLES))
+    assert len(shard_loader) == sum(1 for _ in shard_loader)
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_loader_resume_reproduces_the_remaining_order(dataset_dir: Path, num_workers: int) -> None:
+    def make() -> Any:
+        return loader(StreamingDataset(dataset_dir, decode="raw", shuffle_buffer=40),
+                      batch_size=10, num_workers=num_workers)
+
+    full = [b.indices.tolist() for b in make()]
+    interrupted = make()
+    for k, _batch in enumerate(interrupted):
+        if k == 12:
+            break
+    state = interrupted.state_dict()
+    resumed = make()
+    resumed.load_state_dict(state)
+    assert [b.indices.tolist() for b in resumed] == full[13:]
+    # and the epoch after the resumed one is the normal next epoch
+    fresh = make()
+    assert [b.indices.tolist() for b in fresh] == full
+    assert [b.indices.tolist() for b in resumed] == [b.indices.tolist() for b in fresh]
+
+
+def test_resume_with_other_worker_count_yields_each_unseen_sample_once(dataset_dir: Path) -> None:
+    first = loader(StreamingDataset(dataset_dir, decode="raw"), batch_size=10, num_workers=2)
+    seen: list[int] = []
+    for k, batch in enumerate(first):
+        seen += batch.indices.tolist()
+        if k == 6:
+            break
+    state = first.state_dict()
+    second = loader(StreamingDataset(dataset_dir, decode="raw"), batch_size=10, num_workers=3)
+    second.load_state_dict(state)
+    rest = [i for b in second for i in b.indices.tolist()]
+    assert sorted(seen + rest) == list(range(NUM_SAMPLES))
+
+
+def test_resume_under_another_world_size(dataset_dir: Path) -> None:
+    states, seen = [], []
+    for rank in range(2):
+        run = loader(StreamingDataset(dataset_dir, decode="raw", rank=rank, world_size=2),
+                     batch_size=10, num_workers=1)
+        for k, batch in enumerate(run):
+            seen += batch.indices.tolist()
+            if k == 3:
+                break
+        states.append(run.state_dict())
+    merged = merge_states(states)
+    rest = []
+    for rank in range(3):
+        run = loader(StreamingDataset(dataset_dir, decode="raw", rank=rank, world_size=3),
+                     batch_size=10, num_workers=2)
+        run.load_state_dict(merged)
+        rest.append([i for b in run for i in b.indices.tolist()])
+    assert len({len(r) for r in rest}) == 1
+    assert set(seen) | {i for r in rest for i in r} == set(range(NUM_SAMPLES))
+    assert not set(seen) & {i for r in rest for i in r}
+
+
+def test_plain_dataloader_resume_via_batch_count(dataset_dir: Path) -> None:
+    ds = StreamingDataset(dataset_dir, shuffle_buffer=40)
+    seen = []
+    for k, batch in enumerate(DataLoader(ds, batch_size=10, num_workers=2)):
+        seen += batch["__index__"].tolist()
+        if k == 8:
+            break
+    state = ds.state_dict(num_batches=9, batch_size=10, num_workers=2)
+    again = StreamingDataset(dataset_dir, shuffle_buffer=40)
+    again.load_state_dict(state)
+    rest = [i for b in DataLoader(again, batch_size=10, num_workers=2)
+            for i in b["__index__"].tolist()]
+    assert sorted(seen + rest) == list(range(NUM_SAMPLES))
+
+
+def test_record_batch_carries_contiguous_fields(dataset_dir: Path) -> None:
+    batch = next(iter(loader(StreamingDataset(dataset_dir, decode="raw"), batch_size=8,
+                             num_workers=0)))
+    assert isinstance(batch, RecordBatch) and len(batch) == 8
+    assert batch.blobs["bin"][0].dtype == torch.uint8
+    for i, view, n in zip(batch.indices.tolist(), batch.bytes("bin"), batch["n"], strict=True):
+        assert bytes(view) == payload(i) and int(n) == i
+    sample = batch.sample(0)
+    assert sample["bin"] == payload(sample["__index__"])
+
+
+def test_indexed_dataset_random_access(dataset_dir: Path) -> None:
+    ds = IndexedDataset(dataset_dir)
+    assert len(ds) == NUM_SAMPLES
+    assert ds[123]["bin"] == payload(123) and ds[-1]["n"] == NUM_SAMPLES - 1
+    assert [s["n"] for s in ds.__getitems__([5, 300, 5, 64])] == [5, 300, 5, 64]
+    sampler = torch.utils.data.DistributedSampler(ds, num_replicas=2, rank=1, shuffle=True)
+    got = [i for b in DataLoader(ds, batch_size=16, sampler=sampler, num_workers=2)
+           for i in b["n"].tolist()]
+    assert sorted(got) == sorted(sampler)
+    ds.close()
+
+
+def corrupt_one_record(root: Path) -> Path:
+    shard = sorted(root.glob("shard-00001.*"))[0]
+    data = bytearray(shard.read_bytes())
+    needle = payload(64 + 5)
+    at = data.find(needle)
+    assert at > 0
+    data[at + 3] ^= 0xFF
+    shard.write_bytes(bytes(data))
+    return shard
+
+
+@pytest.mark.parametrize("backend", ["records", "lmdb"])
+def test_corrupt_record_surfaces_as_named_error(tmp_path: Path, backend: str) -> None:
+    root = write_dataset(tmp_path / "ds", backend, codec="none")
+    shard = corrupt_one_record(root)
+    ds = StreamingDataset(root, shuffle=False)
+    with pytest.raises(ChecksumError) as info:
+        for _ in DataLoader(ds, batch_size=8, num_workers=2):
+            pass
+    assert shard.name in str(info.value) and "record 5" in str(info.value)
+
+
+def test_missing_shard_and_missing_manifest(tmp_path: Path) -> None:
+    root = write_dataset(tmp_path / "ds", "records")
+    (root / "shard-00002.rec").unlink()
+    with pytest.raises(ShardMissingError, match=r"shard-00002\.rec.*manifest\.json"):
+        list(StreamingDataset(root, shuffle=False))
+    with pytest.raises(ManifestNotFoundError, match="shardio pack"):
+        StreamingDataset(tmp_path)
