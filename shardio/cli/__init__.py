@@ -12,6 +12,10 @@ import click
 from shardio.version import __version__
 
 COMMAND_MODULES = (
+    "inspect",
+    "verify",
+    "unpack",
+    "demo",
 )
 """Modules under ``shardio.cli`` that each define click commands listed in their ``COMMANDS``."""
 

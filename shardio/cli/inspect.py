@@ -1,0 +1,206 @@
+"""``shardio info``, ``ls`` and ``cat``: look inside a dataset without unpacking it.
+
+Each command reads through the public API (``read_manifest``,
+``open_dataset``/``DatasetReader``, ``unpack.field_bytes``); this module only
+formats. It also holds the two small pieces every shardio command shares:
+``format_size`` for human byte counts and ``dataset_errors``, which turns a
+``ShardioError`` into a one-line message and exit status 1.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, Final
+
+import click
+
+from shardio.errors import ShardioError
+from shardio.manifest import Manifest, read_manifest
+from shardio.reader import open_dataset
+from shardio.unpack import IMAGE_FIELD, RESERVED_FIELDS, field_bytes
+
+MAX_LISTED: Final = 10
+"""Classes and shards beyond this many are abbreviated in ``info``."""
+
+DATASET = click.Path(path_type=Path)
+"""A dataset folder argument; a missing one is reported by ``read_manifest``, with the fix."""
+
+
+def format_size(num_bytes: float) -> str:
+    """``1234567`` → ``"1.2 MB"`` (decimal units, as ``--max-shard-bytes`` parses them)."""
+    size = float(num_bytes)
+    for unit in ("B", "kB", "MB", "GB", "TB"):
+        if abs(size) < 1000 or unit == "TB":
+            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
+        size /= 1000
+    raise AssertionError("unreachable")
+
+
+@contextmanager
+def dataset_errors() -> Iterator[None]:
+    """Report a ``ShardioError`` (or an OS error) as ``Error: …`` with exit status 1."""
+    try:
+        yield
+    except ShardioError as exc:
+        raise click.ClickException(str(exc)) from exc
+    except OSError as exc:
+        raise click.ClickException(f"{exc.filename or ''}: {exc.strerror or exc}") from exc
+
+
+def abbreviate(items: Sequence[str], limit: int = MAX_LISTED) -> str:
+    """``a, b, c, … (N more), y, z`` when ``items`` is longer than ``limit``."""
+    if len(items) <= limit:
+        return ", ".join(items)
+    head, tail = items[: limit - 2], items[-2:]
+    return f"{', '.join(head)}, … ({len(items) - limit} more), {', '.join(tail)}"
+
+
+def _info_lines(path: Path, manifest: Manifest) -> Iterator[str]:
+    row = "{:<12} {}".format
+    yield row("dataset", path)
+    version = manifest.shardio_version
+    written = f" (written by shardio {version})" if version else ""
+    yield row("format", f"{manifest.format} v{manifest.version}{written}")
+    yield row("backend", manifest.backend)
+    yield row("codec", manifest.codec)
+    yield row("samples", f"{manifest.num_samples:,}")
+    size = f"{format_size(manifest.num_bytes)} in {len(manifest.shards)} shard(s)"
+    if manifest.input_bytes:
+        size += (f", {manifest.num_bytes / manifest.input_bytes:.3f} of the "
+                 f"{format_size(manifest.input_bytes)} of input")
+    yield row("bytes", size)
+    yield row("fields", ", ".join(manifest.fields) or "(none)")
+    if manifest.classes is not None:
+        yield row("classes", f"{len(manifest.classes)}: {abbreviate(manifest.classes)}")
+    order = f"shuffled, seed {manifest.seed}" if manifest.shuffle else "stored in input order"
+    yield row("order", order)
+    if manifest.options:
+        options = ", ".join(f"{k}={v}" for k, v in sorted(manifest.options.items()))
+        yield row("options", options)
+    yield "shards"
+    shards = list(manifest.shards)
+    shown = shards if len(shards) <= MAX_LISTED else shards[: MAX_LISTED - 2] + shards[-2:]
+    yield f"  {'name':<20} {'samples':>9} {'first':>11} {'size':>10}  checksum"
+    for i, shard in enumerate(shown):
+        if len(shards) > MAX_LISTED and i == MAX_LISTED - 2:
+            yield f"  … {len(shards) - MAX_LISTED} more shards"
+        yield (f"  {shard.name:<20} {shard.num_samples:>9,} {shard.first_index:>11,} "
+               f"{format_size(shard.num_bytes):>10}  {shard.checksum}")
+    if manifest.skipped:
+        yield row("skipped", f"{len(manifest.skipped)} file(s)")
+        for skipped in manifest.skipped[:MAX_LISTED]:
+            yield f"  {skipped.path}: {skipped.reason}"
+        if len(manifest.skipped) > MAX_LISTED:
+            yield f"  … {len(manifest.skipped) - MAX_LISTED} more"
+
+
+@click.command()
+@click.argument("out", type=DATASET)
+@click.option("--json", "as_json", is_flag=True, help="Print the manifest as JSON.")
+def info(out: Path, as_json: bool) -> None:
+    """Show what the manifest of dataset OUT says.
+
+    Format, backend, codec, counts, sizes, fields, classes, order, options,
+    shards and skipped input files.
+    """
+    with dataset_errors():
+        manifest = read_manifest(out)
+    if as_json:
+        click.echo(json.dumps(manifest.to_json(), indent=1, ensure_ascii=False))
+        return
+    for line in _info_lines(out, manifest):
+        click.echo(line)
+
+
+def _entries(out: Path, limit: int | None) -> Iterator[dict[str, Any]]:
+    """Key, stored size and (for labelled data) label of each sample, in stored order."""
+    with open_dataset(out) as reader:
+        classes = reader.manifest.classes
+        index = 0
+        for number, shard_info in enumerate(reader.manifest.shards):
+            shard = reader.shard(number)
+            for record, key in enumerate(shard.keys()):
+                if limit is not None and index >= limit:
+                    return
+                framed = shard.frame(record)
+                entry: dict[str, Any] = {"index": index, "key": key, "shard": shard_info.name,
+                                         "bytes": len(framed)}
+                if classes is not None:
+                    label = reader.decode(number, record, framed).get("label")
+                    entry["label"] = label
+                    entry["class"] = classes[label] if isinstance(label, int) else None
+                yield entry
+                index += 1
+            reader.close_shard(number)
+
+
+@click.command(name="ls")
+@click.argument("out", type=DATASET)
+@click.option("--limit", type=click.IntRange(min=0), default=None,
+              help="List at most this many samples.")
+@click.option("--json", "as_json", is_flag=True,
+              help="One JSON object per line: index, key, shard, bytes (stored), label, class.")
+def ls(out: Path, limit: int | None, as_json: bool) -> None:
+    """List the samples of dataset OUT: stored size, label and key.
+
+    Samples are listed in stored (shuffled) order; sizes are bytes as stored.
+    """
+    with dataset_errors():
+        for entry in _entries(out, limit):
+            if as_json:
+                click.echo(json.dumps(entry, ensure_ascii=False))
+            elif "label" in entry:
+                click.echo(f"{entry['bytes']:>10}  {entry['label']:>4} {entry['class']:<16} "
+                           f"{entry['key']}")
+            else:
+                click.echo(f"{entry['bytes']:>10}  {entry['key']}")
+
+
+def _default_field(sample: dict[str, Any], *, labelled: bool) -> str:
+    fields = [name for name in sample if name not in RESERVED_FIELDS]
+    if labelled and IMAGE_FIELD in fields:
+        return IMAGE_FIELD
+    if len(fields) == 1:
+        return fields[0]
+    raise click.ClickException(
+        f"sample {sample['__key__']!r} has fields {', '.join(map(repr, fields))}; "
+        "name the one to print: shardio cat OUT KEY FIELD"
+    )
+
+
+@click.command()
+@click.argument("out", type=DATASET)
+@click.argument("key")
+@click.argument("field", required=False)
+def cat(out: Path, key: str, field: str | None) -> None:
+    """Print the raw bytes of one field of sample KEY.
+
+    FIELD defaults to "image" on ImageFolder packs and to the only field of
+    the sample otherwise. Redirect the output: shardio cat OUT KEY > file
+    """
+    with dataset_errors(), open_dataset(out) as reader:
+        index = next((i for i, k in enumerate(reader.keys()) if k == key), None)
+        if index is None:
+            raise click.ClickException(
+                f"{out}: no sample has key {key!r}; list the keys with `shardio ls {out}`"
+            )
+        sample = reader.get(index)
+        name = field if field is not None else _default_field(
+            sample, labelled=reader.manifest.is_labelled
+        )
+        if name not in sample or name in RESERVED_FIELDS:
+            fields = [f for f in sample if f not in RESERVED_FIELDS]
+            raise click.ClickException(
+                f"sample {key!r} has no field {name!r}; its fields are "
+                f"{', '.join(map(repr, fields))}"
+            )
+        stream = sys.stdout.buffer
+        stream.write(field_bytes(sample[name]))
+        stream.flush()
+
+
+COMMANDS = [info, ls, cat]

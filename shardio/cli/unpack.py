@@ -1,0 +1,42 @@
+"""``shardio unpack``: restore the files a dataset was packed from.
+
+A thin front for ``shardio.unpack.unpack``, which refuses keys that would
+write outside DEST and existing files unless ``--overwrite``.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from dataclasses import asdict
+from pathlib import Path
+
+import click
+
+from shardio.cli.inspect import DATASET, dataset_errors, format_size
+from shardio.unpack import unpack
+
+
+@click.command(name="unpack")
+@click.argument("out", type=DATASET)
+@click.argument("dest", type=click.Path(file_okay=False, path_type=Path))
+@click.option("--overwrite", is_flag=True, help="Replace files that already exist in DEST.")
+@click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
+def unpack_command(out: Path, dest: Path, overwrite: bool, as_json: bool) -> None:
+    """Restore the files of dataset OUT into DEST, byte for byte.
+
+    ImageFolder packs become DEST/<class>/<image>; other packs one file per
+    field. Keys that would land outside DEST are refused before anything is
+    written.
+    """
+    with dataset_errors():
+        summary = unpack(out, dest, overwrite=overwrite,
+                         progress=not as_json and sys.stderr.isatty())
+    if as_json:
+        click.echo(json.dumps(asdict(summary)))
+        return
+    click.echo(f"unpacked {summary.num_samples:,} samples into {summary.num_files:,} files "
+               f"({format_size(summary.num_bytes)}) under {dest} in {summary.seconds:.2f} s")
+
+
+COMMANDS = [unpack_command]
