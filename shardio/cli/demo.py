@@ -25,7 +25,6 @@ import numpy as np
 
 import shardio
 from shardio.cli.inspect import dataset_errors, format_size
-from shardio.pack import pack
 from shardio.reader import open_dataset
 from shardio.synth import make_imagefolder
 from shardio.verify import verify
@@ -112,6 +111,8 @@ def stream_epoch(out: Path) -> StreamStats:
 
 
 def _run(base: Path, num_images: int) -> None:
+    from shardio.pack import pack  # the packer's worker pool is only needed by this command
+
     src, out = base / "images", base / "dataset"
     per_class = max(1, num_images // NUM_CLASSES)
     start = time.perf_counter()
