@@ -283,9 +283,9 @@ def test_collate_refuses_what_is_not_image_label_pairs(torch_mod: Any) -> None:
     with pytest.raises(ValueError, match="empty"):
         collate_tensor([])
     with pytest.raises(TypeError, match="sample 1"):
-        collate_tensor([(image, 0), image])  # type: ignore[list-item]
+        collate_tensor([(image, 0), image])
     with pytest.raises(TypeError, match="decode='tensor'"):
-        collate_tensor([(np.zeros((3, 2, 2), np.uint8), 0)])  # type: ignore[list-item]
+        collate_tensor([(np.zeros((3, 2, 2), np.uint8), 0)])
 
 
 class _JpegDataset:

@@ -1,0 +1,239 @@
+"""Move batches to the accelerator one step ahead of the training loop.
+
+``DevicePrefetcher`` wraps any iterable of batches. On CUDA it copies the
+next batch host → device on a side stream while the current step runs: CPU
+tensors are pinned (unless the DataLoader already did with
+``pin_memory=True``, which is cheaper because its thread does it), copied
+with ``non_blocking=True``, optionally converted on the device (uint8 →
+float, mean/std normalisation, channels_last), and handed over with
+``wait_stream`` + ``record_stream`` so the caching allocator never reuses
+their memory while the consumer's stream still reads it. On CPU, or when
+CUDA is unavailable, batches pass through unchanged apart from the optional
+conversion. No threads are started. Imports torch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator, Mapping, Sequence, Sized
+from typing import Any, Generic, TypeVar, cast
+
+import torch
+
+T = TypeVar("T")
+
+
+class DevicePrefetcher(Generic[T]):
+    """Iterate ``loader`` with each batch already on ``device`` (one batch in flight).
+
+    Batches may be tensors, tuples, lists, named tuples or mappings of them
+    (nested), or objects with a ``to(device, non_blocking=...)`` method;
+    other leaves (ints, strings, None) pass through unchanged.
+
+    The optional conversion applies to *image tensors*: uint8 tensors with 3
+    (C, H, W) or 4 (B, C, H, W) dimensions, as ``decode="tensor"`` and
+    ``shardio.collate.collate_tensor`` produce. Other tensors are never
+    converted; turn conversion off if a batch carries uint8 masks of that shape.
+    """
+
+    def __init__(
+        self,
+        loader: Iterable[T],
+        device: str | torch.device,
+        *,
+        convert_float: bool = False,
+        mean: Sequence[float] | None = None,
+        std: Sequence[float] | None = None,
+        channels_last: bool = False,
+    ) -> None:
+        """Wrap ``loader``; nothing is read until iteration starts.
+
+        Args:
+            loader: any iterable of batches, usually a ``torch.utils.data.DataLoader``.
+            device: target device. ``"cuda"`` without CUDA falls back to the
+                CPU pass-through; ``self.device`` is the device actually used.
+            convert_float: convert image tensors to float32 in [0, 1] (divide by 255).
+            mean: per-channel mean subtracted after ``convert_float`` (e.g. ImageNet's).
+            std: per-channel standard deviation divided by after ``mean``.
+            channels_last: give 4-D image tensors the ``torch.channels_last`` layout.
+
+        Raises:
+            ValueError: ``mean``/``std`` given without each other, of different
+                lengths, with a zero in ``std``, or without ``convert_float``.
+        """
+        if (mean is None) != (std is None):
+            raise ValueError("pass mean and std together, or neither")
+        if mean is not None and std is not None:
+            if not convert_float:
+                raise ValueError(
+                    "mean/std normalise float images in [0, 1]; pass convert_float=True"
+                )
+            if len(mean) != len(std) or len(mean) == 0:
+                raise ValueError(
+                    f"mean and std need one value per channel, got {len(mean)} and {len(std)}"
+                )
+            if any(s == 0 for s in std):
+                raise ValueError(f"std must not contain 0, got {list(std)}")
+        self.loader = loader
+        self.device = _resolve(torch.device(device))
+        self.convert_float = convert_float
+        self.channels_last = channels_last
+        self._norm = None if mean is None or std is None else (tuple(mean), tuple(std))
+        self._affine: dict[torch.device, tuple[torch.Tensor, torch.Tensor]] = {}
+
+    def __len__(self) -> int:
+        """The loader's length.
+
+        Raises:
+            TypeError: the loader has no length (an iterable dataset without ``__len__``).
+        """
+        if not isinstance(self.loader, Sized):
+            raise TypeError(f"{type(self.loader).__name__} has no len()")
+        return len(self.loader)
+
+    def __iter__(self) -> Iterator[T]:
+        if self.device.type == "cuda":
+            return self._iter_cuda()
+        return self._iter_sync()
+
+    def _iter_sync(self) -> Iterator[T]:
+        """CPU pass-through, or a blocking copy for a non-CUDA accelerator."""
+        move = self.device.type != "cpu"
+        touch = move or self.convert_float or self.channels_last
+        batches = iter(self.loader)
+        try:
+            for batch in batches:
+                if not touch:
+                    yield batch
+                else:
+                    yield cast(T, self._transfer(batch, move=move, non_blocking=False, pin=False))
+        finally:
+            _close(batches)
+
+    def _iter_cuda(self) -> Iterator[T]:
+        # torch.cuda.Stream.__new__ carries no annotations.
+        side = torch.cuda.Stream(device=self.device)  # type: ignore[no-untyped-call]
+        batches = iter(self.loader)
+        try:
+            ahead = self._preload(batches, side)
+            while ahead is not None:
+                batch, recorded = ahead
+                consumer = torch.cuda.current_stream(self.device)
+                consumer.wait_stream(side)
+                for tensor in recorded:
+                    tensor.record_stream(consumer)
+                if _has_opaque(batch):
+                    # Objects moved by their own .to() cannot be recorded: make the
+                    # next copy wait for the consumer instead of racing it.
+                    side.wait_stream(consumer)
+                ahead = self._preload(batches, side)
+                yield cast(T, batch)
+        finally:
+            _close(batches)
+
+    def _preload(
+        self, batches: Iterator[Any], side: torch.cuda.Stream
+    ) -> tuple[Any, list[torch.Tensor]] | None:
+        try:
+            batch = next(batches)
+        except StopIteration:
+            return None
+        with torch.cuda.stream(side):
+            moved = self._transfer(batch, move=True, non_blocking=True, pin=True)
+        return moved, _device_tensors(moved)
+
+    def _transfer(self, x: Any, *, move: bool, non_blocking: bool, pin: bool) -> Any:
+        if isinstance(x, torch.Tensor):
+            if move and x.device != self.device:
+                if pin and x.device.type == "cpu" and not x.is_pinned():
+                    x = x.pin_memory()
+                x = x.to(self.device, non_blocking=non_blocking)
+            return self._convert(x)
+        if isinstance(x, Mapping):
+            items = {k: self._transfer(v, move=move, non_blocking=non_blocking, pin=pin)
+                     for k, v in x.items()}
+            try:
+                return cast(Any, type(x))(items)
+            except TypeError:
+                return items
+        if isinstance(x, tuple) and hasattr(x, "_fields"):
+            return type(x)(*(self._transfer(v, move=move, non_blocking=non_blocking, pin=pin)
+                             for v in x))
+        if isinstance(x, (tuple, list)):
+            return type(x)(self._transfer(v, move=move, non_blocking=non_blocking, pin=pin)
+                           for v in x)
+        to = getattr(x, "to", None)
+        if move and callable(to) and not isinstance(x, (str, bytes)):
+            return to(self.device, non_blocking=non_blocking)
+        return x
+
+    def _convert(self, x: torch.Tensor) -> torch.Tensor:
+        if x.dtype != torch.uint8 or x.dim() not in (3, 4):
+            return x
+        if self.channels_last and x.dim() == 4:
+            # Re-laid out while still 1 byte per value; the float ops below keep the layout.
+            x = x.contiguous(memory_format=torch.channels_last)
+        if self.convert_float:
+            x = x.to(torch.float32)
+            if self._norm is None:
+                x.div_(255.0)
+            else:
+                scale, shift = self._affine_for(x)
+                x.mul_(scale).add_(shift)
+        return x
+
+    def _affine_for(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(x / 255 - mean) / std`` as ``x * scale + shift``, the factors cached per device."""
+        cached = self._affine.get(x.device)
+        if cached is None:
+            assert self._norm is not None
+            mean = torch.tensor(self._norm[0], dtype=torch.float64)
+            std = torch.tensor(self._norm[1], dtype=torch.float64)
+            scale = (1.0 / (255.0 * std)).to(torch.float32).view(-1, 1, 1)
+            shift = (-mean / std).to(torch.float32).view(-1, 1, 1)
+            cached = (scale.to(x.device), shift.to(x.device))
+            self._affine[x.device] = cached
+        if x.shape[-3] != cached[0].shape[0]:
+            raise ValueError(
+                f"mean/std have {cached[0].shape[0]} channels but an image tensor of shape "
+                f"{tuple(x.shape)} has {x.shape[-3]} at dim -3 (want (B, C, H, W) or (C, H, W))"
+            )
+        return cached
+
+
+def _resolve(device: torch.device) -> torch.device:
+    """The device batches will land on: CPU when CUDA is asked for but absent."""
+    if device.type != "cuda":
+        return device
+    if not torch.cuda.is_available():
+        return torch.device("cpu")
+    index = torch.cuda.current_device() if device.index is None else device.index
+    return torch.device("cuda", index)
+
+
+def _close(batches: Iterator[Any]) -> None:
+    """Close a generator the consumer abandoned, so its ``finally`` blocks run now."""
+    close = getattr(batches, "close", None)
+    if callable(close):
+        close()
+
+
+def _device_tensors(x: Any) -> list[torch.Tensor]:
+    """Every CUDA tensor inside a moved batch, to ``record_stream`` on the consumer."""
+    if isinstance(x, torch.Tensor):
+        return [x] if x.is_cuda else []
+    if isinstance(x, Mapping):
+        return [t for v in x.values() for t in _device_tensors(v)]
+    if isinstance(x, (tuple, list)):
+        return [t for v in x for t in _device_tensors(v)]
+    return []
+
+
+def _has_opaque(x: Any) -> bool:
+    """Whether a moved batch holds a non-tensor object that was moved by its own ``to``."""
+    if isinstance(x, torch.Tensor):
+        return False
+    if isinstance(x, Mapping):
+        return any(_has_opaque(v) for v in x.values())
+    if isinstance(x, (tuple, list)):
+        return any(_has_opaque(v) for v in x)
+    return callable(getattr(x, "to", None)) and not isinstance(x, (str, bytes))
