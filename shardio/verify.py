@@ -98,9 +98,11 @@ def verify(
     num_bytes = 0
     num_records = 0
     total = manifest.num_bytes if quick else manifest.num_samples
-    with tqdm(total=total, unit="B" if quick else " records", unit_scale=quick,
-              disable=not progress, desc="verify", leave=False) as bar, \
-            DatasetReader(root, verify=True) as reader:
+    with (
+        tqdm(total=total, unit="B" if quick else " records", unit_scale=quick,
+             disable=not progress, desc="verify", leave=False) as bar,
+        DatasetReader(root, verify=True) as reader,
+    ):
         for number, info in enumerate(manifest.shards):
             if not _is_plain_name(info.name):
                 continue
