@@ -1,66 +1,80 @@
-"""``RecordBatch``: a batch of raw samples as a few contiguous tensors.
+"""``RecordBatch``: a batch of raw samples as one contiguous buffer plus offsets.
 
-A DataLoader worker that hands over a list of 64 bytes objects pays for
-pickling each of them; a ``RecordBatch`` carries every bytes field of the
-batch as one uint8 tensor plus an offsets tensor (moved through shared memory
-as one block), integer fields as one int64 tensor, and only the keys and any
-other small values as plain lists.
+A DataLoader worker hands its batch to the main process by pickling it. A
+list of 64 bytes objects costs 64 pickled objects; a batch of tensors costs a
+shared-memory segment and a file-descriptor transfer *per tensor* (about a
+millisecond each on a small machine, measured in ``benchmarks/``). A
+``RecordBatch`` is one ``bytes`` buffer holding every bytes field of every
+sample back to back, small numpy arrays of offsets, indices and integer
+fields, and the keys: a handful of objects however large the batch. Torch is
+imported only to hand out tensors on request.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from typing import Any
+from collections.abc import Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import torch
+import numpy.typing as npt
 
 from shardio.record import INDEX_FIELD, KEY_FIELD
+
+if TYPE_CHECKING:
+    import torch
+
+Int64Array = npt.NDArray[np.int64]
 
 
 class RecordBatch:
     """Raw samples of one batch, field by field.
 
     ``batch.bytes("image")`` gives zero-copy memoryviews, one per sample;
-    ``batch["label"]`` a tensor for integer fields (a list otherwise);
-    ``batch.sample(i)`` or iteration rebuilds the sample dicts.
+    ``batch.labels`` the ``label`` field as an int64 tensor; ``batch["n"]`` an
+    int field as a numpy array (other values as lists); ``batch.sample(i)`` or
+    iteration rebuilds the sample dicts.
     """
 
     def __init__(
         self,
         keys: list[str],
-        indices: torch.Tensor,
-        blobs: Mapping[str, tuple[torch.Tensor, torch.Tensor]],
-        values: Mapping[str, torch.Tensor | list[Any]],
+        indices: Int64Array,
+        buffer: bytes,
+        offsets: Mapping[str, Int64Array],
+        values: Mapping[str, Int64Array | list[Any]],
     ) -> None:
         self.keys = keys
         self.indices = indices
-        self.blobs = dict(blobs)
+        self.buffer = buffer
+        self.offsets = dict(offsets)
         self.values = dict(values)
 
     @classmethod
     def from_samples(cls, samples: Sequence[Mapping[str, Any]]) -> RecordBatch:
         """Gather sample dicts (as the reader yields them) into one batch."""
         keys = [s[KEY_FIELD] for s in samples]
-        indices = torch.tensor([s.get(INDEX_FIELD, -1) for s in samples], dtype=torch.int64)
+        indices = np.fromiter((s.get(INDEX_FIELD, -1) for s in samples), np.int64, len(samples))
         names = [n for n in samples[0] if n not in (KEY_FIELD, INDEX_FIELD)] if samples else []
-        blobs: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
-        values: dict[str, torch.Tensor | list[Any]] = {}
+        chunks: list[bytes] = []
+        offsets: dict[str, Int64Array] = {}
+        values: dict[str, Int64Array | list[Any]] = {}
+        start = 0
         for name in names:
             column = [s.get(name) for s in samples]
             if all(isinstance(v, bytes) for v in column):
-                lengths = np.fromiter((len(v) for v in column), np.int64, len(column))
-                offsets = np.zeros(len(column) + 1, np.int64)
-                np.cumsum(lengths, out=offsets[1:])
-                data = torch.frombuffer(bytearray(b"".join(column)), dtype=torch.uint8) if (
-                    offsets[-1]
-                ) else torch.zeros(0, dtype=torch.uint8)
-                blobs[name] = (data, torch.from_numpy(offsets))
+                ends = np.fromiter((len(v) for v in column), np.int64, len(column))
+                field_offsets = np.empty(len(column) + 1, np.int64)
+                field_offsets[0] = start
+                np.cumsum(ends, out=field_offsets[1:])
+                field_offsets[1:] += start
+                offsets[name] = field_offsets
+                chunks.extend(column)  # type: ignore[arg-type]
+                start = int(field_offsets[-1])
             elif all(type(v) is int for v in column):
-                values[name] = torch.tensor(column, dtype=torch.int64)
+                values[name] = np.asarray(column, dtype=np.int64)
             else:
                 values[name] = column
-        return cls(keys, indices, blobs, values)
+        return cls(keys, indices, b"".join(chunks), offsets, values)
 
     def __len__(self) -> int:
         return len(self.keys)
@@ -68,61 +82,53 @@ class RecordBatch:
     @property
     def fields(self) -> list[str]:
         """Field names of the samples, ``__key__`` and ``__index__`` left out."""
-        return [*self.blobs, *self.values]
+        return [*self.offsets, *self.values]
 
     @property
     def labels(self) -> torch.Tensor | None:
-        """The ``label`` field of an ImageFolder pack, as int64, or None."""
+        """The ``label`` field of an ImageFolder pack as an int64 tensor, or None."""
+        import torch
+
         label = self.values.get("label")
-        return label if isinstance(label, torch.Tensor) else None
+        return torch.from_numpy(label) if isinstance(label, np.ndarray) else None
 
     @property
     def nbytes(self) -> int:
         """Bytes held in the batch's bytes fields."""
-        return sum(int(data.numel()) for data, _ in self.blobs.values())
+        return len(self.buffer)
 
     def bytes(self, field: str) -> list[memoryview]:
         """One zero-copy view per sample of bytes field ``field``."""
-        data, offsets = self.blobs[field]
-        view = memoryview(data.numpy()).cast("B")
-        offs = offsets.tolist()
+        view = memoryview(self.buffer)
+        offs = self.offsets[field].tolist()
         return [view[offs[i] : offs[i + 1]] for i in range(len(offs) - 1)]
 
-    def __getitem__(self, field: str) -> torch.Tensor | list[Any] | list[memoryview]:
-        if field in self.blobs:
+    def __getitem__(self, field: str) -> Int64Array | list[Any]:
+        if field in self.offsets:
             return self.bytes(field)
         return self.values[field]
 
     def sample(self, i: int) -> dict[str, Any]:
         """Sample ``i`` as a dict, bytes fields copied out of the batch buffer."""
         out: dict[str, Any] = {KEY_FIELD: self.keys[i], INDEX_FIELD: int(self.indices[i])}
-        for name, (data, offsets) in self.blobs.items():
-            out[name] = data[int(offsets[i]) : int(offsets[i + 1])].numpy().tobytes()
+        for name, offs in self.offsets.items():
+            out[name] = self.buffer[int(offs[i]) : int(offs[i + 1])]
         for name, column in self.values.items():
             value = column[i]
-            out[name] = int(value) if isinstance(column, torch.Tensor) else value
+            out[name] = int(value) if isinstance(column, np.ndarray) else value
         return out
 
-    def __iter__(self) -> Any:
+    def __iter__(self) -> Iterator[dict[str, Any]]:
         return (self.sample(i) for i in range(len(self)))
 
-    def pin_memory(self) -> RecordBatch:
-        """Page-locked copy, for the DataLoader's ``pin_memory`` thread."""
-        return self.to("pin")
+    def tensor(self, device: str | torch.device = "cpu", *, pin: bool = False) -> torch.Tensor:
+        """The whole buffer as one uint8 tensor (e.g. for GPU JPEG decoding), on ``device``."""
+        import torch
 
-    def to(self, device: str | torch.device, non_blocking: bool = False) -> RecordBatch:
-        """The batch with its tensors on ``device`` (``"pin"``: pinned host memory)."""
-        def move(t: torch.Tensor) -> torch.Tensor:
-            if device == "pin":
-                return t.pin_memory()
-            return t.to(device, non_blocking=non_blocking)
-
-        return RecordBatch(
-            self.keys,
-            move(self.indices),
-            {n: (move(d), o) for n, (d, o) in self.blobs.items()},
-            {n: move(v) if isinstance(v, torch.Tensor) else v for n, v in self.values.items()},
-        )
+        data = torch.frombuffer(bytearray(self.buffer), dtype=torch.uint8)
+        if pin:
+            data = data.pin_memory()
+        return data.to(device, non_blocking=pin)
 
     def __repr__(self) -> str:
         return f"RecordBatch({len(self)} samples, fields={self.fields}, {self.nbytes} bytes)"

@@ -100,12 +100,17 @@ def get_codec(name: str, level: int = 3) -> Codec:
 _decompressors = threading.local()
 
 
-def decompress(codec_id: int, stored: bytes | memoryview) -> bytes | memoryview:
-    """Undo the compression a frame's codec id names (a no-op for ``CODEC_NONE``)."""
-    if codec_id == CODEC_NONE:
-        return stored
+def decompressor() -> zstandard.ZstdDecompressor:
+    """This thread's reusable zstd decompression context."""
     dctx = getattr(_decompressors, "dctx", None)
     if dctx is None:
         dctx = zstandard.ZstdDecompressor()
         _decompressors.dctx = dctx
-    return dctx.decompress(stored)  # type: ignore[no-any-return]
+    return dctx
+
+
+def decompress(codec_id: int, stored: bytes | memoryview) -> bytes | memoryview:
+    """Undo the compression a frame's codec id names (a no-op for ``CODEC_NONE``)."""
+    if codec_id == CODEC_NONE:
+        return stored
+    return decompressor().decompress(stored)  # type: ignore[no-any-return]

@@ -8,15 +8,16 @@ float, bool, None, lists and dicts of those, and numpy arrays of a plain dtype
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import zlib
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Final
 
 import msgpack
 import numpy as np
 
-from shardio.codecs import Codec, decompress, looks_compressed
+from shardio.codecs import Codec, decompress, decompressor, looks_compressed
 from shardio.errors import RecordEncodeError, ShardCorruptError
-from shardio.format import CODEC_NONE, frame, unframe
+from shardio.format import CODEC_NONE, CODEC_ZSTD, FRAME, FRAME_SIZE, frame, unframe
 
 KEY_FIELD: Final = "__key__"
 INDEX_FIELD: Final = "__index__"
@@ -97,6 +98,50 @@ def encode_record(sample: Mapping[str, Any], codec: Codec) -> bytes:
     return frame(stored, codec_id)
 
 
+def decode_frames(
+    frames: Sequence[memoryview], *, path: str, first_record: int,
+    offset_of: Callable[[int], int], verify: bool = True,
+) -> list[dict[str, Any]]:
+    """Check and decode consecutive framed records (one streaming block) into sample dicts.
+
+    The same checks as ``decode_record`` in one tight loop: streaming calls
+    this once per block instead of several functions per sample.
+    ``offset_of(record)`` gives a record's byte offset, for error messages only.
+    """
+    out: list[dict[str, Any]] = []
+    unpack_frame = FRAME.unpack_from
+    crc32 = zlib.crc32
+    unpackb = msgpack.unpackb
+    inflate = decompressor().decompress
+    for n, framed in enumerate(frames):
+        length, crc, codec = unpack_frame(framed)
+        if len(framed) != FRAME_SIZE + length or (verify and crc32(framed[8:]) != crc) or (
+            codec not in (CODEC_NONE, CODEC_ZSTD)
+        ):
+            unframe(framed, path=path, record=first_record + n,
+                    offset=offset_of(first_record + n), verify=True)
+        payload = framed[FRAME_SIZE:]
+        try:
+            sample = unpackb(
+                inflate(payload) if codec else payload,
+                raw=False, ext_hook=_ext_hook, strict_map_key=True,
+            )
+        except Exception as exc:  # msgpack and zstd raise a zoo of types; map them here
+            raise _undecodable(
+                path, first_record + n, offset_of(first_record + n), exc
+            ) from exc
+        out.append(sample)
+    return out
+
+
+def _undecodable(path: str, record: int, offset: int, exc: Exception) -> ShardCorruptError:
+    return ShardCorruptError(
+        f"{path}: record {record} at byte {offset} passed its checksum but does not "
+        f"decode ({type(exc).__name__}: {exc}); the shard was written by a broken writer",
+        path=path, record=record, offset=offset,
+    )
+
+
 def decode_record(
     buf: bytes | memoryview, *, path: str, record: int, offset: int = 0, verify: bool = True
 ) -> dict[str, Any]:
@@ -105,8 +150,4 @@ def decode_record(
     try:
         return decode_payload(decompress(codec_id, stored))
     except Exception as exc:  # msgpack and zstd raise a zoo of types; map them at this boundary
-        raise ShardCorruptError(
-            f"{path}: record {record} at byte {offset} passed its checksum but does not "
-            f"decode ({type(exc).__name__}: {exc}); the shard was written by a broken writer",
-            path=path, record=record, offset=offset,
-        ) from exc
+        raise _undecodable(path, record, offset, exc) from exc

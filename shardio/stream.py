@@ -17,6 +17,7 @@ import numpy as np
 
 from shardio.plan import IndexArray
 from shardio.reader import DatasetReader
+from shardio.record import INDEX_FIELD, decode_frames
 
 
 def window_runs(indices: IndexArray, firsts: IndexArray) -> list[tuple[int, int, int]]:
@@ -36,10 +37,10 @@ def window_runs(indices: IndexArray, firsts: IndexArray) -> list[tuple[int, int,
     return runs
 
 
-def iter_window_frames(
+def iter_samples(
     reader: DatasetReader, order: IndexArray, *, window: int, skip: int = 0
-) -> Iterator[tuple[int, int, int, memoryview]]:
-    """Yield ``(global index, shard, record, framed bytes)`` for ``order[skip:]``.
+) -> Iterator[dict[str, Any]]:
+    """Yield the decoded samples of ``order[skip:]``, each with its ``__index__``.
 
     Args:
         reader: the open dataset; shards are opened once and kept until it closes.
@@ -50,19 +51,19 @@ def iter_window_frames(
     firsts = np.asarray([s.first_index for s in reader.manifest.shards], dtype=np.int64)
     for w_lo in range(skip - skip % window, len(order), window):
         indices = order[w_lo : w_lo + window]
-        frames: dict[int, tuple[int, int, memoryview]] = {}
+        samples: dict[int, dict[str, Any]] = {}
         for shard, start, stop in window_runs(indices, firsts):
-            base = int(firsts[shard])
-            for record, framed in enumerate(reader.shard(shard).read_frames(start, stop), start):
-                frames[base + record] = (shard, record, framed)
+            shard_reader = reader.shard(shard)
+            decoded = decode_frames(
+                shard_reader.read_frames(start, stop),
+                path=shard_reader.path,
+                first_record=start,
+                offset_of=shard_reader.offset,
+                verify=reader.verify,
+            )
+            base = int(firsts[shard]) + start
+            for n, sample in enumerate(decoded):
+                sample[INDEX_FIELD] = base + n
+                samples[base + n] = sample
         for index in indices[max(skip - w_lo, 0) :].tolist():
-            shard, record, framed = frames[index]
-            yield index, shard, record, framed
-
-
-def iter_samples(
-    reader: DatasetReader, order: IndexArray, *, window: int, skip: int = 0
-) -> Iterator[dict[str, Any]]:
-    """Decoded sample dicts for ``order[skip:]`` (see ``iter_window_frames``)."""
-    for _index, shard, record, framed in iter_window_frames(reader, order, window=window, skip=skip):
-        yield reader.decode(shard, record, framed)
+            yield samples[index]

@@ -12,10 +12,12 @@ import click
 from shardio.version import __version__
 
 COMMAND_MODULES = (
+    "pack",
     "inspect",
     "verify",
     "unpack",
     "demo",
+    "bench",
 )
 """Modules under ``shardio.cli`` that each define click commands listed in their ``COMMANDS``."""
 
