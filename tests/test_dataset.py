@@ -226,3 +226,21 @@ def test_missing_shard_and_missing_manifest(tmp_path: Path) -> None:
         list(StreamingDataset(root, shuffle=False))
     with pytest.raises(ManifestNotFoundError, match="shardio pack"):
         StreamingDataset(tmp_path)
+
+
+def test_stateful_dataloader_resumes_exactly(dataset_dir: Path) -> None:
+    stateful = pytest.importorskip("torchdata.stateful_dataloader")
+
+    def make() -> Any:
+        return stateful.StatefulDataLoader(
+            StreamingDataset(dataset_dir, shuffle_buffer=40), batch_size=10, num_workers=2
+        )
+
+    full = [b["__index__"].tolist() for b in make()]
+    interrupted = make()
+    for k, _batch in enumerate(interrupted):
+        if k == 9:
+            break
+    resumed = make()
+    resumed.load_state_dict(interrupted.state_dict())
+    assert [b["__index__"].tolist() for b in resumed] == full[10:]
