@@ -5,6 +5,8 @@ from __future__ import annotations
 import importlib.metadata
 import io
 import re
+import subprocess
+import sys
 import warnings
 from collections.abc import Callable
 from typing import Any
@@ -14,7 +16,7 @@ import PIL
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from PIL import Image
+from PIL import Image, features
 
 from shardio.decode import decode_image, image_to_array, pil_backend
 from shardio.errors import DecodeError, ShardioError
@@ -107,10 +109,31 @@ def test_pil_backend_tells_pillow_simd_from_pillow(
         pil_backend.cache_clear()
 
 
+def test_decode_is_torch_free_and_exported_lazily() -> None:
+    code = (
+        "import sys, shardio, shardio.decode\n"
+        "assert shardio.pil_backend is shardio.decode.pil_backend\n"
+        "assert 'torch' not in sys.modules, 'shardio.decode imported torch'\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
 # ---------------------------------------------------------------- decode_image
 
 
-@pytest.mark.parametrize("kind", sorted(INPUTS))
+@pytest.mark.parametrize(
+    "kind",
+    [
+        pytest.param(
+            kind,
+            marks=pytest.mark.skipif(
+                kind == "webp" and not features.check("webp"),
+                reason="this Pillow build has no WebP support (built without libwebp)",
+            ),
+        )
+        for kind in sorted(INPUTS)
+    ],
+)
 def test_decode_matches_pil_loader_pixel_for_pixel(kind: str) -> None:
     data = INPUTS[kind]()
     img = decode_image(data)

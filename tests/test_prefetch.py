@@ -75,6 +75,12 @@ class _Movable:
 # ---------------------------------------------------------------- CPU
 
 
+def test_exported_as_shardio_device_prefetcher() -> None:
+    import shardio
+
+    assert shardio.DevicePrefetcher is DevicePrefetcher
+
+
 def test_cpu_without_conversion_yields_the_very_same_batches() -> None:
     batches = [_nested(i) for i in range(3)]
     loader = _Loader(batches)
