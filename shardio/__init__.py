@@ -16,6 +16,7 @@ from typing import Any
 from shardio.errors import (
     BadInputError,
     ChecksumError,
+    DecodeError,
     EmptySourceError,
     ManifestError,
     ManifestNotFoundError,
@@ -31,6 +32,8 @@ from shardio.errors import (
 )
 from shardio.manifest import Manifest, ShardInfo, read_manifest
 from shardio.reader import DatasetReader, open_dataset
+from shardio.unpack import unpack
+from shardio.verify import verify
 from shardio.version import __version__
 from shardio.writer import ShardWriter, WriteOptions
 
@@ -38,10 +41,10 @@ _LAZY = {
     "pack": "shardio.pack",
     "pack_imagefolder": "shardio.pack",
     "PackSummary": "shardio.pack",
-    "verify": "shardio.verify",
-    "unpack": "shardio.unpack",
     "StreamingDataset": "shardio.dataset",
     "IndexedDataset": "shardio.dataset",
+    "merge_states": "shardio.dataset",
+    "RecordBatch": "shardio.batch",
     "loader": "shardio.loader",
     "DevicePrefetcher": "shardio.prefetch",
     "pil_backend": "shardio.decode",
@@ -51,6 +54,7 @@ __all__ = [
     "BadInputError",
     "ChecksumError",
     "DatasetReader",
+    "DecodeError",
     "DevicePrefetcher",
     "EmptySourceError",
     "IndexedDataset",
@@ -60,6 +64,7 @@ __all__ = [
     "OutputExistsError",
     "PackError",
     "PackSummary",
+    "RecordBatch",
     "RecordEncodeError",
     "ShardCorruptError",
     "ShardInfo",
@@ -73,6 +78,7 @@ __all__ = [
     "WriteOptions",
     "__version__",
     "loader",
+    "merge_states",
     "open_dataset",
     "pack",
     "pack_imagefolder",

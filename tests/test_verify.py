@@ -179,11 +179,6 @@ def test_verify_leaves_dataset_readable(dataset: Path) -> None:
         assert [s["__key__"] for s in reader] == [f"k{i}" for i in range(NUM_SAMPLES)]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="shardio/__init__.py resolves `verify`/`unpack` lazily, so once the submodule "
-    "is imported the package attribute is the module; importing them eagerly fixes it",
-)
 def test_package_functions_survive_submodule_import() -> None:
     code = (
         "import shardio.verify, shardio.unpack, shardio; "
