@@ -1,0 +1,111 @@
+"""``shardio pack SRC OUT``: the command-line face of ``shardio.pack``.
+
+Flags mirror the keyword arguments of ``shardio.pack``; sizes such as
+``256MB`` are parsed here. The command prints the summary (or, with
+``--json``, the summary as JSON) and turns shardio errors into a one-line
+message and exit status 1.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import click
+
+from shardio.cli.options import SIZE
+from shardio.codecs import CODEC_NAMES
+from shardio.errors import ShardioError
+from shardio.manifest import BACKENDS
+from shardio.pack import PackSummary, pack
+from shardio.writer import DEFAULT_MAX_SHARD_BYTES, WriteOptions
+
+
+def format_summary(summary: PackSummary) -> str:
+    """The human-readable summary printed after a pack."""
+    mode = "ImageFolder" if summary.imagefolder else "generic folder"
+    lines = [
+        f"packed {summary.out} ({mode})",
+        f"  samples       {summary.samples:,} ({summary.files:,} files)",
+        f"  shards        {summary.shards:,}",
+        f"  input bytes   {summary.input_bytes:,}",
+        f"  output bytes  {summary.output_bytes:,}",
+        f"  ratio         {summary.ratio:.3f} (output / input)",
+        f"  seconds       {summary.seconds:.2f}",
+        f"  files/s       {summary.files_per_s:,.0f} ({summary.mb_per_s:,.1f} MB/s)",
+        f"  hidden        {summary.hidden_ignored:,} hidden entries ignored",
+    ]
+    if summary.resumed_samples:
+        lines.append(f"  resumed       {summary.resumed_samples:,} samples were already packed")
+    lines.append(f"  skipped       {len(summary.skipped):,} files")
+    lines += [f"    {path}: {reason}" for path, reason in summary.skipped]
+    return "\n".join(lines)
+
+
+@click.command("pack")
+@click.argument("src", type=click.Path(file_okay=False, path_type=Path))
+@click.argument("out", type=click.Path(file_okay=False, path_type=Path))
+@click.option("--backend", type=click.Choice(BACKENDS), default="records", show_default=True,
+              help="Shard file format.")
+@click.option("--codec", type=click.Choice(CODEC_NAMES), default="zstd", show_default=True,
+              help="Compression of records that are not already compressed media.")
+@click.option("--level", type=int, default=3, show_default=True, help="zstd level.")
+@click.option("--max-shard-bytes", type=SIZE, default=DEFAULT_MAX_SHARD_BYTES,
+              show_default="256MB", help="Start a new shard beyond this size.")
+@click.option("--max-shard-samples", type=click.IntRange(min=1), default=None,
+              help="Start a new shard after this many samples.")
+@click.option("--include", multiple=True, metavar="GLOB",
+              help="Pack only files whose relative path matches (repeatable).")
+@click.option("--exclude", multiple=True, metavar="GLOB",
+              help="Leave out files whose relative path matches (repeatable).")
+@click.option("--follow-symlinks", is_flag=True, help="Pack what symbolic links point to.")
+@click.option("--seed", type=int, default=0, show_default=True, help="Seed of the shuffle.")
+@click.option("--no-shuffle", is_flag=True, help="Keep the sorted sample order.")
+@click.option("--num-workers", type=click.IntRange(min=1), default=None,
+              help="Processes that read and encode [default: all cores].")
+@click.option("--imagefolder/--no-imagefolder", default=None,
+              help="Treat SRC as an ImageFolder (class folders of images) or not "
+                   "[default: detect].")
+@click.option("--check-images", is_flag=True, help="Decode every image with Pillow first.")
+@click.option("--skip-bad", is_flag=True,
+              help="Leave out bad inputs (listed in the summary and manifest) instead of failing.")
+@click.option("--overwrite", is_flag=True, help="Replace the dataset in OUT.")
+@click.option("--resume", is_flag=True, help="Finish an interrupted pack into OUT.")
+@click.option("--progress/--no-progress", default=None,
+              help="Show a progress bar [default: when stderr is a terminal].")
+@click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
+def pack_command(
+    src: Path, out: Path, backend: str, codec: str, level: int, max_shard_bytes: int,
+    max_shard_samples: int | None, include: tuple[str, ...], exclude: tuple[str, ...],
+    follow_symlinks: bool, seed: int, no_shuffle: bool, num_workers: int | None,
+    imagefolder: bool | None, check_images: bool, skip_bad: bool, overwrite: bool,
+    resume: bool, progress: bool | None, as_json: bool,
+) -> None:
+    """Pack the files under SRC into shuffled, checksummed shards in OUT.
+
+    An ImageFolder (SRC/<class>/**/<image>) becomes samples with fields
+    `image` and `label`; any other folder groups files sharing a name up to
+    the first dot into one sample (a/x.jpg + a/x.json -> key a/x).
+    """
+    try:
+        options = WriteOptions(backend=backend, codec=codec, level=level,
+                               max_shard_bytes=max_shard_bytes,
+                               max_shard_samples=max_shard_samples)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc)) from exc
+    try:
+        summary = pack(
+            src, out, options=options, imagefolder=imagefolder, seed=seed,
+            shuffle=not no_shuffle, num_workers=num_workers, include=include, exclude=exclude,
+            follow_symlinks=follow_symlinks, check_images=check_images, skip_bad=skip_bad,
+            overwrite=overwrite, resume=resume, progress=progress,
+        )
+    except ShardioError as exc:
+        raise click.ClickException(str(exc)) from exc
+    if as_json:
+        click.echo(json.dumps(summary.to_json(), indent=1, ensure_ascii=False))
+    else:
+        click.echo(format_summary(summary))
+
+
+COMMANDS = [pack_command]

@@ -1,0 +1,305 @@
+"""``shardio.pack`` end to end: round trips, determinism, bad input, resume after SIGKILL, CLI."""
+
+from __future__ import annotations
+
+import importlib
+import io
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+from PIL import Image
+
+from shardio import open_dataset, read_manifest
+from shardio.cli import main
+from shardio.errors import BadInputError, EmptySourceError, OutputExistsError, PackError
+from shardio.manifest import MANIFEST_NAME
+from shardio.pack import PackSummary, pack, pack_imagefolder
+from shardio.synth import make_photo, make_tiny_tree
+from shardio.writer import JOURNAL_NAME, WriteOptions
+
+pack_module = importlib.import_module("shardio.pack")
+
+
+def _files(folder: Path) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in sorted(folder.iterdir())}
+
+
+def _tree(root: Path) -> dict[str, bytes]:
+    return {p.relative_to(root).as_posix(): p.read_bytes()
+            for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def test_imagefolder_round_trip(imagefolder: Path, tmp_path: Path, backend: str) -> None:
+    summary = pack(imagefolder, tmp_path / "out", num_workers=1,
+                   options=WriteOptions(backend=backend, max_shard_samples=10))
+    manifest = read_manifest(tmp_path / "out")
+    assert manifest.classes == tuple(f"class_{i:02d}" for i in range(4))
+    assert summary.samples == manifest.num_samples == 48 and summary.shards == 5
+    assert summary.imagefolder and summary.skipped == () and summary.ratio > 0
+    files = _tree(imagefolder)
+    with open_dataset(tmp_path / "out") as reader:
+        got = {s["__key__"]: (s["image"], s["label"]) for s in reader}
+    assert got == {k: (v, manifest.classes.index(k.split("/")[0])) for k, v in files.items()}
+    assert summary.input_bytes == manifest.input_bytes == sum(map(len, files.values()))
+    assert summary.output_bytes == manifest.num_bytes
+
+
+def test_generic_round_trip_both_codecs(tiny_tree: Path, tmp_path: Path, codec: str) -> None:
+    (tiny_tree.parent / "extra").mkdir(exist_ok=True)
+    pack(tiny_tree, tmp_path / "out", num_workers=1, options=WriteOptions(codec=codec))
+    with open_dataset(tmp_path / "out") as reader:
+        got = {f"{s['__key__']}.bin": s["bin"] for s in reader}
+    assert got == _tree(tiny_tree)
+    manifest = read_manifest(tmp_path / "out")
+    assert manifest.fields == ("bin",) and manifest.classes is None
+    assert (manifest.num_bytes < manifest.input_bytes) == (codec == "zstd")
+
+
+@pytest.mark.parametrize("backend", ["records", "lmdb"])
+def test_output_is_identical_for_any_number_of_workers(
+    imagefolder: Path, tmp_path: Path, backend: str
+) -> None:
+    options = WriteOptions(backend=backend, max_shard_samples=7)
+    one = pack(imagefolder, tmp_path / "one", options=options, num_workers=1, seed=5)
+    two = pack(imagefolder, tmp_path / "two", options=options, num_workers=2, seed=5)
+    assert _files(tmp_path / "one") == _files(tmp_path / "two")
+    assert (one.samples, one.shards) == (two.samples, two.shards) == (48, 7)
+
+
+def test_shuffle_is_a_seeded_permutation(tiny_tree: Path, tmp_path: Path) -> None:
+    def keys(seed: int, shuffle: bool = True) -> list[str]:
+        out = tmp_path / f"s{seed}{shuffle}"
+        pack(tiny_tree, out, seed=seed, shuffle=shuffle, num_workers=1, overwrite=True)
+        with open_dataset(out) as reader:
+            return list(reader.keys())
+
+    ordered = keys(0, shuffle=False)
+    assert ordered == sorted(ordered)
+    assert keys(1) == keys(1) != keys(2)
+    assert sorted(keys(1)) == ordered != keys(1)
+    assert read_manifest(tmp_path / "s1True").seed == 1
+
+
+def test_pack_options_land_in_the_manifest(imagefolder: Path, tmp_path: Path) -> None:
+    pack(imagefolder, tmp_path / "out", num_workers=2, exclude=["*_000001.jpg"], seed=9,
+         progress=False)
+    manifest = read_manifest(tmp_path / "out")
+    assert manifest.seed == 9 and manifest.shuffle and manifest.num_samples == 47
+    assert manifest.options["exclude"] == ["*_000001.jpg"]
+    assert manifest.options["imagefolder"] is True and "num_workers" not in manifest.options
+    assert not (tmp_path / "out" / JOURNAL_NAME).exists()
+
+
+def _bad_jpeg(path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(b"\xff\xd8\xff\xe0 this is not really a JPEG")
+
+
+def test_bad_input_fails_naming_the_file_and_the_fix(imagefolder: Path, tmp_path: Path) -> None:
+    src = tmp_path / "src"
+    src.mkdir()
+    for cls in ("class_00", "class_01"):
+        (src / cls).symlink_to(imagefolder / cls, target_is_directory=True)
+    (src / "class_01-notes.txt").write_bytes(b"")
+    with pytest.raises(BadInputError) as info:
+        pack(src, tmp_path / "out", follow_symlinks=True, imagefolder=True)
+    message = str(info.value)
+    assert "class_01-notes.txt" in message and "empty file" in message
+    assert "--skip-bad" in message
+    assert not (tmp_path / "out" / MANIFEST_NAME).exists()
+
+
+def test_skip_bad_lists_skipped_files_in_summary_and_manifest(
+    imagefolder: Path, tmp_path: Path
+) -> None:
+    src = tmp_path / "src"
+    for cls in ("a", "b"):
+        for path in sorted((imagefolder / "class_00").iterdir())[:3]:
+            (src / cls).mkdir(parents=True, exist_ok=True)
+            (src / cls / path.name).write_bytes(path.read_bytes())
+    (src / "a" / "empty.jpg").write_bytes(b"")
+    (src / "a" / "readme.md").write_bytes(b"# notes")
+    (src / "b" / "dangling.jpg").symlink_to(src / "nowhere.jpg")
+    _bad_jpeg(src / "b" / "broken.jpg")
+    summary = pack(src, tmp_path / "out", skip_bad=True, check_images=True, num_workers=2)
+    expected = {"a/empty.jpg", "a/readme.md", "b/dangling.jpg", "b/broken.jpg"}
+    assert {p for p, _ in summary.skipped} == expected
+    assert "does not decode as an image" in dict(summary.skipped)["b/broken.jpg"]
+    manifest = read_manifest(tmp_path / "out")
+    assert [(s.path, s.reason) for s in manifest.skipped] == list(summary.skipped)
+    assert summary.samples == manifest.num_samples == 6
+    assert manifest.input_bytes == sum(len(v) for k, v in _tree(src).items()
+                                       if k not in expected)
+
+
+def test_an_image_that_does_not_decode_stops_the_pack(imagefolder: Path, tmp_path: Path) -> None:
+    src = tmp_path / "src"
+    _bad_jpeg(src / "cat" / "x.jpg")
+    (src / "cat" / "y.jpg").write_bytes((imagefolder / "class_00" / "img_000000.jpg").read_bytes())
+    pack(src, tmp_path / "unchecked", num_workers=1)
+    with pytest.raises(BadInputError, match=r"x\.jpg: does not decode as an image.*--resume"):
+        pack(src, tmp_path / "out", check_images=True, num_workers=1)
+    assert not (tmp_path / "out" / MANIFEST_NAME).exists()
+
+
+def test_a_file_that_fails_to_read_is_reported(
+    tiny_tree: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    victim = str(sorted(tiny_tree.rglob("*.bin"))[3])
+    real_open = os.open
+
+    def failing_open(path: str, *args: int, **kwargs: int) -> int:
+        if path == victim:
+            raise PermissionError(13, "Permission denied", path)
+        return real_open(path, *args, **kwargs)
+
+    monkeypatch.setattr(os, "open", failing_open)
+    with pytest.raises(BadInputError, match="Permission denied"):
+        pack(tiny_tree, tmp_path / "out", num_workers=1)
+    summary = pack(tiny_tree, tmp_path / "out", num_workers=1, skip_bad=True, resume=True)
+    rel = Path(victim).relative_to(tiny_tree).as_posix()
+    assert summary.skipped == ((rel, "cannot be read (Permission denied)"),)
+    assert summary.samples == 299
+
+
+def test_empty_sources_are_refused(tmp_path: Path) -> None:
+    (tmp_path / "src" / ".git").mkdir(parents=True)
+    (tmp_path / "src" / ".DS_Store").write_bytes(b"x")
+    with pytest.raises(EmptySourceError, match="2 hidden entries ignored"):
+        pack(tmp_path / "src", tmp_path / "out")
+    (tmp_path / "src" / "empty.txt").write_bytes(b"")
+    with pytest.raises(EmptySourceError):
+        pack(tmp_path / "src", tmp_path / "out", skip_bad=True)
+    assert not (tmp_path / "out" / MANIFEST_NAME).exists()
+
+
+def test_output_rules(tiny_tree: Path, tmp_path: Path) -> None:
+    pack(tiny_tree, tmp_path / "out", num_workers=1)
+    with pytest.raises(OutputExistsError):
+        pack(tiny_tree, tmp_path / "out", num_workers=1)
+    assert pack(tiny_tree, tmp_path / "out", num_workers=1, overwrite=True).samples == 300
+    with pytest.raises(PackError, match="inside the source"):
+        pack(tiny_tree, tiny_tree / "out")
+
+
+KILLER = textwrap.dedent("""
+    import importlib, os, signal, sys
+    from shardio.writer import JOURNAL_NAME, ShardWriter, WriteOptions
+
+    class KilledMidway(ShardWriter):
+        def write_encoded(self, key, framed, fields):
+            if (self.out / JOURNAL_NAME).exists() and self.num_samples % 5 == 2:
+                os.kill(os.getpid(), signal.SIGKILL)
+            super().write_encoded(key, framed, fields)
+
+    module = importlib.import_module("shardio.pack")
+    module.ShardWriter = KilledMidway
+    module.pack(sys.argv[1], sys.argv[2], options=WriteOptions(backend=sys.argv[3],
+                max_shard_samples=5), seed=7, num_workers=2)
+""")
+
+
+def test_resume_after_sigkill_is_identical_to_an_uninterrupted_pack(
+    imagefolder: Path, tmp_path: Path, backend: str
+) -> None:
+    killed = subprocess.run([sys.executable, "-c", KILLER, str(imagefolder),
+                             str(tmp_path / "out"), backend], capture_output=True)
+    assert killed.returncode == -signal.SIGKILL, killed.stderr.decode()
+    assert not (tmp_path / "out" / MANIFEST_NAME).exists()
+    assert (tmp_path / "out" / JOURNAL_NAME).exists()
+    with pytest.raises(OutputExistsError):
+        pack(imagefolder, tmp_path / "out")
+    options = WriteOptions(backend=backend, max_shard_samples=5)
+    with pytest.raises(PackError, match="other options or input"):
+        pack(imagefolder, tmp_path / "out", options=options, seed=8, resume=True)
+    resumed = pack(imagefolder, tmp_path / "out", options=options, seed=7, resume=True,
+                   num_workers=1)
+    assert resumed.resumed_samples == 5
+    whole = pack(imagefolder, tmp_path / "whole", options=options, seed=7, num_workers=1)
+    assert _files(tmp_path / "out") == _files(tmp_path / "whole")
+    assert resumed.samples == whole.samples == 48
+
+
+class FakeImageFolder:
+    """Quacks like torchvision's ImageFolder: root, classes, class_to_idx and samples."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = str(root)
+        self.classes = sorted(p.name for p in root.iterdir())
+        self.class_to_idx = {c: i for i, c in enumerate(self.classes)}
+        self.samples = [(str(p), i) for i, c in enumerate(self.classes)
+                        for p in sorted((root / c).iterdir())]
+
+
+def test_pack_imagefolder_accepts_a_dataset_object_or_a_root(
+    imagefolder: Path, tmp_path: Path
+) -> None:
+    by_object = pack_imagefolder(FakeImageFolder(imagefolder), tmp_path / "a", num_workers=1)
+    by_root = pack_imagefolder(imagefolder, tmp_path / "b", num_workers=2)
+    assert by_object.samples == by_root.samples == 48
+    with open_dataset(tmp_path / "a") as a, open_dataset(tmp_path / "b") as b:
+        assert sorted((s["__key__"], s["label"]) for s in a) == sorted(
+            (s["__key__"], s["label"]) for s in b)
+    assert read_manifest(tmp_path / "a").class_to_idx == read_manifest(tmp_path / "b").class_to_idx
+
+
+def test_check_images_accepts_real_images(tmp_path: Path) -> None:
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    for fmt, ext in (("JPEG", "jpg"), ("PNG", "png")):
+        (tmp_path / "src" / fmt).mkdir(parents=True)
+        (tmp_path / "src" / fmt / f"a.{ext}").write_bytes(make_photo(rng, 24, 16, fmt=fmt))
+    summary = pack(tmp_path / "src", tmp_path / "out", check_images=True, num_workers=1)
+    assert summary.samples == 2 and summary.skipped == ()
+    with open_dataset(tmp_path / "out") as reader:
+        assert {Image.open(io.BytesIO(s["image"])).format for s in reader} == {"JPEG", "PNG"}
+
+
+def test_cli_pack_json_and_help(tiny_tree: Path, tmp_path: Path) -> None:
+    runner = CliRunner()
+    result = runner.invoke(main, ["pack", "--help"])
+    assert result.exit_code == 0 and "--max-shard-bytes" in result.output
+    result = runner.invoke(main, ["pack", str(tiny_tree), str(tmp_path / "out"), "--json",
+                                  "--max-shard-bytes", "100KB", "--num-workers", "1",
+                                  "--backend", "lmdb", "--no-shuffle"])
+    assert result.exit_code == 0, result.output
+    summary = json.loads(result.output)
+    assert summary["samples"] == 300 and summary["shards"] > 3 and summary["skipped"] == []
+    manifest = read_manifest(tmp_path / "out")
+    assert manifest.backend == "lmdb" and not manifest.shuffle
+    assert sorted(PackSummary.__dataclass_fields__) == sorted(summary)
+
+
+def test_cli_pack_prints_a_summary_and_clear_errors(tmp_path: Path) -> None:
+    make_tiny_tree(tmp_path / "src", num_files=20, seed=1)
+    (tmp_path / "src" / "d00" / "zero.bin").write_bytes(b"")
+    runner = CliRunner()
+    failed = runner.invoke(main, ["pack", str(tmp_path / "src"), str(tmp_path / "out")])
+    assert failed.exit_code == 1
+    assert "zero.bin: empty file (0 bytes)" in failed.output and "--skip-bad" in failed.output
+    done = runner.invoke(main, ["pack", str(tmp_path / "src"), str(tmp_path / "out"),
+                                "--skip-bad", "--seed", "3", "--codec", "none"])
+    assert done.exit_code == 0, done.output
+    assert "samples       20" in done.output
+    assert "d00/zero.bin: empty file (0 bytes)" in done.output
+    bad_size = runner.invoke(main, ["pack", str(tmp_path / "src"), str(tmp_path / "o2"),
+                                    "--max-shard-bytes", "lots"])
+    assert bad_size.exit_code == 2 and "not a size" in bad_size.output
+
+
+def test_worker_pool_is_not_used_for_one_worker(
+    tiny_tree: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def no_pool(*args: object, **kwargs: object) -> None:
+        raise AssertionError("a pool was started for one worker")
+
+    monkeypatch.setattr(pack_module.multiprocessing, "get_context", no_pool)
+    assert pack(tiny_tree, tmp_path / "out", num_workers=1).samples == 300
