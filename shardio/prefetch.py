@@ -33,6 +33,12 @@ class DevicePrefetcher(Generic[T]):
     (C, H, W) or 4 (B, C, H, W) dimensions, as ``decode="tensor"`` and
     ``shardio.collate.collate_tensor`` produce. Other tensors are never
     converted; turn conversion off if a batch carries uint8 masks of that shape.
+
+    On CUDA, memory behind an object moved by its own ``to`` cannot be handed
+    over with ``record_stream``; a batch holding one makes the next copy wait
+    for the work already queued on the consumer's stream (safe, less overlap).
+    Tensors the loader already put on the device are used as they are, so the
+    loader must have finished writing them (synchronised its stream).
     """
 
     def __init__(
