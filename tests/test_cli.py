@@ -12,6 +12,7 @@ from click.testing import CliRunner
 
 from shardio import ShardWriter, WriteOptions, open_dataset, read_manifest
 from shardio.cli import main
+from shardio.pack import pack
 from shardio.synth import make_imagefolder
 
 MY_COMMANDS = ("info", "ls", "cat", "verify", "unpack", "demo")
@@ -27,14 +28,9 @@ def source(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture
 def labelled(tmp_path: Path, source: Path) -> Path:
-    """``source`` packed by the naming rules into 12 shards of 2 samples."""
+    """``source`` packed (shuffled) into 12 shards of 2 samples."""
     out = tmp_path / "labelled"
-    classes = sorted(p.name for p in source.iterdir())
-    with ShardWriter(out, WriteOptions(max_shard_samples=2), classes=classes) as writer:
-        for label, name in enumerate(classes):
-            for path in sorted((source / name).iterdir()):
-                writer.write({"__key__": path.relative_to(source).as_posix(),
-                              "image": path.read_bytes(), "label": label})
+    pack(source, out, options=WriteOptions(max_shard_samples=2), num_workers=1)
     return out
 
 
@@ -194,7 +190,6 @@ def test_unpack_refuses_escaping_key(tmp_path: Path) -> None:
 
 
 def test_demo_runs_end_to_end(tmp_path: Path) -> None:
-    pytest.importorskip("shardio.pack", reason="shardio/pack.py has not landed yet")
     keep = tmp_path / "kept"
     code, out, _err, _raw = invoke("demo", "--images", "10", "--keep", str(keep))
     assert code == 0, out

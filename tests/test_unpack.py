@@ -12,6 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from shardio import OutputExistsError, ShardWriter, UnsafeKeyError, WriteOptions
+from shardio.pack import pack
 from shardio.synth import make_photo
 from shardio.unpack import check_key, field_bytes, unpack
 
@@ -43,30 +44,8 @@ def make_tree(root: Path) -> None:
         (root / rel).write_bytes(data)
 
 
-def pack_tree(src: Path, out: Path, *, backend: str, codec: str) -> None:
-    """Pack a generic folder following the team's naming rules (stand-in for ``shardio.pack``)."""
-    samples: dict[str, dict[str, object]] = {}
-    for path in sorted(src.rglob("*")):
-        if path.is_file():
-            folder, _, name = path.relative_to(src).as_posix().rpartition("/")
-            stem, _, field = name.partition(".")
-            key = f"{folder}/{stem}" if folder else stem
-            samples.setdefault(key, {"__key__": key})[field] = path.read_bytes()
-    options = WriteOptions(backend=backend, codec=codec, max_shard_samples=3)
-    with ShardWriter(out, options) as writer:
-        for sample in samples.values():
-            writer.write(sample)
-
-
-def pack_imagefolder_tree(src: Path, out: Path, *, backend: str, codec: str) -> None:
-    """Pack an ImageFolder following the team's naming rules (stand-in for ``shardio.pack``)."""
-    classes = sorted(p.name for p in src.iterdir() if p.is_dir())
-    options = WriteOptions(backend=backend, codec=codec, max_shard_samples=10)
-    with ShardWriter(out, options, classes=classes) as writer:
-        for label, name in enumerate(classes):
-            for path in sorted((src / name).rglob("*.jpg")):
-                key = path.relative_to(src).as_posix()
-                writer.write({"__key__": key, "image": path.read_bytes(), "label": label})
+def pack_options(backend: str, codec: str) -> WriteOptions:
+    return WriteOptions(backend=backend, codec=codec, max_shard_samples=3)
 
 
 def write_keys(out: Path, keys: list[str]) -> None:
@@ -83,7 +62,8 @@ def test_generic_round_trip_byte_for_byte(tmp_path: Path, backend: str, codec: s
     require_backend(backend)
     src, out, dest = tmp_path / "src", tmp_path / "out", tmp_path / "dest"
     make_tree(src)
-    pack_tree(src, out, backend=backend, codec=codec)
+    packed = pack(src, out, options=pack_options(backend, codec), num_workers=1, seed=5)
+    assert not packed.imagefolder
     summary = unpack(out, dest)
     assert tree(dest) == tree(src)
     assert summary.num_files == len(tree(src))
@@ -96,7 +76,8 @@ def test_imagefolder_round_trip_byte_for_byte(
 ) -> None:
     require_backend(backend)
     out, dest = tmp_path / "out", tmp_path / "dest"
-    pack_imagefolder_tree(imagefolder, out, backend=backend, codec=codec)
+    packed = pack(imagefolder, out, options=pack_options(backend, codec), num_workers=1)
+    assert packed.imagefolder
     summary = unpack(out, dest, progress=True)
     assert tree(dest) == tree(imagefolder)
     assert summary.num_samples == summary.num_files == len(tree(imagefolder))
@@ -105,7 +86,7 @@ def test_imagefolder_round_trip_byte_for_byte(
 def test_refuses_existing_files_unless_overwrite(tmp_path: Path) -> None:
     src, out, dest = tmp_path / "src", tmp_path / "out", tmp_path / "dest"
     make_tree(src)
-    pack_tree(src, out, backend="records", codec="zstd")
+    pack(src, out, num_workers=1)
     unpack(out, dest)
     (dest / "LICENSE").write_bytes(b"changed")
     (dest / "docs" / "readme.txt").unlink()
