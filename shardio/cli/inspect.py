@@ -70,8 +70,8 @@ def _info_lines(path: Path, manifest: Manifest) -> Iterator[str]:
     yield row("samples", f"{manifest.num_samples:,}")
     size = f"{format_size(manifest.num_bytes)} in {len(manifest.shards)} shard(s)"
     if manifest.input_bytes:
-        size += (f", {manifest.num_bytes / manifest.input_bytes:.3f} of the "
-                 f"{format_size(manifest.input_bytes)} of input")
+        size += (f"; input {format_size(manifest.input_bytes)}, ratio "
+                 f"{manifest.num_bytes / manifest.input_bytes:.3f}")
     yield row("bytes", size)
     yield row("fields", ", ".join(manifest.fields) or "(none)")
     if manifest.classes is not None:
