@@ -65,6 +65,19 @@ def test_info_text(labelled: Path) -> None:
     assert "12: class_00, class_01" in out and "more" in out, "12 classes are abbreviated"
     assert "shard-00000.rec" in out and "shard-00011.rec" in out
     assert "shard-00008.rec" not in out, "the shard table is abbreviated"
+    assert "ratio" in out and "seed 0" in out
+
+
+def test_info_lists_skipped_files(tmp_path: Path) -> None:
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "good.txt").write_bytes(b"content")
+    (src / "empty.txt").write_bytes(b"")
+    pack(src, tmp_path / "out", skip_bad=True, num_workers=1)
+    code, out, _err, _raw = invoke("info", str(tmp_path / "out"))
+    assert code == 0
+    assert "skipped      1 file(s)" in out
+    assert "empty.txt" in out
 
 
 def test_info_json_is_the_manifest(labelled: Path) -> None:
