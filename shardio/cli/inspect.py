@@ -48,7 +48,8 @@ def dataset_errors() -> Iterator[None]:
     except ShardioError as exc:
         raise click.ClickException(str(exc)) from exc
     except OSError as exc:
-        raise click.ClickException(f"{exc.filename or ''}: {exc.strerror or exc}") from exc
+        where = f"{exc.filename}: " if exc.filename else ""
+        raise click.ClickException(f"{where}{exc.strerror or exc}") from exc
 
 
 def abbreviate(items: Sequence[str], limit: int = MAX_LISTED) -> str:
