@@ -178,14 +178,12 @@ def _encoded(
     job: _Job, begin: int, num_workers: int
 ) -> Generator[tuple[int, _Encoded], None, None]:
     """``(stream position, encoded)`` from ``begin`` on, in order."""
-    bounds = _chunks(job.stream, begin)
-    num_workers = min(num_workers, len(bounds))
-    if num_workers <= 1:
-        codec = get_codec(job.codec, job.level)
-        for pos in range(begin, len(job.stream)):
-            yield pos, _encode(job.stream[pos], codec, job.check_images)
+    bounds = _chunks(job.stream, begin) if num_workers > 1 else []
+    if len(bounds) < 2:
+        codec, stream, check = get_codec(job.codec, job.level), job.stream, job.check_images
+        for pos in range(begin, len(stream)):
+            yield pos, _encode(stream[pos], codec, check)
         return
-    method = "fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn"
     window = threading.Semaphore(4 * num_workers)
     stopped = threading.Event()
 
@@ -196,8 +194,9 @@ def _encoded(
                 return
             yield bound
 
+    method = "fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn"
     ctx = multiprocessing.get_context(method)
-    with ctx.Pool(num_workers, initializer=_init_worker, initargs=(job,)) as pool:
+    with ctx.Pool(min(num_workers, len(bounds)), _init_worker, (job,)) as pool:
         try:
             for bound, results in zip(bounds, pool.imap(_encode_range, feed()), strict=True):
                 window.release()
@@ -440,12 +439,13 @@ def _pack_source(
         bar = _Progress(sys.stderr.isatty() if progress is None else progress,
                         sum(len(s.paths) for s in job.stream), begin)
         encoded = _encoded(job, begin, num_workers or _default_workers())
+        stream, write = job.stream, writer.write_encoded
+        labelled = ("image", "label") if source.classes is not None else None
         with contextlib.closing(encoded):
             for pos, (framed, failed, reason) in encoded:
-                sample = job.stream[pos]
+                sample = stream[pos]
                 if framed is not None:
-                    writer.write_encoded(sample.key, framed, sample.fields if sample.label is
-                                         None else ("image", "label"))
+                    write(sample.key, framed, labelled or sample.fields)
                 elif skip_bad:
                     left_out.append(sample)
                     skipped += sample.bad(failed, reason or "")

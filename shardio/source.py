@@ -244,8 +244,8 @@ class _Walker:
         """Every visible top-level entry is a folder holding an image, and nothing else is."""
         if not self.top_dirs or self.top_other:
             return False
-        with_images = {rel.partition("/")[0] for rel, *_ in self.files
-                       if rel.lower().endswith(IMG_EXTENSIONS)}
+        with_images = {f[0].partition("/")[0] for f in self.files
+                       if f[0][-5:].lower().endswith(IMG_EXTENSIONS)}
         return all(d in with_images for d in self.top_dirs)
 
 
@@ -297,68 +297,67 @@ def scan_source(
     if imagefolder is None:
         imagefolder = walker.looks_like_imagefolder()
     builder = _imagefolder_samples if imagefolder else _generic_samples
-    classes, samples, bad, digest = builder(walker)
+    classes, samples, bad, rows = builder(walker)
     bad.extend(walker.bad_dirs)
-    for rel, reason in walker.bad_dirs:
-        digest.update(f"{rel}\0{reason}\n".encode())
+    rows += [(rel, "", 0, 0, reason) for rel, reason in walker.bad_dirs]
+    head = "generic\n" if classes is None else "imagefolder\n" + "\0".join(classes) + "\n"
     return Source(
         root=root, samples=tuple(samples), classes=classes, hidden_ignored=walker.hidden,
-        bad=tuple(sorted(bad)), digest=digest.hexdigest(), excluded=walker.excluded,
+        bad=tuple(sorted(bad)), digest=_hash(head, rows), excluded=walker.excluded,
         num_files=sum(len(s.paths) for s in samples),
     )
 
 
-_Built = tuple["tuple[str, ...] | None", list[SourceSample], list[Bad], "hashlib._Hash"]
+_Row = tuple[Any, ...]
+_Built = tuple["tuple[str, ...] | None", list[SourceSample], list[Bad], list[_Row]]
 
 
-def _digest_line(rel: str, size: int, mtime_ns: int, reason: str | None) -> str:
-    return f"{rel}\0{size}\0{mtime_ns}\0{reason or ''}\n"
-
-
-def _hash(head: str, lines: list[str]) -> hashlib._Hash:
+def _hash(head: str, rows: Sequence[_Row]) -> str:
+    """sha256 over ``rel, size, mtime_ns, reason`` of rows laid out like ``_FileEntry``."""
     digest = hashlib.sha256(head.encode("utf-8", "surrogateescape"))
-    for i in range(0, len(lines), 4096):
-        digest.update("".join(lines[i : i + 4096]).encode("utf-8", "surrogateescape"))
-    return digest
+    for i in range(0, len(rows), 4096):
+        text = "".join([f"{f[0]}\0{f[2]}\0{f[3]}\0{f[4] or ''}\n" for f in rows[i : i + 4096]])
+        digest.update(text.encode("utf-8", "surrogateescape"))
+    return digest.hexdigest()
 
 
 def _generic_samples(walker: _Walker) -> _Built:
-    groups: dict[str, list[tuple[str, str, str, int, int, str | None]]] = {}
+    groups: dict[str, list[tuple[str, str, int, int, str | None, str]]] = {}
     for rel, path, size, mtime, reason in walker.files:
-        folder, slash, name = rel.rpartition("/")
-        stem, dot, fld = name.partition(".")
-        if reason is None and dot and not fld:
+        dot = rel.find(".", rel.rfind("/") + 1)
+        key, fld = (rel, "") if dot < 0 else (rel[:dot], rel[dot + 1 :])
+        if reason is None and dot >= 0 and not fld:
             reason = "name ends in its only dot, which the sample naming cannot restore; rename it"
         elif reason is None and fld in RESERVED_FIELDS:
             reason = f"field name {fld!r} is reserved; rename the file"
-        key = folder + slash + stem
         group = groups.get(key)
         if group is None:
-            groups[key] = [(fld, rel, path, size, mtime, reason)]
+            groups[key] = [(rel, path, size, mtime, reason, fld)]
         else:
-            group.append((fld, rel, path, size, mtime, reason))
+            group.append((rel, path, size, mtime, reason, fld))
     samples: list[SourceSample] = []
     bad: list[Bad] = []
-    lines: list[str] = []
+    rows: list[_Row] = []
     for key in sorted(groups):
         files = groups[key]
         if len(files) == 1:
-            fld, rel, path, size, mtime, reason = files[0]
-            lines.append(_digest_line(rel, size, mtime, reason))
+            rows.append(files[0])
+            rel, path, size, _, reason, fld = files[0]
             if reason is None:
                 samples.append(SourceSample(key, (fld,), (path,), (size,), None, size))
                 continue
-        files.sort()
-        lines.extend(_digest_line(f[1], f[3], f[4], f[5]) for f in files)
-        culprit = next((f[1] for f in files if f[5] is not None), None)
+        else:
+            files.sort()  # by name, which is by field: they share the key as prefix
+            rows += files
+        culprit = next((f[0] for f in files if f[4] is not None), None)
         if culprit is None:
-            samples.append(SourceSample(key, tuple(f[0] for f in files), tuple(f[2] for f in files),
-                                        tuple(f[3] for f in files), None, sum(f[3] for f in files)))
+            samples.append(SourceSample(key, tuple(f[5] for f in files), tuple(f[1] for f in files),
+                                        tuple(f[2] for f in files), None, sum(f[2] for f in files)))
         else:
             note = (f"left out with the rest of sample {display_path(key)!r} because "
                     f"{display_path(culprit)} is bad")
-            bad += [(display_path(f[1]), f[5] or note) for f in files]
-    return None, samples, bad, _hash("generic\n", lines)
+            bad += [(display_path(f[0]), f[4] or note) for f in files]
+    return None, samples, bad, rows
 
 
 def imagefolder_order(rel: str, class_index: int) -> tuple[int, str, str]:
@@ -389,14 +388,14 @@ def _imagefolder_samples(walker: _Walker) -> _Built:
     index = {c: i for i, c in enumerate(classes)}
     good: list[tuple[tuple[int, str, str], str, str, int, int]] = []
     bad: list[Bad] = []
-    lines: list[str] = []
+    rows: list[_Row] = []
     for rel, path, size, mtime, reason in sorted(walker.files):
         top, slash, _ = rel.partition("/")
         if reason is None and not slash:
             reason = "a loose file at the top of an ImageFolder, outside every class folder"
         elif reason is None and not rel.lower().endswith(IMG_EXTENSIONS):
             reason = f"not an image: an ImageFolder holds only {' '.join(IMG_EXTENSIONS)} files"
-        lines.append(_digest_line(rel, size, mtime, reason))
+        rows.append((rel, path, size, mtime, reason))
         if reason is not None:
             bad.append((display_path(rel), reason))
         else:
@@ -404,7 +403,7 @@ def _imagefolder_samples(walker: _Walker) -> _Built:
     good.sort(key=lambda g: g[0])
     samples = [SourceSample(rel, ("image",), (path,), (size,), order[0], size)
                for order, rel, path, size, _ in good]
-    return classes, samples, bad, _hash("imagefolder\n" + "\0".join(classes) + "\n", lines)
+    return classes, samples, bad, rows
 
 
 def dataset_source(
@@ -436,7 +435,7 @@ def dataset_source(
     seen: set[str] = set()
     samples: list[SourceSample] = []
     bad: list[Bad] = []
-    lines: list[str] = []
+    rows: list[_Row] = []
     for path, label in pairs:
         rel = os.path.relpath(path, root).replace(os.sep, "/")
         if not isinstance(label, int) or not 0 <= label < len(classes):
@@ -459,7 +458,7 @@ def dataset_source(
         if reason is None and not _is_utf8(rel):
             reason = "name is not valid UTF-8; rename it"
         seen.add(rel)
-        lines.append(f"{label}\0{_digest_line(rel, size, mtime, reason)}")
+        rows.append((f"{label}\0{rel}", path, size, mtime, reason))
         if reason is None:
             samples.append(SourceSample(rel, ("image",), (path,), (size,), label, size))
         else:
@@ -467,5 +466,5 @@ def dataset_source(
     return Source(
         root=root, samples=tuple(samples), classes=classes, hidden_ignored=0,
         bad=tuple(sorted(bad)), excluded=walker.excluded, num_files=len(samples),
-        digest=_hash("dataset\n" + "\0".join(classes) + "\n", lines).hexdigest(),
+        digest=_hash("dataset\n" + "\0".join(classes) + "\n", rows),
     )
