@@ -36,7 +36,7 @@ MIN_SAVING: Final = 0.03
 """A compressed payload is kept only when it is at least this fraction smaller."""
 
 
-def looks_compressed(data: bytes | memoryview) -> bool:
+def looks_compressed(data: bytes | bytearray | memoryview) -> bool:
     """Whether ``data`` starts like a format that is already compressed."""
     head = bytes(data[:12])
     if head.startswith(COMPRESSED_MAGICS):
@@ -113,4 +113,4 @@ def decompress(codec_id: int, stored: bytes | memoryview) -> bytes | memoryview:
     """Undo the compression a frame's codec id names (a no-op for ``CODEC_NONE``)."""
     if codec_id == CODEC_NONE:
         return stored
-    return decompressor().decompress(stored)  # type: ignore[no-any-return]
+    return decompressor().decompress(stored)

@@ -1,0 +1,369 @@
+"""The ``lmdb`` backend: one LMDB file per shard, keyed by the record's index.
+
+Layout (docs/format.md): one LMDB environment in a single file (``subdir=False``,
+no ``-lock`` file), main database only. Record ``i`` is stored under the 8-byte
+big-endian key ``i``; its value is the record frame, byte for byte the frame the
+``records`` backend stores, so ``shardio.format`` checks both alike. Two entries
+whose keys are never 8 bytes long, and sort after every record key, describe the
+shard: ``__shardio__`` holds msgpack ``{"format": "shardio", "version": 1,
+"num_records": N, "keys_bytes": B, "keys_crc32": C}`` and ``__shardio_keys__``
+the sample keys as a msgpack array of str (``B`` bytes with CRC-32 ``C``).
+
+The writer appends in large write transactions (``append=True``) straight into
+the file it is given and fsyncs once. LMDB is deterministic and zero-fills the
+pages it allocates (``meminit``), so identical input gives an identical file.
+LMDB checks no checksums of its own, so the reader checks what it can before it
+touches bytes (file size against the last page, every value's length against
+its frame header) and LMDB errors are translated into shardio errors here.
+This module imports only ``errors`` and ``format`` from shardio.
+"""
+
+from __future__ import annotations
+
+import os
+import zlib
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any, Final
+
+import lmdb
+import msgpack
+
+from shardio.errors import (
+    ChecksumError,
+    PackError,
+    ShardCorruptError,
+    ShardioError,
+    ShardMissingError,
+    TruncatedShardError,
+    UnsupportedVersionError,
+)
+from shardio.format import FORMAT_NAME, FORMAT_VERSION, FRAME, FRAME_SIZE, SUPPORTED_VERSIONS
+
+META_KEY: Final = b"__shardio__"
+"""Key of the shard's metadata entry; never 8 bytes long, so never a record key."""
+KEYS_KEY: Final = b"__shardio_keys__"
+"""Key of the msgpack array of sample keys; sorts after ``META_KEY``."""
+NUM_META_ENTRIES: Final = 2
+MAX_META_BYTES: Final = 1024
+
+INITIAL_MAP_BYTES: Final = 1 << 30
+"""Address space the writer reserves at first; it doubles whenever a batch does not fit."""
+BATCH_BYTES: Final = 32 << 20
+"""Framed bytes buffered per write transaction: large enough that commits are rare."""
+READ_CHUNK_BYTES: Final = 8 << 20
+
+_REPACK = "the shard is damaged: restore it from a copy or re-pack"
+
+
+def record_key(index: int) -> bytes:
+    """The LMDB key of record ``index``: 8 bytes, big-endian, so keys sort by index."""
+    return index.to_bytes(8, "big")
+
+
+def _translate(exc: lmdb.Error, path: str, doing: str, record: int | None = None) -> ShardioError:
+    """The shardio error for an LMDB error met while ``doing`` something to ``path``."""
+    where = path if record is None else f"{path}: record {record}"
+    detail = f"{type(exc).__name__}: {exc}"
+    if isinstance(exc, lmdb.VersionMismatchError):
+        return UnsupportedVersionError(
+            f"{where}: {doing} failed: written by an incompatible LMDB version ({detail}); "
+            "re-pack it with this shardio",
+            path=path, record=record,
+        )
+    if isinstance(exc, lmdb.InvalidError):
+        detail = f"not an LMDB file: {detail}"
+    return ShardCorruptError(
+        f"{where}: {doing} failed ({detail}); {_REPACK}", path=path, record=record
+    )
+
+
+def _write_error(exc: lmdb.Error, path: Path, doing: str, record: int | None = None) -> PackError:
+    """The shardio error for an LMDB error met while writing ``path``."""
+    return PackError(
+        f"{path}: {doing} failed ({type(exc).__name__}: {exc})", path=path, record=record
+    )
+
+
+class LmdbShardWriter:
+    """Writes one LMDB shard at ``path``: batched appends, one fsync at the end."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = Path(path)
+        self.path.unlink(missing_ok=True)
+        self._map_bytes = INITIAL_MAP_BYTES
+        try:
+            self._env: lmdb.Environment | None = lmdb.open(
+                str(self.path), subdir=False, lock=False, sync=False, metasync=False,
+                map_size=self._map_bytes, meminit=True, max_dbs=0, mode=0o644,
+            )
+        except lmdb.Error as exc:
+            raise _write_error(exc, self.path, "creating the LMDB shard") from exc
+        self._keys: list[str] = []
+        self._batch: list[tuple[bytes, bytes]] = []
+        self._batch_bytes = 0
+
+    def append(self, key: str, framed: bytes) -> None:
+        """Add the next record; it is committed with its batch."""
+        if self._env is None:
+            raise ValueError(f"{self.path}: shard already finished")
+        self._batch.append((record_key(len(self._keys)), framed))
+        self._keys.append(key)
+        self._batch_bytes += len(framed)
+        if self._batch_bytes >= BATCH_BYTES:
+            self._commit()
+
+    def _commit(self) -> None:
+        """Put the buffered batch in one write transaction, growing the map when full."""
+        assert self._env is not None
+        while True:
+            try:
+                with self._env.begin(write=True) as txn:
+                    txn.cursor().putmulti(self._batch, append=True)
+                break
+            except lmdb.MapFullError:
+                self._map_bytes *= 2
+                self._env.set_mapsize(self._map_bytes)
+            except lmdb.Error as exc:
+                first = len(self._keys) - len(self._batch)
+                raise _write_error(exc, self.path, f"writing records {first}..", first) from exc
+        self._batch = []
+        self._batch_bytes = 0
+
+    def finish(self) -> tuple[int, str]:
+        """Write the metadata entries, fsync and close the file.
+
+        Returns:
+            ``(size in bytes, "crc32:<8 hex digits>")`` of the file at ``path``.
+        """
+        if self._env is None:
+            raise ValueError(f"{self.path}: shard already finished")
+        keys = msgpack.packb(self._keys, use_bin_type=True)
+        meta = {
+            "format": FORMAT_NAME, "version": FORMAT_VERSION, "num_records": len(self._keys),
+            "keys_bytes": len(keys), "keys_crc32": zlib.crc32(keys),
+        }
+        self._batch += [(META_KEY, msgpack.packb(meta, use_bin_type=True)), (KEYS_KEY, keys)]
+        self._commit()
+        try:
+            self._env.sync(True)
+        except lmdb.Error as exc:
+            raise _write_error(exc, self.path, "flushing the LMDB shard to disk") from exc
+        finally:
+            self._env.close()
+            self._env = None
+        crc = size = 0
+        with open(self.path, "rb") as fh:
+            while chunk := fh.read(READ_CHUNK_BYTES):
+                crc = zlib.crc32(chunk, crc)
+                size += len(chunk)
+        return size, f"crc32:{crc:08x}"
+
+    def abort(self) -> None:
+        """Close and delete the partial file."""
+        if self._env is not None:
+            self._env.close()
+            self._env = None
+        self._batch = []
+        self.path.unlink(missing_ok=True)
+
+
+class LmdbShardReader:
+    """Opens one LMDB shard read-only, without a lock file, and serves its frames.
+
+    Frames are returned as copies (``memoryview`` over ``bytes``), never as views
+    into LMDB's map: such a view would dangle, and crash the process when read,
+    once the shard is closed. ``offset(i)`` returns ``i``: LMDB places values on
+    pages as it sees fit, so a record has no stable byte offset to report.
+    """
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = str(path)
+        try:
+            self._size = os.stat(self.path).st_size
+        except FileNotFoundError as exc:
+            raise ShardMissingError(
+                f"{self.path}: shard file is missing; the dataset is incomplete. Restore the "
+                "file, or re-pack the dataset",
+                path=self.path,
+            ) from exc
+        self._closed = False
+        self._keys: list[str] | None = None
+        self._fd = -1
+        try:
+            self._env = lmdb.open(
+                self.path, subdir=False, readonly=True, lock=False, create=False,
+                max_spare_txns=0,
+            )
+        except lmdb.Error as exc:
+            raise _translate(exc, self.path, "opening the shard") from exc
+        try:
+            try:
+                stat, info = self._env.stat(), self._env.info()
+                self._txn = self._env.begin(buffers=True)
+            except lmdb.Error as exc:
+                raise _translate(exc, self.path, "opening the shard") from exc
+            needed = (info["last_pgno"] + 1) * stat["psize"]
+            if self._size < needed:
+                raise TruncatedShardError(
+                    f"{self.path}: shard is {self._size} bytes but its LMDB header says "
+                    f"{needed}; it is truncated: restore it from a copy or re-pack",
+                    path=self.path, offset=self._size,
+                )
+            self._meta = self._read_meta(stat["entries"] - NUM_META_ENTRIES)
+        except BaseException:
+            self._env.close()
+            raise
+        self.num_records: int = self._meta["num_records"]
+
+    def _get(self, key: bytes, doing: str, record: int | None = None) -> memoryview | None:
+        try:
+            return self._txn.get(key)
+        except lmdb.Error as exc:
+            self._check_open()
+            raise _translate(exc, self.path, doing, record) from exc
+
+    def _read_meta(self, num_entries: int) -> dict[str, Any]:
+        """The checked metadata entry; ``num_entries`` is how many records the file holds."""
+        view = self._get(META_KEY, "reading the shard metadata")
+        meta: Any = None
+        if view is not None and len(view) <= MAX_META_BYTES:
+            try:
+                meta = msgpack.unpackb(view, raw=False)
+            except Exception:  # msgpack raises several unrelated types on bad input
+                meta = None
+        if not isinstance(meta, dict) or meta.get("format") != FORMAT_NAME:
+            found = meta.get("format") if isinstance(meta, dict) else meta
+            raise ShardCorruptError(
+                f"{self.path}: not a shardio shard: the LMDB entry {META_KEY.decode()!r} must "
+                f"hold a map with format {FORMAT_NAME!r}, found {found!r}; re-pack it",
+                path=self.path,
+            )
+        version = meta.get("version")
+        if version not in SUPPORTED_VERSIONS:
+            raise UnsupportedVersionError(
+                f"{self.path}: written by shardio format version {version!r}; this reader "
+                f"supports {sorted(SUPPORTED_VERSIONS)}. Upgrade shardio to read it.",
+                path=self.path,
+            )
+        fields = ("num_records", "keys_bytes", "keys_crc32")
+        if not all(type(meta.get(f)) is int for f in fields) or meta["num_records"] != num_entries:
+            raise ShardCorruptError(
+                f"{self.path}: metadata {meta} does not match the {num_entries} records the "
+                f"file holds; {_REPACK}",
+                path=self.path,
+            )
+        return meta
+
+    def _copy_frame(self, view: memoryview, index: int) -> memoryview:
+        """A private copy of record ``index``'s value, once its length agrees with its frame."""
+        if len(view) >= FRAME_SIZE:
+            length = FRAME_SIZE + FRAME.unpack_from(view)[0]
+            if length != len(view):
+                raise ShardCorruptError(
+                    f"{self.path}: record {index}'s LMDB value is {len(view)} bytes but its "
+                    f"frame says {length}; {_REPACK}",
+                    path=self.path, record=index,
+                )
+        return memoryview(bytes(view))
+
+    def frame(self, index: int) -> memoryview:
+        """Framed bytes of record ``index`` (a copy)."""
+        if not 0 <= index < self.num_records:
+            raise IndexError(f"{self.path}: record {index} out of range 0..{self.num_records - 1}")
+        view = self._get(record_key(index), "reading the record", index)
+        if view is None:
+            raise ShardCorruptError(
+                f"{self.path}: record {index} is missing from the LMDB file; {_REPACK}",
+                path=self.path, record=index,
+            )
+        return self._copy_frame(view, index)
+
+    def offset(self, index: int) -> int:
+        """Record ``index`` itself: LMDB has no stable byte offset for a record."""
+        return index
+
+    def scan(self, start: int = 0, stop: int | None = None) -> Iterator[tuple[int, memoryview]]:
+        """Yield ``(index, framed bytes)`` for records ``start..stop`` with one cursor."""
+        stop = self.num_records if stop is None else stop
+        if not 0 <= start <= stop <= self.num_records:
+            raise IndexError(f"{self.path}: records {start}..{stop} out of range "
+                             f"0..{self.num_records}")
+        expected = start
+        try:
+            with self._txn.cursor() as cursor:
+                if start == stop or not cursor.set_key(record_key(start)):
+                    items: Iterator[tuple[memoryview, memoryview]] = iter(())
+                else:
+                    items = cursor.iternext()
+                for key, value in items:
+                    if key != record_key(expected):
+                        break
+                    yield expected, self._copy_frame(value, expected)
+                    expected += 1
+                    if expected == stop:
+                        break
+        except lmdb.Error as exc:
+            self._check_open()
+            raise _translate(exc, self.path, "scanning the shard", expected) from exc
+        if expected != stop:
+            raise ShardCorruptError(
+                f"{self.path}: record {expected} is missing from the LMDB file; {_REPACK}",
+                path=self.path, record=expected,
+            )
+
+    def read_frames(self, start: int, stop: int) -> list[memoryview]:
+        """Records ``start..stop`` as private copies, read with one cursor pass."""
+        return [framed for _index, framed in self.scan(start, stop)]
+
+    def will_need(self, start: int, stop: int) -> None:
+        """Hint the kernel to read the share of the file records ``start..stop`` likely use.
+
+        LMDB allocates pages in write order, so record ``i`` lies near ``i / num_records``
+        of the file; a wrong guess only costs readahead.
+        """
+        self._check_open()
+        if self.num_records == 0 or not hasattr(os, "posix_fadvise"):
+            return
+        if self._fd < 0:
+            self._fd = os.open(self.path, os.O_RDONLY)
+        lo = self._size * start // self.num_records
+        hi = -(-self._size * stop // self.num_records)
+        os.posix_fadvise(self._fd, lo, hi - lo, os.POSIX_FADV_WILLNEED)
+
+    def keys(self) -> Sequence[str]:
+        """Every record's ``__key__``, read and checked on first use."""
+        if self._keys is None:
+            view = self._get(KEYS_KEY, "reading the key list")
+            keys: Any = None
+            if (
+                view is not None
+                and len(view) == self._meta["keys_bytes"]
+                and zlib.crc32(view) == self._meta["keys_crc32"]
+            ):
+                keys = msgpack.unpackb(view, raw=False)
+            if not isinstance(keys, list) or len(keys) != self.num_records:
+                raise ChecksumError(
+                    f"{self.path}: the key list under {KEYS_KEY.decode()!r} is missing or "
+                    f"fails its length or checksum; {_REPACK}",
+                    path=self.path,
+                )
+            self._keys = keys
+        return self._keys
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise ValueError(f"{self.path}: the shard reader is closed")
+
+    def close(self) -> None:
+        """End the read transaction and close the file; frames handed out stay valid."""
+        if self._closed:
+            return
+        self._closed = True
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+        try:
+            self._txn.abort()
+        finally:
+            self._env.close()
