@@ -17,12 +17,6 @@ from shardio.synth import make_photo
 from shardio.unpack import check_key, field_bytes, unpack
 
 
-def require_backend(backend: str) -> None:
-    """Skip lmdb runs until ``shardio/backends/lmdb.py`` lands."""
-    if backend == "lmdb":
-        pytest.importorskip("shardio.backends.lmdb")
-
-
 def make_tree(root: Path) -> None:
     """A mixed tree: JPEG and PNG images, text, random binary, nesting, no extension."""
     rng = np.random.default_rng(7)
@@ -59,7 +53,6 @@ def tree(root: Path) -> dict[str, bytes]:
 
 
 def test_generic_round_trip_byte_for_byte(tmp_path: Path, backend: str, codec: str) -> None:
-    require_backend(backend)
     src, out, dest = tmp_path / "src", tmp_path / "out", tmp_path / "dest"
     make_tree(src)
     packed = pack(src, out, options=pack_options(backend, codec), num_workers=1, seed=5)
@@ -74,7 +67,6 @@ def test_generic_round_trip_byte_for_byte(tmp_path: Path, backend: str, codec: s
 def test_imagefolder_round_trip_byte_for_byte(
     tmp_path: Path, imagefolder: Path, backend: str, codec: str
 ) -> None:
-    require_backend(backend)
     out, dest = tmp_path / "out", tmp_path / "dest"
     packed = pack(imagefolder, out, options=pack_options(backend, codec), num_workers=1)
     assert packed.imagefolder

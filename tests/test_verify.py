@@ -18,12 +18,6 @@ NUM_SAMPLES = 10
 PER_SHARD = 4
 
 
-def require_backend(backend: str) -> None:
-    """Skip lmdb runs until ``shardio/backends/lmdb.py`` lands."""
-    if backend == "lmdb":
-        pytest.importorskip("shardio.backends.lmdb")
-
-
 def blob(i: int) -> bytes:
     """Incompressible bytes unique to sample ``i``, so a test can find them in a shard."""
     return np.random.default_rng(1000 + i).integers(0, 256, 3000, dtype=np.uint8).tobytes()
@@ -32,7 +26,6 @@ def blob(i: int) -> bytes:
 @pytest.fixture
 def dataset(tmp_path: Path, backend: str) -> Path:
     """10 samples in shards of 4: shard 0 holds k0..k3, shard 1 k4..k7, shard 2 k8, k9."""
-    require_backend(backend)
     out = tmp_path / "ds"
     options = WriteOptions(backend=backend, codec="none", max_shard_samples=PER_SHARD)
     with ShardWriter(out, options) as writer:
