@@ -56,11 +56,28 @@ def _ext_hook(code: int, data: bytes) -> Any:
     raise ValueError(f"unknown msgpack extension type {code}")
 
 
+def _check_map_keys(value: list[Any] | tuple[Any, ...] | dict[Any, Any], field: str) -> None:
+    """Refuse a dict with a non-str key anywhere in ``value``: its record would not decode."""
+    items = value.values() if isinstance(value, dict) else value
+    if isinstance(value, dict):
+        for key in value:
+            if not isinstance(key, str):
+                raise RecordEncodeError(
+                    f"field {field!r}: dict keys must be str, got {key!r} "
+                    f"({type(key).__name__}); convert the keys to str"
+                )
+    for item in items:
+        if isinstance(item, (dict, list, tuple)):
+            _check_map_keys(item, field)
+
+
 def encode_sample(sample: Mapping[str, Any]) -> bytes:
     """Serialize one sample to its msgpack payload (before compression)."""
-    for name in sample:
+    for name, value in sample.items():
         if not isinstance(name, str):
             raise RecordEncodeError(f"field names must be str, got {name!r}")
+        if isinstance(value, (dict, list, tuple)):
+            _check_map_keys(value, name)
     try:
         return msgpack.packb(dict(sample), default=_default, use_bin_type=True, strict_types=False)  # type: ignore[no-any-return]
     except (TypeError, ValueError, OverflowError) as exc:
@@ -126,6 +143,8 @@ def decode_frames(
                 inflate(payload) if codec else payload,
                 raw=False, ext_hook=_ext_hook, strict_map_key=True,
             )
+            if type(sample) is not dict:
+                raise ValueError(f"payload is a {type(sample).__name__}, not a map")
         except Exception as exc:  # msgpack and zstd raise a zoo of types; map them here
             raise _undecodable(
                 path, first_record + n, offset_of(first_record + n), exc

@@ -1,0 +1,403 @@
+"""Format v1: record framing, shard header and footer, the manifest, and the record codec.
+
+Covers ``shardio.format``, ``shardio.record`` and ``shardio.manifest`` on bytes
+and generated files; the backends' own files are covered in test_backends.py.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import zlib
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import msgpack
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from hypothesis.extra import numpy as hnp
+
+from shardio.backends import create_shard, open_shard
+from shardio.codecs import get_codec
+from shardio.errors import (
+    ChecksumError,
+    ManifestError,
+    ManifestNotFoundError,
+    RecordEncodeError,
+    ShardCorruptError,
+    TruncatedShardError,
+    UnsupportedVersionError,
+)
+from shardio.format import (
+    CODEC_NONE,
+    CODEC_ZSTD,
+    FOOTER,
+    FOOTER_SIZE,
+    FRAME_SIZE,
+    HEADER,
+    HEADER_SIZE,
+    SHARD_MAGIC,
+    check_header,
+    frame,
+    pack_footer,
+    pack_header,
+    unframe,
+    unpack_footer,
+)
+from shardio.manifest import Manifest, ShardInfo, SkippedFile, read_manifest, write_manifest
+from shardio.record import decode_frames, decode_record, encode_record, encode_sample
+from shardio.synth import make_photo
+
+# --- record framing ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("codec", [CODEC_NONE, CODEC_ZSTD])
+@pytest.mark.parametrize("payload", [b"", b"x", bytes(range(256)) * 40])
+def test_frame_round_trip(payload: bytes, codec: int) -> None:
+    framed = frame(payload, codec)
+    assert len(framed) == FRAME_SIZE + len(payload)
+    got_codec, got = unframe(framed + b"next record", path="s.rec", record=0)
+    assert (got_codec, bytes(got)) == (codec, payload)
+
+
+def test_flipped_payload_byte_names_file_record_and_offset() -> None:
+    framed = bytearray(frame(b"some payload bytes", CODEC_NONE))
+    framed[FRAME_SIZE + 5] ^= 0x01
+    with pytest.raises(ChecksumError) as info:
+        unframe(bytes(framed), path="out/shard-00003.rec", record=17, offset=4096)
+    message = str(info.value)
+    assert "out/shard-00003.rec" in message
+    assert "record 17" in message
+    assert "byte 4096" in message
+    assert (info.value.path, info.value.record, info.value.offset) == (
+        "out/shard-00003.rec", 17, 4096
+    )
+
+
+@pytest.mark.parametrize("where", [FRAME_SIZE, 8])
+def test_flipped_checked_byte_is_found_and_verify_false_skips_it(where: int) -> None:
+    framed = bytearray(frame(b"payload", CODEC_NONE))
+    framed[where] ^= 0x20
+    with pytest.raises(ChecksumError):
+        unframe(bytes(framed), path="s", record=0)
+    if where >= FRAME_SIZE:
+        _codec, payload = unframe(bytes(framed), path="s", record=0, verify=False)
+        assert bytes(payload) != b"payload"
+
+
+@pytest.mark.parametrize("keep", [0, 4, FRAME_SIZE - 1, FRAME_SIZE, FRAME_SIZE + 9])
+def test_truncated_frame(keep: int) -> None:
+    framed = frame(b"ten bytes!", CODEC_NONE)
+    with pytest.raises(TruncatedShardError, match=r"s\.rec: record 3 at byte 99 is cut short"):
+        unframe(framed[:keep], path="s.rec", record=3, offset=99)
+
+
+def test_unknown_codec_id_is_refused() -> None:
+    framed = frame(b"payload", 7)
+    with pytest.raises(ShardCorruptError, match="unknown codec 7"):
+        unframe(framed, path="s.rec", record=0)
+
+
+@pytest.mark.parametrize(
+    "framed",
+    [frame(b"\xc1garbage", CODEC_NONE), frame(b"not zstd", CODEC_ZSTD),
+     frame(msgpack.packb([1, 2]), CODEC_NONE), frame(msgpack.packb({1: 2}), CODEC_NONE)],
+)
+def test_payload_that_passes_its_checksum_but_does_not_decode(framed: bytes) -> None:
+    with pytest.raises(ShardCorruptError, match=r"s\.rec: record 2 at byte 40 .* not decode"):
+        decode_record(framed, path="s.rec", record=2, offset=40)
+    block = [memoryview(frame(msgpack.packb({"a": 1}), CODEC_NONE)), memoryview(framed)]
+    with pytest.raises(ShardCorruptError, match=r"s\.rec: record 2 at byte 40 .* not decode"):
+        decode_frames(block, path="s.rec", first_record=1, offset_of=lambda i: 20 * i)
+
+
+# --- shard header and footer --------------------------------------------------------------
+
+
+def test_header_round_trip_and_errors() -> None:
+    check_header(pack_header(), path="s.rec")
+    with pytest.raises(TruncatedShardError, match=r"s\.rec"):
+        check_header(pack_header()[:10], path="s.rec")
+    with pytest.raises(ShardCorruptError, match="not a shardio shard"):
+        check_header(b"PK\x03\x04" + bytes(12), path="s.rec")
+    with pytest.raises(UnsupportedVersionError, match=r"s\.rec: .*version 2"):
+        check_header(HEADER.pack(SHARD_MAGIC, 2, 0), path="s.rec")
+
+
+def shard_tail(num_records: int = 2) -> bytes:
+    """A minimal ``.rec`` layout: header, frames, index, keys and footer."""
+    frames = [frame(b"a" * i, CODEC_NONE) for i in range(num_records)]
+    body = pack_header() + b"".join(frames)
+    offsets, pos = [], HEADER_SIZE
+    for framed in frames:
+        offsets.append(pos)
+        pos += len(framed)
+    index = np.asarray([*offsets, pos], dtype="<u8").tobytes()
+    keys = msgpack.packb([str(i) for i in range(num_records)])
+    tail = index + keys
+    return body + tail + pack_footer(pos, pos + len(index), num_records, zlib.crc32(tail))
+
+
+def test_footer_round_trip() -> None:
+    data = shard_tail(3)
+    footer = unpack_footer(data, path="s.rec")
+    assert footer.num_records == 3
+    assert footer.index_offset == HEADER_SIZE + sum(FRAME_SIZE + i for i in range(3))
+    assert footer.keys_offset == footer.index_offset + 8 * 4
+    assert footer.version == 1
+
+
+def test_footer_errors() -> None:
+    data = shard_tail(2)
+    with pytest.raises(TruncatedShardError, match="too short"):
+        unpack_footer(data[:20], path="s.rec")
+    with pytest.raises(TruncatedShardError, match="no shard footer"):
+        unpack_footer(data[:-3], path="s.rec")
+    fields = list(FOOTER.unpack_from(data, len(data) - FOOTER_SIZE))
+    v2 = data[:-FOOTER_SIZE] + FOOTER.pack(*fields[:4], 2, fields[5])
+    with pytest.raises(UnsupportedVersionError, match="version 2"):
+        unpack_footer(v2, path="s.rec")
+    wrong = data[:-FOOTER_SIZE] + FOOTER.pack(fields[0], fields[1] + 8, *fields[2:])
+    with pytest.raises(ShardCorruptError, match="footer offsets are inconsistent"):
+        unpack_footer(wrong, path="s.rec")
+
+
+def test_records_shard_of_version_2_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "shard-00000.rec"
+    writer = create_shard("records", path)
+    writer.append("k", frame(b"x", CODEC_NONE))
+    writer.finish()
+    data = bytearray(path.read_bytes())
+    data[8:12] = (2).to_bytes(4, "little")
+    path.write_bytes(bytes(data))
+    with pytest.raises(UnsupportedVersionError, match=re.escape(f"{path}: written by shardio "
+                                                                "format version 2")):
+        open_shard("records", path)
+
+
+def test_lmdb_shard_of_version_2_is_refused(tmp_path: Path) -> None:
+    import lmdb
+
+    path = tmp_path / "shard-00000.mdb"
+    env = lmdb.open(str(path), subdir=False, lock=False)
+    with env.begin(write=True) as txn:
+        txn.put(b"__shardio__", msgpack.packb({"format": "shardio", "version": 2}))
+    env.close()
+    with pytest.raises(UnsupportedVersionError, match=re.escape(f"{path}: written by shardio "
+                                                                "format version 2")):
+        open_shard("lmdb", path)
+
+
+# --- manifest -------------------------------------------------------------------------------
+
+
+def make_manifest() -> Manifest:
+    shards = (
+        ShardInfo("shard-00000.rec", 3, 0, 1000, "crc32:0000abcd"),
+        ShardInfo("shard-00001.rec", 2, 3, 700, "crc32:12345678"),
+    )
+    return Manifest(
+        backend="records", codec="zstd", num_samples=5, num_bytes=1700,
+        fields=("image", "label"), shards=shards, classes=("cat", "dög ü"),
+        class_to_idx={"cat": 0, "dög ü": 1}, seed=7, shuffle=True,
+        options={"level": 3, "max_shard_samples": 3}, input_bytes=4000,
+        skipped=(SkippedFile("cat/bad.jpg", "does not decode"),), shardio_version="0.1.0",
+    )
+
+
+def test_manifest_json_round_trip(tmp_path: Path) -> None:
+    manifest = make_manifest()
+    assert Manifest.from_json(json.loads(json.dumps(manifest.to_json()))) == manifest
+    write_manifest(tmp_path, manifest)
+    assert read_manifest(tmp_path) == manifest
+    assert read_manifest(tmp_path / "manifest.json") == manifest
+    on_disk = json.loads((tmp_path / "manifest.json").read_text(encoding="utf-8"))
+    assert (on_disk["format"], on_disk["version"]) == ("shardio", 1)
+    assert list(on_disk)[:2] == ["format", "version"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["manifest.json"]
+
+
+def test_unlabelled_manifest_round_trip(tmp_path: Path) -> None:
+    manifest = replace(make_manifest(), classes=None, class_to_idx=None, skipped=())
+    write_manifest(tmp_path, manifest)
+    got = read_manifest(tmp_path)
+    assert got == manifest
+    assert not got.is_labelled
+    assert got.shard_sizes == (3, 2)
+
+
+@pytest.mark.parametrize(
+    ("change", "words"),
+    [
+        ({"num_samples": 6}, "shards hold 5 samples but num_samples is 6"),
+        ({"shards": [{**json.loads(json.dumps(make_manifest().to_json()))["shards"][0]},
+                     {"name": "shard-00001.rec", "num_samples": 2, "first_index": 4,
+                      "num_bytes": 700, "checksum": "crc32:12345678"}]},
+         "shard-00001.rec starts at sample 4, expected 3"),
+    ],
+)
+def test_manifest_consistency_check(tmp_path: Path, change: dict[str, Any], words: str) -> None:
+    data = {**make_manifest().to_json(), **change}
+    (tmp_path / "manifest.json").write_text(json.dumps(data), encoding="utf-8")
+    with pytest.raises(ManifestError, match=re.escape(words)) as info:
+        read_manifest(tmp_path)
+    assert str(tmp_path / "manifest.json") in str(info.value)
+
+
+@pytest.mark.parametrize(
+    ("text", "error", "words"),
+    [
+        (json.dumps({**make_manifest().to_json(), "version": 2}), UnsupportedVersionError,
+         "format version 2 is not supported"),
+        (json.dumps({**make_manifest().to_json(), "format": "webdataset"}), ManifestError,
+         "not a shardio manifest"),
+        (json.dumps([1, 2]), ManifestError, "not a shardio manifest"),
+        ("{not json", ManifestError, "not valid JSON"),
+        (json.dumps({**make_manifest().to_json(), "backend": "tar"}), ManifestError,
+         "unknown backend 'tar'"),
+        (json.dumps({k: v for k, v in make_manifest().to_json().items() if k != "shards"}),
+         ManifestError, "malformed manifest"),
+    ],
+)
+def test_manifest_errors(tmp_path: Path, text: str, error: type[Exception], words: str) -> None:
+    (tmp_path / "manifest.json").write_text(text, encoding="utf-8")
+    with pytest.raises(error, match=re.escape(words)) as info:
+        read_manifest(tmp_path)
+    assert str(tmp_path / "manifest.json") in str(info.value)
+
+
+def test_missing_manifest(tmp_path: Path) -> None:
+    with pytest.raises(ManifestNotFoundError, match=r"no manifest\.json") as info:
+        read_manifest(tmp_path)
+    assert isinstance(info.value, FileNotFoundError)
+
+
+# --- the record codec -----------------------------------------------------------------------
+
+DTYPES = ("<u1", "<i2", "<i4", ">i4", "<u8", "<i8", "<f2", "<f4", ">f8", "|b1", "<c8")
+
+scalars = (
+    st.binary(max_size=64)
+    | st.text(max_size=32)
+    | st.integers(min_value=-(2**63), max_value=2**64 - 1)
+    | st.floats(allow_nan=True, allow_infinity=True)
+    | st.booleans()
+    | st.none()
+)
+arrays = st.sampled_from(DTYPES).flatmap(
+    lambda dtype: hnp.arrays(
+        np.dtype(dtype), hnp.array_shapes(min_dims=0, max_dims=3, min_side=0, max_side=4)
+    )
+)
+values = st.recursive(
+    scalars | arrays,
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner,
+                                                                 max_size=4),
+    max_leaves=12,
+)
+samples = st.dictionaries(st.text(max_size=12), values, max_size=5)
+
+
+def same(a: Any, b: Any) -> bool:
+    """Deep equality where NaN equals NaN and types must match exactly."""
+    if isinstance(a, np.ndarray):
+        return (
+            isinstance(b, np.ndarray) and a.dtype == b.dtype and a.shape == b.shape
+            and np.array_equal(a, b, equal_nan=a.dtype.kind in "fc")
+        )
+    if type(a) is not type(b):
+        return False
+    if isinstance(a, float):
+        return (math.isnan(a) and math.isnan(b)) or (a == b and math.copysign(1, a)
+                                                      == math.copysign(1, b))
+    if isinstance(a, list):
+        return len(a) == len(b) and all(same(x, y) for x, y in zip(a, b, strict=True))
+    if isinstance(a, dict):
+        return a.keys() == b.keys() and all(same(a[k], b[k]) for k in a)
+    return bool(a == b)
+
+
+@pytest.mark.parametrize("codec", ["none", "zstd"])
+@settings(max_examples=60, deadline=None)
+@given(sample=samples)
+def test_any_valid_sample_round_trips(codec: str, sample: dict[str, Any]) -> None:
+    framed = encode_record(sample, get_codec(codec))
+    got = decode_record(framed, path="s.rec", record=0)
+    assert same(got, sample)
+    [block] = decode_frames([memoryview(framed)], path="s.rec", first_record=0,
+                            offset_of=lambda i: 0)
+    assert same(block, sample)
+
+
+def test_numpy_scalars_tuples_and_views_are_stored_as_plain_values() -> None:
+    sample = {
+        "f": np.float32(1.5), "i": np.int64(-3), "t": (1, "a"), "m": memoryview(b"mv"),
+        "b": bytearray(b"ba"), "strided": np.arange(12, dtype="<i4").reshape(3, 4)[:, ::2],
+    }
+    got = decode_record(encode_record(sample, get_codec("zstd")), path="s", record=0)
+    assert got["f"] == 1.5 and type(got["f"]) is float
+    assert got["i"] == -3 and type(got["i"]) is int
+    assert got["t"] == [1, "a"]
+    assert got["m"] == b"mv" and got["b"] == b"ba"
+    assert np.array_equal(got["strided"], sample["strided"])
+
+
+class Opaque:
+    pass
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        Opaque(),
+        {1, 2},
+        frozenset({"a"}),
+        np.array([1, "a", None], dtype=object),
+        np.zeros(2, dtype=[("x", "<i4"), ("y", "<f4")]),
+        2**64,
+        -(2**63) - 1,
+        [1, [2, {"deep": Opaque()}]],
+        {1: "int key"},
+        [{"ok": {(1, 2): "tuple key"}}],
+        ({b"bytes key": 1},),
+    ],
+    ids=lambda v: type(v).__name__,
+)
+def test_values_that_would_need_pickle_are_refused(value: object) -> None:
+    with pytest.raises(RecordEncodeError):
+        encode_record({"field": value}, get_codec("zstd"))
+
+
+def test_non_str_field_name_is_refused() -> None:
+    with pytest.raises(RecordEncodeError, match="field names must be str"):
+        encode_sample({b"bytes": 1})  # type: ignore[dict-item]
+
+
+def codec_byte(framed: bytes) -> int:
+    return framed[8]
+
+
+def test_jpeg_is_stored_as_is_and_text_is_compressed() -> None:
+    jpeg = make_photo(np.random.default_rng(0), 64, 48)
+    text = ("the same line of text, again and again\n" * 200).encode()
+    zstd = get_codec("zstd")
+    stored_jpeg = encode_record({"__key__": "a/x.jpg", "jpg": jpeg, "cls": 3}, zstd)
+    stored_text = encode_record({"__key__": "a/x.txt", "txt": text}, zstd)
+    assert codec_byte(stored_jpeg) == CODEC_NONE
+    assert jpeg in stored_jpeg
+    assert codec_byte(stored_text) == CODEC_ZSTD
+    assert len(stored_text) < len(text) // 10
+    assert codec_byte(encode_record({"txt": text}, get_codec("none"))) == CODEC_NONE
+    for framed in (stored_jpeg, stored_text):
+        assert decode_record(framed, path="s", record=0)["__key__"].startswith("a/x.")
+
+
+def test_incompressible_bytes_are_stored_as_is() -> None:
+    noise = np.random.default_rng(1).integers(0, 256, 4096, dtype=np.uint8).tobytes()
+    framed = encode_record({"bin": noise}, get_codec("zstd"))
+    assert codec_byte(framed) == CODEC_NONE
+    assert decode_record(framed, path="s", record=0) == {"bin": noise}
