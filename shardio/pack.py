@@ -215,7 +215,7 @@ class _Progress:
             from tqdm import tqdm
 
             self.bar = tqdm(total=total, initial=initial, unit="file", unit_scale=True,
-                            desc="pack", dynamic_ncols=True, file=sys.stderr)
+                            desc="pack", file=sys.stderr)
         self.start = time.perf_counter()
         self.files = 0
         self.bytes = 0
@@ -437,7 +437,8 @@ def _pack_source(
     try:
         begin, left_out, skipped = _resume_point(writer, job, source)
         bar = _Progress(sys.stderr.isatty() if progress is None else progress,
-                        sum(len(s.paths) for s in job.stream), begin)
+                        sum(len(s.paths) for s in job.stream),
+                        sum(len(s.paths) for s in job.stream[:begin]))
         encoded = _encoded(job, begin, num_workers or _default_workers())
         stream, write = job.stream, writer.write_encoded
         labelled = ("image", "label") if source.classes is not None else None

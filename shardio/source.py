@@ -18,7 +18,7 @@ import os
 import re
 import stat
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Final, NamedTuple
 
 from shardio.errors import BadInputError
@@ -71,7 +71,6 @@ class Source:
     digest: str
     """sha256 over every file's path, size, mtime and verdict, in canonical order."""
     excluded: int = 0
-    num_files: int = field(default=0)
 
 
 def display_path(rel: str) -> str:
@@ -97,12 +96,8 @@ def _selector(include: Sequence[str], exclude: Sequence[str]) -> Callable[[str],
     )
 
 
-def _kind(mode: int) -> str:
-    for test, name in ((stat.S_ISFIFO, "a named pipe"), (stat.S_ISSOCK, "a socket"),
-                       (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device")):
-        if test(mode):
-            return name
-    return "not a regular file"
+_SPECIAL = {stat.S_IFIFO: "a named pipe", stat.S_IFSOCK: "a socket",
+            stat.S_IFCHR: "a character device", stat.S_IFBLK: "a block device"}
 
 
 class _Walker:
@@ -140,7 +135,10 @@ class _Walker:
             erel = rel + name
             try:
                 if not name.isascii() and not _is_utf8(name):
-                    self._bad_name(entry, erel)
+                    folder = entry.is_dir(follow_symlinks=False)
+                    self._bad(erel, entry.path, "folder name is not valid UTF-8; rename it (e.g. "
+                              "with `convmv`); nothing inside it was packed" if folder else
+                              "name is not valid UTF-8; rename it (e.g. with `convmv`)", folder)
                 elif entry.is_dir(follow_symlinks=False):
                     self._enter(entry.path, erel, ancestors, entry)
                 elif entry.is_symlink():
@@ -154,7 +152,7 @@ class _Walker:
                 else:
                     self.excluded += 1
             except OSError as exc:
-                self._add_bad(erel, entry.path, f"cannot be examined ({exc.strerror})")
+                self._bad(erel, entry.path, f"cannot be examined ({exc.strerror})")
 
     def _enter(
         self, path: str, rel: str, ancestors: frozenset[tuple[int, int]], entry: Any = None
@@ -166,51 +164,36 @@ class _Walker:
             self.top_dirs.append(rel)
         self.walk(path, rel + "/", ancestors)
 
-    def _bad_name(self, entry: os.DirEntry[str], rel: str) -> None:
-        reason = "name is not valid UTF-8; rename it (e.g. with `convmv`)"
-        if entry.is_dir(follow_symlinks=False):
-            self._bad_dir(rel, f"folder {reason}; nothing inside it was packed")
+    def _bad(self, rel: str, path: str, reason: str, folder: bool = False) -> None:
+        if folder:
+            self.bad_dirs.append((display_path(rel) + "/", reason))
         elif self.select is None or self.select(rel):
-            self._add_bad(rel, entry.path, reason)
-
-    def _bad_dir(self, rel: str, reason: str) -> None:
+            self.files.append((rel, path, 0, 0, reason))
+        else:
+            self.excluded += 1
+            return
         if "/" not in rel:
             self.top_other += 1
-        self.bad_dirs.append((display_path(rel) + "/", reason))
-
-    def _add_bad(self, rel: str, path: str, reason: str) -> None:
-        if "/" not in rel:
-            self.top_other += 1
-        self.files.append((rel, path, 0, 0, reason))
 
     def _symlink(self, path: str, rel: str, ancestors: frozenset[tuple[int, int]]) -> None:
         target = display_path(os.readlink(path))
         try:
             st = os.stat(path)
         except OSError as exc:
-            if exc.errno == errno.ELOOP:
-                reason = f"symbolic link loop (-> {target} never reaches a file)"
-            elif exc.errno == errno.ENOENT:
-                reason = f"broken symbolic link (-> {target} does not exist)"
-            else:
-                reason = f"symbolic link cannot be followed (-> {target}: {exc.strerror})"
-            if self.select is None or self.select(rel):
-                self._add_bad(rel, path, reason)
+            what = {errno.ELOOP: "symbolic link loop", errno.ENOENT: "broken symbolic link"}
+            self._bad(rel, path, f"{what.get(exc.errno or 0, 'symbolic link cannot be followed')}"
+                                 f" (-> {target}: {exc.strerror})")
             return
-        is_dir = stat.S_ISDIR(st.st_mode)
+        folder = stat.S_ISDIR(st.st_mode)
         if not self.follow:
-            what = "folder" if is_dir else "file"
-            reason = (f"symbolic link to a {what} (-> {target}); links are not followed by "
-                      "default: pass --follow-symlinks to pack what it points to")
-            if is_dir:
-                self._bad_dir(rel, reason)
-            elif self.select is None or self.select(rel):
-                self._add_bad(rel, path, reason)
-        elif is_dir:
-            if (st.st_dev, st.st_ino) in ancestors:
-                self._bad_dir(rel, f"symbolic link loop (-> {target} is one of its own parents)")
-            else:
-                self._enter(path, rel, ancestors)
+            self._bad(rel, path, f"symbolic link to a {'folder' if folder else 'file'} (-> "
+                      f"{target}); links are not followed by default: pass --follow-symlinks "
+                      "to pack what it points to", folder)
+        elif folder and (st.st_dev, st.st_ino) in ancestors:
+            self._bad(rel, path, f"symbolic link loop (-> {target} is one of its own parents)",
+                      True)
+        elif folder:
+            self._enter(path, rel, ancestors)
         elif self.select is None or self.select(rel):
             self._add(rel, path, st)
         else:
@@ -226,7 +209,7 @@ class _Walker:
         """Why a file with this ``stat`` cannot be packed, or None when it can."""
         mode = st.st_mode
         if not stat.S_ISREG(mode):
-            return f"{_kind(mode)}, not a regular file"
+            return f"{_SPECIAL.get(stat.S_IFMT(mode), 'a special file')}, not a regular file"
         if st.st_size == 0:
             return "empty file (0 bytes)"
         if self.euid and not self._readable(st):
@@ -304,7 +287,6 @@ def scan_source(
     return Source(
         root=root, samples=tuple(samples), classes=classes, hidden_ignored=walker.hidden,
         bad=tuple(sorted(bad)), digest=_hash(head, rows), excluded=walker.excluded,
-        num_files=sum(len(s.paths) for s in samples),
     )
 
 
@@ -465,6 +447,6 @@ def dataset_source(
             bad.append((display_path(rel), reason))
     return Source(
         root=root, samples=tuple(samples), classes=classes, hidden_ignored=0,
-        bad=tuple(sorted(bad)), excluded=walker.excluded, num_files=len(samples),
+        bad=tuple(sorted(bad)), excluded=walker.excluded,
         digest=_hash("dataset\n" + "\0".join(classes) + "\n", rows),
     )
