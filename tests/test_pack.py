@@ -128,7 +128,9 @@ def test_skip_bad_lists_skipped_files_in_summary_and_manifest(
     (src / "a" / "readme.md").write_bytes(b"# notes")
     (src / "b" / "dangling.jpg").symlink_to(src / "nowhere.jpg")
     _bad_jpeg(src / "b" / "broken.jpg")
+    (src / ".DS_Store").write_bytes(b"finder")
     summary = pack(src, tmp_path / "out", skip_bad=True, check_images=True, num_workers=2)
+    assert summary.hidden_ignored == 1
     expected = {"a/empty.jpg", "a/readme.md", "b/dangling.jpg", "b/broken.jpg"}
     assert {p for p, _ in summary.skipped} == expected
     assert "does not decode as an image" in dict(summary.skipped)["b/broken.jpg"]
@@ -136,7 +138,7 @@ def test_skip_bad_lists_skipped_files_in_summary_and_manifest(
     assert [(s.path, s.reason) for s in manifest.skipped] == list(summary.skipped)
     assert summary.samples == manifest.num_samples == 6
     assert manifest.input_bytes == sum(len(v) for k, v in _tree(src).items()
-                                       if k not in expected)
+                                       if k not in expected and k != ".DS_Store")
 
 
 def test_an_image_that_does_not_decode_stops_the_pack(imagefolder: Path, tmp_path: Path) -> None:
