@@ -31,6 +31,7 @@ from shardio.errors import (
     UnsupportedVersionError,
 )
 from shardio.manifest import Manifest, ShardInfo, read_manifest
+from shardio.pack import PackSummary, pack, pack_imagefolder
 from shardio.reader import DatasetReader, open_dataset
 from shardio.unpack import unpack
 from shardio.verify import verify
@@ -38,14 +39,11 @@ from shardio.version import __version__
 from shardio.writer import ShardWriter, WriteOptions
 
 _LAZY = {
-    "pack": "shardio.pack",
-    "pack_imagefolder": "shardio.pack",
-    "PackSummary": "shardio.pack",
     "StreamingDataset": "shardio.dataset",
     "IndexedDataset": "shardio.dataset",
     "merge_states": "shardio.dataset",
     "RecordBatch": "shardio.batch",
-    "loader": "shardio.loader",
+    "loader": "shardio.dataloader",
     "DevicePrefetcher": "shardio.prefetch",
     "pil_backend": "shardio.decode",
 }

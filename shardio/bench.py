@@ -16,7 +16,7 @@ from typing import Any
 
 from shardio.batch import RecordBatch
 from shardio.dataset import StreamingDataset, default_window
-from shardio.loader import loader
+from shardio.dataloader import loader
 
 RECOMMEND_WITHIN = 0.95
 """Recommend the fewest workers reaching this fraction of the best throughput."""

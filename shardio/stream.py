@@ -49,10 +49,15 @@ def iter_samples(
         skip: samples of ``order`` already consumed (exact resume).
     """
     firsts = np.asarray([s.first_index for s in reader.manifest.shards], dtype=np.int64)
-    for w_lo in range(skip - skip % window, len(order), window):
+    starts = range(skip - skip % window, len(order), window)
+    runs = window_runs(order[starts[0] : starts[0] + window], firsts) if starts else []
+    advise(reader, runs)
+    for w_lo in starts:
         indices = order[w_lo : w_lo + window]
+        upcoming = window_runs(order[w_lo + window : w_lo + 2 * window], firsts)
+        advise(reader, upcoming)
         samples: dict[int, dict[str, Any]] = {}
-        for shard, start, stop in window_runs(indices, firsts):
+        for shard, start, stop in runs:
             shard_reader = reader.shard(shard)
             decoded = decode_frames(
                 shard_reader.read_frames(start, stop),
@@ -67,3 +72,10 @@ def iter_samples(
                 samples[base + n] = sample
         for index in indices[max(skip - w_lo, 0) :].tolist():
             yield samples[index]
+        runs = upcoming
+
+
+def advise(reader: DatasetReader, runs: list[tuple[int, int, int]]) -> None:
+    """Start the kernel reading ``runs`` while the current window is decoded."""
+    for shard, start, stop in runs:
+        reader.shard(shard).will_need(start, stop)

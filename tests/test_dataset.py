@@ -14,7 +14,7 @@ from shardio import ShardWriter, WriteOptions
 from shardio.batch import RecordBatch
 from shardio.dataset import IndexedDataset, StreamingDataset, merge_states
 from shardio.errors import ChecksumError, ManifestNotFoundError, ShardMissingError
-from shardio.loader import loader
+from shardio.dataloader import loader
 
 NUM_SAMPLES = 301
 

@@ -51,6 +51,10 @@ class ShardFileReader(Protocol):
         """Framed bytes of records ``start..stop`` in one sequential read (a streaming block)."""
         ...
 
+    def will_need(self, start: int, stop: int) -> None:
+        """Hint that records ``start..stop`` will be read soon (readahead); may do nothing."""
+        ...
+
     def keys(self) -> Sequence[str]:
         """The ``__key__`` of every record, in record order."""
         ...

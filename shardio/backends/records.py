@@ -146,6 +146,12 @@ class RecordsShardReader:
         for i in range(start, stop):
             yield i, view[offs[i] : offs[i + 1]]
 
+    def will_need(self, start: int, stop: int) -> None:
+        """Ask the kernel to start reading records ``start..stop`` now (asynchronous readahead)."""
+        offs = self._offsets_list
+        if hasattr(os, "posix_fadvise"):
+            os.posix_fadvise(self._fd, offs[start], offs[stop] - offs[start], os.POSIX_FADV_WILLNEED)
+
     def read_frames(self, start: int, stop: int) -> list[memoryview]:
         """Records ``start..stop`` with one positional read into a private buffer.
 

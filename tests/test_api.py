@@ -1,0 +1,39 @@
+"""The public surface: ``__all__`` is pinned and sorted, every name resolves, torch stays lazy."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import shardio
+
+EXPECTED = {
+    "BadInputError", "ChecksumError", "DatasetReader", "DecodeError", "DevicePrefetcher",
+    "EmptySourceError", "IndexedDataset", "Manifest", "ManifestError", "ManifestNotFoundError",
+    "OutputExistsError", "PackError", "PackSummary", "RecordBatch", "RecordEncodeError",
+    "ShardCorruptError", "ShardInfo", "ShardMissingError", "ShardWriter", "ShardioError",
+    "StreamingDataset", "TruncatedShardError", "UnsafeKeyError", "UnsupportedVersionError",
+    "WriteOptions", "__version__", "loader", "merge_states", "open_dataset", "pack",
+    "pack_imagefolder", "pil_backend", "read_manifest", "unpack", "verify",
+}
+
+
+def test_all_is_pinned_and_sorted() -> None:
+    assert set(shardio.__all__) == EXPECTED
+    assert list(shardio.__all__) == sorted(shardio.__all__)
+
+
+def test_every_public_name_resolves() -> None:
+    for name in shardio.__all__:
+        assert getattr(shardio, name) is not None, name
+    for name in ("pack", "pack_imagefolder", "verify", "unpack", "loader", "merge_states"):
+        assert callable(getattr(shardio, name)), name
+
+
+def test_import_shardio_does_not_import_torch() -> None:
+    code = (
+        "import sys, shardio; "
+        "shardio.read_manifest; shardio.ShardWriter; shardio.pack; shardio.verify; "
+        "assert 'torch' not in sys.modules, 'torch was imported'"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)
