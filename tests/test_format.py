@@ -137,7 +137,7 @@ def shard_tail(num_records: int = 2) -> bytes:
         offsets.append(pos)
         pos += len(framed)
     index = np.asarray([*offsets, pos], dtype="<u8").tobytes()
-    keys = msgpack.packb([str(i) for i in range(num_records)])
+    keys: bytes = msgpack.packb([str(i) for i in range(num_records)])
     tail = index + keys
     return body + tail + pack_footer(pos, pos + len(index), num_records, zlib.crc32(tail))
 
@@ -334,7 +334,7 @@ def test_any_valid_sample_round_trips(codec: str, sample: dict[str, Any]) -> Non
 
 
 def test_numpy_scalars_tuples_and_views_are_stored_as_plain_values() -> None:
-    sample = {
+    sample: dict[str, Any] = {
         "f": np.float32(1.5), "i": np.int64(-3), "t": (1, "a"), "m": memoryview(b"mv"),
         "b": bytearray(b"ba"), "strided": np.arange(12, dtype="<i4").reshape(3, 4)[:, ::2],
     }
