@@ -174,7 +174,8 @@ class LmdbShardReader:
     Frames are returned as copies (``memoryview`` over ``bytes``), never as views
     into LMDB's map: such a view would dangle, and crash the process when read,
     once the shard is closed. ``offset(i)`` returns ``i``: LMDB places values on
-    pages as it sees fit, so a record has no stable byte offset to report.
+    pages as it sees fit, so a record has no stable byte offset to report. One
+    reader holds one LMDB read transaction: use it from one thread at a time.
     """
 
     def __init__(self, path: str | Path) -> None:
