@@ -60,7 +60,7 @@ class RecordBatch:
         values: dict[str, Int64Array | list[Any]] = {}
         start = 0
         for name in names:
-            column = [s.get(name) for s in samples]
+            column: list[Any] = [s.get(name) for s in samples]
             if all(isinstance(v, bytes) for v in column):
                 ends = np.fromiter((len(v) for v in column), np.int64, len(column))
                 field_offsets = np.empty(len(column) + 1, np.int64)
@@ -68,7 +68,7 @@ class RecordBatch:
                 np.cumsum(ends, out=field_offsets[1:])
                 field_offsets[1:] += start
                 offsets[name] = field_offsets
-                chunks.extend(column)  # type: ignore[arg-type]
+                chunks.extend(column)
                 start = int(field_offsets[-1])
             elif all(type(v) is int for v in column):
                 values[name] = np.asarray(column, dtype=np.int64)

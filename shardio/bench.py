@@ -15,8 +15,8 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from shardio.batch import RecordBatch
-from shardio.dataset import StreamingDataset, default_window
 from shardio.dataloader import loader
+from shardio.dataset import StreamingDataset, default_window
 
 RECOMMEND_WITHIN = 0.95
 """Recommend the fewest workers reaching this fraction of the best throughput."""
@@ -86,8 +86,15 @@ def measure(
     del batches, first
     cpu = _cpu_seconds() - cpu0
     seconds = max(seconds, 1e-9)
-    return BenchRow(mode, num_workers, samples, seconds, samples / seconds,
-                    nbytes / seconds / 1e6, 100.0 * cpu / seconds)
+    return BenchRow(
+        mode,
+        num_workers,
+        samples,
+        seconds,
+        samples / seconds,
+        nbytes / seconds / 1e6,
+        100.0 * cpu / seconds,
+    )
 
 
 def bench(
@@ -134,5 +141,6 @@ def bench(
     notes = (
         f"shuffle_buffer {window} holds about {window * mean / 1e6:.0f} MB of records per worker",
     )
-    return BenchReport(str(path), manifest.num_samples, cores, tuple(rows), recommended, window,
-                       notes)
+    return BenchReport(
+        str(path), manifest.num_samples, cores, tuple(rows), recommended, window, notes
+    )

@@ -106,7 +106,7 @@ def pack_views(images: Sequence[torch.Tensor]) -> list[torch.Tensor]:
     total = sum(int(x.numel()) for x in images)
     flat = torch.empty(total, dtype=images[0].dtype)
     if get_worker_info() is not None:
-        flat.share_memory_()
+        flat.share_memory_()  # type: ignore[no-untyped-call]
     views = []
     at = 0
     for image in images:

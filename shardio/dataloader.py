@@ -18,8 +18,8 @@ import torch
 from torch.utils.data import DataLoader, default_collate
 
 from shardio.batch import RecordBatch
-from shardio.dataset import StreamingDataset, progress_from_state, same_split
-from shardio.plan import Split
+from shardio.dataset import StreamingDataset, progress_from_state
+from shardio.plan import Split, same_split
 
 
 def collate_items(items: list[Any]) -> Any:
@@ -96,7 +96,8 @@ class ShardLoader:
         ds = self.dataset
         workers = max(1, self.num_workers)
         return [
-            len(ds.worker_order(Split(ds.rank, ds.world_size, k, workers))[1]) for k in range(workers)
+            len(ds.worker_order(Split(ds.rank, ds.world_size, k, workers))[1])
+            for k in range(workers)
         ]
 
     def _start_positions(self) -> list[int]:
@@ -155,8 +156,9 @@ class ShardLoader:
     def state_dict(self) -> dict[str, Any]:
         """Resumable position of this rank: epoch and every worker's count."""
         if not self._running:
-            return self.dataset.progress_state(self._epoch, max(1, self.num_workers),
-                                               [0] * max(1, self.num_workers))
+            return self.dataset.progress_state(
+                self._epoch, max(1, self.num_workers), [0] * max(1, self.num_workers)
+            )
         return self.dataset.progress_state(self._epoch, max(1, self.num_workers), self._positions)
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -192,7 +194,12 @@ def loader(
         multiprocessing_context: e.g. ``"spawn"``; default: the platform's.
     """
     return ShardLoader(
-        dataset, batch_size, num_workers=num_workers, collate_fn=collate_fn,
-        pin_memory=pin_memory, prefetch_factor=prefetch_factor,
-        persistent_workers=persistent_workers, multiprocessing_context=multiprocessing_context,
+        dataset,
+        batch_size,
+        num_workers=num_workers,
+        collate_fn=collate_fn,
+        pin_memory=pin_memory,
+        prefetch_factor=prefetch_factor,
+        persistent_workers=persistent_workers,
+        multiprocessing_context=multiprocessing_context,
     )

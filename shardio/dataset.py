@@ -89,7 +89,9 @@ class SampleDecoder:
         else:
             from shardio.collate import decode_tensor
 
-            image = decode_tensor(sample["image"], draft_size=self.draft_size, key=sample[KEY_FIELD])
+            image = decode_tensor(
+                sample["image"], draft_size=self.draft_size, key=sample[KEY_FIELD]
+            )
         label: Any = sample["label"]
         if self.transform is not None:
             image = self.transform(image)
@@ -123,7 +125,7 @@ class SharedState:
     CAPACITY = 1 << 20
 
     def __init__(self) -> None:
-        self._buf = torch.zeros(self.CAPACITY, dtype=torch.uint8).share_memory_()
+        self._buf = torch.zeros(self.CAPACITY, dtype=torch.uint8).share_memory_()  # type: ignore[no-untyped-call]
         self.write({"epoch": 0, "resume": None})
 
     def write(self, value: Mapping[str, Any]) -> None:
@@ -135,8 +137,11 @@ class SharedState:
 
     def read(self) -> dict[str, Any]:
         size = int.from_bytes(self._buf[:4].numpy().tobytes(), "little")
-        return dict(msgpack.unpackb(self._buf[4 : 4 + size].numpy().tobytes(), raw=False,
-                                    strict_map_key=False))
+        return dict(
+            msgpack.unpackb(
+                self._buf[4 : 4 + size].numpy().tobytes(), raw=False, strict_map_key=False
+            )
+        )
 
 
 def progress_to_state(progress: Progress) -> dict[str, Any]:
@@ -282,9 +287,12 @@ class StreamingDataset(IterableDataset[Any]):
             else:
                 prior = progress
         local = self._worker_state
-        if local is not None and local.get("epoch") == epoch and local.get("split") == [
-            split.rank, split.world_size, split.worker, split.num_workers
-        ]:
+        if (
+            local is not None
+            and local.get("epoch") == epoch
+            and local.get("split")
+            == [split.rank, split.world_size, split.worker, split.num_workers]
+        ):
             skip = int(local["position"])
         return epoch, stage_order(self.config, epoch, split, prior), skip
 
@@ -352,9 +360,13 @@ class StreamingDataset(IterableDataset[Any]):
             len(self.worker_order(Split(self.rank, self.world_size, k, workers))[1])
             for k in range(workers)
         ]
-        return self.progress_state(epoch, workers, consumed_per_worker(num_batches, batch_size, sizes))
+        return self.progress_state(
+            epoch, workers, consumed_per_worker(num_batches, batch_size, sizes)
+        )
 
-    def progress_state(self, epoch: int, num_workers: int, consumed: Sequence[int]) -> dict[str, Any]:
+    def progress_state(
+        self, epoch: int, num_workers: int, consumed: Sequence[int]
+    ) -> dict[str, Any]:
         """The resumable state of this rank after its workers consumed ``consumed`` samples.
 
         ``consumed[k]`` counts from the start of worker ``k``'s order in this
@@ -405,7 +417,9 @@ def merge_states(states: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     consumed: dict[str, list[int]] = {}
     for state in states:
         if (state["epoch"], state["world_size"], state["num_workers"]) != (
-            merged["epoch"], merged["world_size"], merged["num_workers"]
+            merged["epoch"],
+            merged["world_size"],
+            merged["num_workers"],
         ):
             raise ValueError("states come from different epochs or splits")
         consumed.update(state["consumed"])
@@ -434,7 +448,9 @@ class IndexedDataset(Dataset[Any]):
         self.manifest = self._reader.manifest
         self.decoder = SampleDecoder(
             resolve_decode(decode, self.manifest.is_labelled, self.path),
-            transform=transform, target_transform=target_transform, draft_size=draft_size,
+            transform=transform,
+            target_transform=target_transform,
+            draft_size=draft_size,
         )
 
     def _reader_here(self) -> DatasetReader:
@@ -452,7 +468,7 @@ class IndexedDataset(Dataset[Any]):
         return self.decoder(self._reader_here().get(index))
 
     def __getitems__(self, indices: Sequence[int]) -> list[Any]:
-        """Batched fetch (used by DataLoader): records are read in storage order, returned as asked."""
+        """Batched fetch for the DataLoader: read in storage order, returned in the order asked."""
         reader = self._reader_here()
         fetched = {i: reader.get(i) for i in sorted(set(indices))}
         return [self.decoder(dict(fetched[i])) for i in indices]
@@ -460,4 +476,3 @@ class IndexedDataset(Dataset[Any]):
     def close(self) -> None:
         """Release the open shard files."""
         self._reader.close()
-

@@ -50,7 +50,9 @@ class PlanConfig:
 
     def __post_init__(self) -> None:
         if self.block_size < 1 or self.window < 1:
-            raise ValueError(f"block_size and window must be >= 1, got {self.block_size}, {self.window}")
+            raise ValueError(
+                f"block_size and window must be >= 1, got {self.block_size}, {self.window}"
+            )
         if any(n < 0 for n in self.shard_sizes):
             raise ValueError("shard sizes must be non-negative")
 
@@ -86,9 +88,7 @@ def epoch_blocks(config: PlanConfig, epoch: int) -> tuple[IndexArray, IndexArray
         starts.append(np.arange(first, first + size, config.block_size, dtype=np.int64))
         first += size
     block_starts = np.concatenate(starts) if starts else np.zeros(0, np.int64)
-    shard_ends = np.repeat(
-        np.cumsum(config.shard_sizes, dtype=np.int64), [len(s) for s in starts]
-    )
+    shard_ends = np.repeat(np.cumsum(config.shard_sizes, dtype=np.int64), [len(s) for s in starts])
     lengths = np.minimum(block_starts + config.block_size, shard_ends) - block_starts
     if config.shuffle and len(block_starts) > 1:
         order = _rng(config.seed, epoch, _BLOCKS).permutation(len(block_starts))

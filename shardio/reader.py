@@ -114,14 +114,17 @@ class DatasetReader:
         """Check and decode one framed record of ``shard`` into its sample dict."""
         reader = self.shard(shard)
         sample = decode_record(
-            framed, path=reader.path, record=record, offset=reader.offset(record),
+            framed,
+            path=reader.path,
+            record=record,
+            offset=reader.offset(record),
             verify=self.verify,
         )
         sample[INDEX_FIELD] = self._firsts[shard] + record
         return sample
 
     def get(self, index: int) -> dict[str, Any]:
-        """Sample ``index`` (global, in stored order) as a dict with ``__key__`` and ``__index__``."""
+        """Sample ``index`` (global, stored order) as a dict with ``__key__`` and ``__index__``."""
         shard, record = self.locate(index)
         return self.decode(shard, record, self.shard(shard).frame(record))
 

@@ -29,13 +29,22 @@ def make_photo(
     rng: np.random.Generator, width: int, height: int, *, quality: int = 92, fmt: str = "JPEG"
 ) -> bytes:
     """Encode one photo-like image of ``width`` × ``height`` pixels."""
-    small = rng.integers(0, 256, size=(max(2, height // 64), max(2, width // 64), 3), dtype=np.uint8)
-    base = np.asarray(Image.fromarray(small).resize((width, height), Image.BICUBIC), np.float32)
+    small = rng.integers(
+        0, 256, size=(max(2, height // 64), max(2, width // 64), 3), dtype=np.uint8
+    )
+    base = np.asarray(
+        Image.fromarray(small).resize((width, height), Image.Resampling.BICUBIC), np.float32
+    )
     texture = rng.normal(128, 40, size=(height // 8 + 1, width // 8 + 1)).clip(0, 255)
-    mid = np.asarray(
-        Image.fromarray(texture.astype(np.uint8)).resize((width, height), Image.BILINEAR),
-        np.float32,
-    )[..., None] - 128
+    mid = (
+        np.asarray(
+            Image.fromarray(texture.astype(np.uint8)).resize(
+                (width, height), Image.Resampling.BILINEAR
+            ),
+            np.float32,
+        )[..., None]
+        - 128
+    )
     grain = rng.normal(0, 14, size=(height, width, 1)).astype(np.float32)
     pixels = (base + mid + grain).clip(0, 255).astype(np.uint8)
     out = io.BytesIO()

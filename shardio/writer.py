@@ -19,7 +19,6 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, Final
 
-from shardio.version import __version__
 from shardio.backends import SHARD_SUFFIX, ShardFileWriter, create_shard, open_shard, shard_name
 from shardio.codecs import get_codec
 from shardio.errors import OutputExistsError, PackError, RecordEncodeError
@@ -32,6 +31,7 @@ from shardio.manifest import (
     write_manifest,
 )
 from shardio.record import KEY_FIELD, encode_record
+from shardio.version import __version__
 
 JOURNAL_NAME: Final = ".shardio-pack.json"
 DEFAULT_MAX_SHARD_BYTES: Final = 256 * 1000 * 1000
@@ -58,12 +58,18 @@ class WriteOptions:
 
 
 def _is_shardio_file(name: str) -> bool:
-    return (
-        name in (MANIFEST_NAME, JOURNAL_NAME, f".{MANIFEST_NAME}.tmp", f"{JOURNAL_NAME}.tmp")
-        or (name.startswith(("shard-", ".shard-")) and name.endswith(
-            tuple(SHARD_SUFFIX.values()) + tuple(s + ".tmp" for s in SHARD_SUFFIX.values())
+    return name in (
+        MANIFEST_NAME,
+        JOURNAL_NAME,
+        f".{MANIFEST_NAME}.tmp",
+        f"{JOURNAL_NAME}.tmp",
+    ) or (
+        name.startswith(("shard-", ".shard-"))
+        and name.endswith(
+            tuple(SHARD_SUFFIX.values())
+            + tuple(s + ".tmp" for s in SHARD_SUFFIX.values())
             + tuple(s + "-lock" for s in SHARD_SUFFIX.values())
-        ))
+        )
     )
 
 
@@ -207,7 +213,9 @@ class ShardWriter:
         """Encode and append one sample; its ``__key__`` must be a unique str."""
         key = sample.get(KEY_FIELD)
         if not isinstance(key, str) or not key:
-            raise RecordEncodeError(f"every sample needs a non-empty str {KEY_FIELD!r}, got {key!r}")
+            raise RecordEncodeError(
+                f"every sample needs a non-empty str {KEY_FIELD!r}, got {key!r}"
+            )
         self.write_encoded(key, encode_record(sample, self._codec), sample.keys())
 
     def write_encoded(self, key: str, framed: bytes, fields: Iterable[str]) -> None:
@@ -223,7 +231,9 @@ class ShardWriter:
         opts = self.options
         if self._current is not None and (
             self._current_bytes + len(framed) > opts.max_shard_bytes
-            or (opts.max_shard_samples is not None and self._current_count >= opts.max_shard_samples)
+            or (
+                opts.max_shard_samples is not None and self._current_count >= opts.max_shard_samples
+            )
         ):
             self._finish_shard()
         if self._current is None:
@@ -277,7 +287,9 @@ class ShardWriter:
             fields=tuple(self._fields),
             shards=tuple(self._shards),
             classes=self.classes,
-            class_to_idx=None if self.classes is None else {c: i for i, c in enumerate(self.classes)},
+            class_to_idx=None
+            if self.classes is None
+            else {c: i for i, c in enumerate(self.classes)},
             seed=info.get("seed"),
             shuffle=bool(info.get("shuffle", False)),
             options={**asdict(self.options), **info.get("options", {})},

@@ -1,4 +1,4 @@
-"""End to end through real DataLoaders: coverage, balance, order, resume and errors, both backends."""
+"""End to end through real DataLoaders: coverage, balance, order, resume, errors; both backends."""
 
 from __future__ import annotations
 
@@ -12,9 +12,9 @@ from torch.utils.data import DataLoader
 
 from shardio import ShardWriter, WriteOptions
 from shardio.batch import RecordBatch
+from shardio.dataloader import loader
 from shardio.dataset import IndexedDataset, StreamingDataset, merge_states
 from shardio.errors import ChecksumError, ManifestNotFoundError, ShardMissingError
-from shardio.dataloader import loader
 
 NUM_SAMPLES = 301
 
@@ -37,8 +37,9 @@ def dataset_dir(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPat
 
 
 def indices_of(batch: dict[str, Any]) -> list[int]:
-    for i, data, n in zip(batch["__index__"].tolist(), batch["bin"], batch["n"].tolist(),
-                          strict=True):
+    for i, data, n in zip(
+        batch["__index__"].tolist(), batch["bin"], batch["n"].tolist(), strict=True
+    ):
         assert data == payload(i) and n == i  # right bytes with the right index
     return list(batch["__index__"].tolist())
 
@@ -52,7 +53,8 @@ def test_ranks_cover_the_dataset_with_equal_counts(
     for rank in range(world_size):
         ds = StreamingDataset(dataset_dir, rank=rank, world_size=world_size, shuffle_buffer=32)
         got = [
-            i for batch in DataLoader(ds, batch_size=16, num_workers=num_workers)
+            i
+            for batch in DataLoader(ds, batch_size=16, num_workers=num_workers)
             for i in indices_of(batch)
         ]
         assert len(got) == len(ds)
@@ -77,7 +79,8 @@ def test_drop_last_drops_the_tail(dataset_dir: Path) -> None:
 
 def order(ds: StreamingDataset, num_workers: int = 2) -> list[int]:
     return [
-        i for batch in DataLoader(ds, batch_size=8, num_workers=num_workers)
+        i
+        for batch in DataLoader(ds, batch_size=8, num_workers=num_workers)
         for i in batch["__index__"].tolist()
     ]
 
@@ -105,8 +108,11 @@ def test_loader_advances_epochs_with_persistent_workers(dataset_dir: Path) -> No
 @pytest.mark.parametrize("num_workers", [0, 2])
 def test_loader_resume_reproduces_the_remaining_order(dataset_dir: Path, num_workers: int) -> None:
     def make() -> Any:
-        return loader(StreamingDataset(dataset_dir, decode="raw", shuffle_buffer=40),
-                      batch_size=10, num_workers=num_workers)
+        return loader(
+            StreamingDataset(dataset_dir, decode="raw", shuffle_buffer=40),
+            batch_size=10,
+            num_workers=num_workers,
+        )
 
     full = [b.indices.tolist() for b in make()]
     interrupted = make()
@@ -140,8 +146,11 @@ def test_resume_with_other_worker_count_yields_each_unseen_sample_once(dataset_d
 def test_resume_under_another_world_size(dataset_dir: Path) -> None:
     states, seen = [], []
     for rank in range(2):
-        run = loader(StreamingDataset(dataset_dir, decode="raw", rank=rank, world_size=2),
-                     batch_size=10, num_workers=1)
+        run = loader(
+            StreamingDataset(dataset_dir, decode="raw", rank=rank, world_size=2),
+            batch_size=10,
+            num_workers=1,
+        )
         for k, batch in enumerate(run):
             seen += batch.indices.tolist()
             if k == 3:
@@ -150,8 +159,11 @@ def test_resume_under_another_world_size(dataset_dir: Path) -> None:
     merged = merge_states(states)
     rest = []
     for rank in range(3):
-        run = loader(StreamingDataset(dataset_dir, decode="raw", rank=rank, world_size=3),
-                     batch_size=10, num_workers=2)
+        run = loader(
+            StreamingDataset(dataset_dir, decode="raw", rank=rank, world_size=3),
+            batch_size=10,
+            num_workers=2,
+        )
         run.load_state_dict(merged)
         rest.append([i for b in run for i in b.indices.tolist()])
     assert len({len(r) for r in rest}) == 1
@@ -169,14 +181,16 @@ def test_plain_dataloader_resume_via_batch_count(dataset_dir: Path) -> None:
     state = ds.state_dict(num_batches=9, batch_size=10, num_workers=2)
     again = StreamingDataset(dataset_dir, shuffle_buffer=40)
     again.load_state_dict(state)
-    rest = [i for b in DataLoader(again, batch_size=10, num_workers=2)
-            for i in b["__index__"].tolist()]
+    rest = [
+        i for b in DataLoader(again, batch_size=10, num_workers=2) for i in b["__index__"].tolist()
+    ]
     assert sorted(seen + rest) == list(range(NUM_SAMPLES))
 
 
 def test_record_batch_carries_contiguous_fields(dataset_dir: Path) -> None:
-    batch = next(iter(loader(StreamingDataset(dataset_dir, decode="raw"), batch_size=8,
-                             num_workers=0)))
+    batch = next(
+        iter(loader(StreamingDataset(dataset_dir, decode="raw"), batch_size=8, num_workers=0))
+    )
     assert isinstance(batch, RecordBatch) and len(batch) == 8
     assert isinstance(batch.buffer, bytes) and batch.nbytes == sum(len(v) for v in batch["bin"])
     for i, view, n in zip(batch.indices.tolist(), batch.bytes("bin"), batch["n"], strict=True):
@@ -191,8 +205,11 @@ def test_indexed_dataset_random_access(dataset_dir: Path) -> None:
     assert ds[123]["bin"] == payload(123) and ds[-1]["n"] == NUM_SAMPLES - 1
     assert [s["n"] for s in ds.__getitems__([5, 300, 5, 64])] == [5, 300, 5, 64]
     sampler = torch.utils.data.DistributedSampler(ds, num_replicas=2, rank=1, shuffle=True)
-    got = [i for b in DataLoader(ds, batch_size=16, sampler=sampler, num_workers=2)
-           for i in b["n"].tolist()]
+    got = [
+        i
+        for b in DataLoader(ds, batch_size=16, sampler=sampler, num_workers=2)
+        for i in b["n"].tolist()
+    ]
     assert sorted(got) == sorted(sampler)
     ds.close()
 

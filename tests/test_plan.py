@@ -1,4 +1,4 @@
-"""Invariants of the pure epoch plan: coverage, balance, determinism, epochs differ, exact resume."""
+"""Invariants of the pure epoch plan: coverage, balance, determinism, epochs, exact resume."""
 
 from __future__ import annotations
 
@@ -96,8 +96,11 @@ def test_workers_split_at_sample_granularity() -> None:
 
 @settings(max_examples=60, deadline=None)
 @given(
-    config=configs, epoch=st.integers(0, 3), world=st.integers(1, 3),
-    workers=st.integers(1, 3), data=st.data(),
+    config=configs,
+    epoch=st.integers(0, 3),
+    world=st.integers(1, 3),
+    workers=st.integers(1, 3),
+    data=st.data(),
 )
 def test_resume_at_any_position_reproduces_the_tail(
     config: PlanConfig, epoch: int, world: int, workers: int, data: st.DataObject
@@ -108,17 +111,24 @@ def test_resume_at_any_position_reproduces_the_tail(
     progress = Progress(epoch, world, workers, {rank: done})
     for k in range(workers):
         tail = plan_resume(config, progress, Split(rank, world, k, workers))
-        assert np.array_equal(tail, full[k][done[k]:])
+        assert np.array_equal(tail, full[k][done[k] :])
 
 
 @settings(max_examples=60, deadline=None)
 @given(
-    config=configs.filter(lambda c: not c.drop_last), epoch=st.integers(0, 3),
-    old_workers=st.integers(1, 4), new_workers=st.integers(1, 4), new_world=st.integers(1, 3),
+    config=configs.filter(lambda c: not c.drop_last),
+    epoch=st.integers(0, 3),
+    old_workers=st.integers(1, 4),
+    new_workers=st.integers(1, 4),
+    new_world=st.integers(1, 3),
     data=st.data(),
 )
 def test_resume_under_another_split_yields_each_unseen_sample_once(
-    config: PlanConfig, epoch: int, old_workers: int, new_workers: int, new_world: int,
+    config: PlanConfig,
+    epoch: int,
+    old_workers: int,
+    new_workers: int,
+    new_world: int,
     data: st.DataObject,
 ) -> None:
     old = [plan_epoch(config, epoch, Split(0, 1, k, old_workers)) for k in range(old_workers)]
@@ -136,8 +146,13 @@ def test_resume_under_another_split_yields_each_unseen_sample_once(
     if new_world == 1:
         assert len(rest) == len(unseen)  # exactly once; padding only appears across ranks
     # and the resumed state can itself be resumed again (chained progress)
-    again = Progress(epoch, new_world, new_workers,
-                     {r: (0,) * new_workers for r in range(new_world)}, prior=progress)
+    again = Progress(
+        epoch,
+        new_world,
+        new_workers,
+        {r: (0,) * new_workers for r in range(new_world)},
+        prior=progress,
+    )
     tail = [
         int(i)
         for r in range(new_world)

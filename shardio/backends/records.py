@@ -64,7 +64,9 @@ class RecordsShardWriter:
         tail = offsets + keys
         self._write(tail)
         self._write(
-            pack_footer(index_offset, index_offset + len(offsets), len(self._keys), zlib.crc32(tail))
+            pack_footer(
+                index_offset, index_offset + len(offsets), len(self._keys), zlib.crc32(tail)
+            )
         )
         assert self._fh is not None
         self._fh.flush()
@@ -150,7 +152,8 @@ class RecordsShardReader:
         """Ask the kernel to start reading records ``start..stop`` now (asynchronous readahead)."""
         offs = self._offsets_list
         if hasattr(os, "posix_fadvise"):
-            os.posix_fadvise(self._fd, offs[start], offs[stop] - offs[start], os.POSIX_FADV_WILLNEED)
+            length = offs[stop] - offs[start]
+            os.posix_fadvise(self._fd, offs[start], length, os.POSIX_FADV_WILLNEED)
 
     def read_frames(self, start: int, stop: int) -> list[memoryview]:
         """Records ``start..stop`` with one positional read into a private buffer.

@@ -19,7 +19,7 @@ def parse_size(text: str) -> int:
     return int(float(match.group(1)) * _UNITS[match.group(2).upper()])
 
 
-class SizeParam(click.ParamType):
+class SizeParam(click.ParamType):  # type: ignore[type-arg]
     """A click parameter holding a byte size written like ``256MB``."""
 
     name = "size"
