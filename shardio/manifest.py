@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Mapping
+import zlib
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Final
@@ -149,6 +150,22 @@ class Manifest:
     def shard_sizes(self) -> tuple[int, ...]:
         """Samples per shard, in shard order."""
         return tuple(s.num_samples for s in self.shards)
+
+
+CHECKSUM_CHUNK_BYTES: Final = 8 << 20
+
+
+def file_checksum(
+    path: str | os.PathLike[str], *, on_chunk: Callable[[int], object] | None = None
+) -> str:
+    """``"crc32:<8 hex>"`` of a whole file, the form ``ShardInfo.checksum`` takes."""
+    crc = 0
+    with open(path, "rb", buffering=0) as fh:
+        while chunk := fh.read(CHECKSUM_CHUNK_BYTES):
+            crc = zlib.crc32(chunk, crc)
+            if on_chunk is not None:
+                on_chunk(len(chunk))
+    return f"crc32:{crc:08x}"
 
 
 def manifest_path(path: str | os.PathLike[str]) -> Path:

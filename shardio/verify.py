@@ -12,21 +12,24 @@ from __future__ import annotations
 
 import os
 import time
-import zlib
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Final
+from typing import Any
 
 from tqdm import tqdm
 
 from shardio.errors import ShardioError
-from shardio.manifest import MANIFEST_NAME, Manifest, ShardInfo, manifest_path, read_manifest
+from shardio.manifest import (
+    MANIFEST_NAME,
+    Manifest,
+    ShardInfo,
+    file_checksum,
+    manifest_path,
+    read_manifest,
+)
 from shardio.reader import DatasetReader
 from shardio.record import KEY_FIELD
-
-CHUNK_BYTES: Final = 8 << 20
-"""Read size for whole-file checksums: large enough that syscalls do not matter."""
 
 
 @dataclass(frozen=True)
@@ -59,17 +62,6 @@ class VerifyReport:
     def to_json(self) -> dict[str, Any]:
         """The report as a JSON-ready dict (``shardio verify --json``)."""
         return asdict(self)
-
-
-def file_checksum(path: str | os.PathLike[str], *, progress: tqdm[Any] | None = None) -> str:
-    """``"crc32:<8 hex>"`` of a whole file, streamed in ``CHUNK_BYTES`` reads."""
-    crc = 0
-    with open(path, "rb", buffering=0) as fh:
-        while chunk := fh.read(CHUNK_BYTES):
-            crc = zlib.crc32(chunk, crc)
-            if progress is not None:
-                progress.update(len(chunk))
-    return f"crc32:{crc:08x}"
 
 
 def verify(
@@ -173,7 +165,7 @@ def _file_faults(
                             f"{info.num_bytes}; it was truncated or replaced: restore it from "
                             "a copy or re-pack (its records were not checked)")], 0
     try:
-        actual = file_checksum(path, progress=bar)
+        actual = file_checksum(path, on_chunk=None if bar is None else bar.update)
     except OSError as exc:
         return [VerifyFault(info.name, None, None,
                             f"{path}: cannot read shard ({exc.strerror or exc}); check its "

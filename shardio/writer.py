@@ -27,6 +27,7 @@ from shardio.manifest import (
     Manifest,
     ShardInfo,
     SkippedFile,
+    file_checksum,
     fsync_dir,
     write_manifest,
 )
@@ -179,7 +180,11 @@ class ShardWriter:
         for entry in state["shards"]:
             info = ShardInfo(**entry)
             path = self.out / info.name
-            if not path.exists() or path.stat().st_size != info.num_bytes:
+            if (
+                not path.exists()
+                or path.stat().st_size != info.num_bytes
+                or file_checksum(path) != info.checksum
+            ):
                 break
             reader = open_shard(self.options.backend, path)
             try:

@@ -12,7 +12,8 @@ import numpy as np
 import pytest
 
 from shardio import ShardWriter, WriteOptions, open_dataset, read_manifest
-from shardio.verify import VerifyReport, file_checksum, verify
+from shardio.manifest import file_checksum
+from shardio.verify import VerifyReport, verify
 
 NUM_SAMPLES = 10
 PER_SHARD = 4
