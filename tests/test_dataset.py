@@ -8,8 +8,10 @@ from typing import Any
 
 import pytest
 import torch
+from PIL import Image
 from torch.utils.data import DataLoader
 
+import shardio
 from shardio import ShardWriter, WriteOptions
 from shardio.batch import RecordBatch
 from shardio.dataloader import loader
@@ -261,3 +263,52 @@ def test_stateful_dataloader_resumes_exactly(dataset_dir: Path) -> None:
     resumed = make()
     resumed.load_state_dict(interrupted.state_dict())
     assert [b["__index__"].tolist() for b in resumed] == full[10:]
+
+
+@pytest.fixture(scope="module")
+def packed_imagefolder(imagefolder: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("packed") / "ds"
+    shardio.pack(imagefolder, out, num_workers=1, progress=False,
+                 options=WriteOptions(max_shard_samples=10))
+    return out
+
+
+def plain_imagefolder(root: Path) -> tuple[list[str], list[tuple[bytes, int]]]:
+    """What a plain ImageFolder reading of ``root`` yields: classes and (pixels, label) pairs."""
+    classes = sorted(p.name for p in root.iterdir() if p.is_dir())
+    pairs = []
+    for label, name in enumerate(classes):
+        for path in sorted((root / name).rglob("*.jpg")):
+            with Image.open(path) as img:
+                pairs.append((img.convert("RGB").tobytes(), label))
+    return classes, pairs
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_imagefolder_pack_yields_what_imagefolder_yields(
+    imagefolder: Path, packed_imagefolder: Path, num_workers: int
+) -> None:
+    classes, expected = plain_imagefolder(imagefolder)
+    ds = StreamingDataset(packed_imagefolder, target_transform=int)
+    assert list(ds.manifest.classes or ()) == classes
+    assert dict(ds.manifest.class_to_idx or {}) == {c: i for i, c in enumerate(classes)}
+    got = []
+    for images, labels in DataLoader(ds, batch_size=5, num_workers=num_workers,
+                                     collate_fn=lambda b: tuple(zip(*b, strict=True))):
+        for image, label in zip(images, labels, strict=True):
+            assert isinstance(image, Image.Image) and image.mode == "RGB"
+            assert type(label) is int
+            got.append((image.tobytes(), label))
+    assert sorted(got) == sorted(expected)
+
+
+def test_tensor_decode_through_loader(imagefolder: Path, packed_imagefolder: Path) -> None:
+    _, expected = plain_imagefolder(imagefolder)
+    ds = StreamingDataset(packed_imagefolder, decode="tensor")
+    got = []
+    for images, labels in loader(ds, batch_size=6, num_workers=2):
+        assert labels.dtype == torch.int64
+        for image, label in zip(images, labels.tolist(), strict=True):
+            assert image.dtype == torch.uint8 and image.shape[0] == 3
+            got.append((image.permute(1, 2, 0).contiguous().numpy().tobytes(), label))
+    assert sorted(got) == sorted(expected)
