@@ -52,9 +52,9 @@ class Tree:
         return int(top.rsplit("_", 1)[-1].lstrip("c"))
 
 
-def tree_dir(kind: str, num_files: int, seed: int) -> Path:
+def tree_dir(kind: str, num_files: int, seed: int, data_root: Path = DATA_ROOT) -> Path:
     """Cache folder for one parameter set."""
-    return DATA_ROOT / f"{kind}-n{num_files}-c{NUM_CLASSES}-s{seed}-v{GENERATOR_VERSION}"
+    return data_root / f"{kind}-n{num_files}-c{NUM_CLASSES}-s{seed}-v{GENERATOR_VERSION}"
 
 
 def _write_images(root: Path, num_files: int, seed: int) -> tuple[int, int]:
@@ -76,20 +76,23 @@ def _write_tiny(root: Path, num_files: int, seed: int) -> tuple[int, int]:
     return files, size
 
 
-def ensure_tree(kind: str, num_files: int, *, seed: int = 0, log: bool = True) -> Tree:
+def ensure_tree(
+    kind: str, num_files: int, *, seed: int = 0, data_root: Path = DATA_ROOT, log: bool = True
+) -> Tree:
     """Return the cached tree for these parameters, generating it first if needed.
 
     Args:
         kind: ``"images"`` or ``"tiny"``.
         num_files: total files, split evenly over the 10 classes (rounded down).
         seed: the same seed writes the same bytes.
+        data_root: the cache folder (default ``benchmarks/data``).
         log: print a line when generating.
     """
     if kind not in FULL_SIZES:
         raise ValueError(f"kind must be one of {sorted(FULL_SIZES)}, got {kind!r}")
     if num_files < NUM_CLASSES:
         raise ValueError(f"num_files must be at least {NUM_CLASSES}, got {num_files}")
-    root = tree_dir(kind, num_files, seed)
+    root = tree_dir(kind, num_files, seed, data_root)
     done = root.with_name(root.name + ".json")
     if not done.exists():
         if log:

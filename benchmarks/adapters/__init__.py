@@ -1,0 +1,125 @@
+"""One small interface over every system the harness measures, and the registry of them.
+
+Each adapter packs a generated tree into a work folder and iterates epochs of it
+through a DataLoader (batch size 64), yielding per batch ``(payloads, labels)``: the
+samples' original bytes (``decode=False``) or, decoded with Pillow in the workers, uint8
+CHW tensors (``decode=True``). The harness counts samples and bytes from them and checks
+exactly-once delivery; it never sees a system's own types. An adapter imports its library
+only when used, so a missing peer is reported (``missing()``), never a crash.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import io
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+import numpy as np
+from PIL import Image
+
+from benchmarks.datagen import Tree
+
+BATCH_SIZE = 64
+Batch = tuple[Sequence[Any], Sequence[int]]
+
+
+@dataclass(frozen=True)
+class EpochSpec:
+    """How to iterate one epoch."""
+
+    num_workers: int = 0
+    shuffle: bool = True
+    seed: int = 0
+    decode: bool = False
+    batch_size: int = BATCH_SIZE
+    num_epochs: int = 1
+
+
+class Adapter(Protocol):
+    """What every system offers the harness."""
+
+    name: str
+    library: str | None
+
+    def missing(self) -> str | None:
+        """Why this system cannot run here (its library is not installed), or None."""
+
+    def pack(self, tree: Tree, work: Path, *, seed: int, num_workers: int) -> None:
+        """Convert ``tree`` into this system's format in the empty folder ``work``."""
+
+    def data_files(self, tree: Tree, work: Path) -> list[Path]:
+        """Every file an epoch reads (what "cold" evicts and ``cat`` reads)."""
+
+    def epochs(self, tree: Tree, work: Path, spec: EpochSpec) -> Iterator[Iterable[Batch]]:
+        """Build the dataset and loader once, then yield ``num_epochs`` iterables of batches.
+
+        The same loader serves every epoch, as in a training loop, so memory growth from
+        one epoch to the next shows; building it happens on the first ``next()``.
+        """
+
+
+def decode_image(data: bytes | memoryview) -> Any:
+    """Decode JPEG bytes with Pillow into a uint8 CHW torch tensor, as a training job would."""
+    import torch
+
+    with Image.open(io.BytesIO(data)) as img:
+        pixels = np.array(img.convert("RGB"))
+    return torch.from_numpy(pixels).permute(2, 0, 1)
+
+
+def collate_pairs(samples: Sequence[tuple[Any, int]]) -> Batch:
+    """Collate ``(payload, label)`` samples into ``(list of payloads, list of labels)``."""
+    return [s[0] for s in samples], [int(s[1]) for s in samples]
+
+
+def source_items(tree: Tree) -> list[tuple[Path, str, int]]:
+    """``(absolute path, relative POSIX path, label)`` of every file, in class order."""
+    root = tree.root
+    out = []
+    for path in tree.files():
+        rel = path.relative_to(root).as_posix()
+        out.append((path, rel, tree.label_of(rel)))
+    return out
+
+
+def module_missing(module: str, dist: str) -> str | None:
+    """A reason string when ``module`` cannot be found, naming the package to install."""
+    if importlib.util.find_spec(module) is None:
+        return f"{dist} is not installed (run benchmarks/setup_env.sh)"
+    return None
+
+
+def files_under(folder: Path) -> list[Path]:
+    """Every regular file below ``folder``, sorted."""
+    return sorted(p for p in folder.rglob("*") if p.is_file())
+
+
+_REGISTRY: dict[str, tuple[str, str, dict[str, Any]]] = {
+    "imagefolder": ("benchmarks.adapters.folder", "FolderAdapter", {}),
+    "shardio-records": ("benchmarks.adapters.shardio_packs", "ShardioAdapter",
+                        {"backend": "records"}),
+    "shardio-lmdb": ("benchmarks.adapters.shardio_packs", "ShardioAdapter", {"backend": "lmdb"}),
+    "shardio-records-unshuffled": ("benchmarks.adapters.shardio_packs", "ShardioAdapter",
+                                   {"backend": "records", "pack_shuffle": False}),
+    "webdataset": ("benchmarks.adapters.wds", "WebDatasetAdapter", {}),
+    "mosaicml": ("benchmarks.adapters.mds", "MosaicAdapter", {}),
+    "litdata": ("benchmarks.adapters.litdata_chunks", "LitDataAdapter", {}),
+    "lmdb-file": ("benchmarks.adapters.lmdb_file", "LmdbFileAdapter", {}),
+}
+SYSTEMS: tuple[str, ...] = tuple(_REGISTRY)
+BASELINE = "imagefolder"
+PEERS = ("webdataset", "mosaicml", "litdata", "lmdb-file")
+
+
+def get_adapter(name: str) -> Adapter:
+    """The adapter registered as ``name`` (see ``SYSTEMS``)."""
+    try:
+        module, cls, kwargs = _REGISTRY[name]
+    except KeyError:
+        raise ValueError(f"unknown system {name!r}; choose from {', '.join(SYSTEMS)}") from None
+    factory: Callable[..., Adapter] = getattr(importlib.import_module(module), cls)
+    return factory(name=name, **kwargs)

@@ -1,0 +1,77 @@
+"""shardio, one adapter per backend: ``shardio.pack`` then ``StreamingDataset`` + ``loader``.
+
+Raw epochs take each batch as a ``RecordBatch`` and hand on its zero-copy payload views
+(``batch.bytes(field)``); decoded epochs use ``decode="tensor"``, which decodes in the
+workers. Labels come from the pack (ImageFolder) or, for the tiny tree, from the key's
+top-level folder, exactly as the other systems store them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+from typing import Any
+
+from benchmarks.adapters import Batch, EpochSpec, files_under, module_missing
+from benchmarks.datagen import Tree
+
+
+def payload_field(tree: Tree) -> str:
+    """The field holding the original bytes: ``image`` for ImageFolder packs, else the suffix."""
+    return "image" if tree.kind == "images" else "bin"
+
+
+class ShardioAdapter:
+    """shardio with one backend; ``pack_shuffle=False`` keeps the source (class) order."""
+
+    library = "shardio"
+
+    def __init__(self, *, name: str, backend: str, pack_shuffle: bool = True) -> None:
+        self.name = name
+        self.backend = backend
+        self.pack_shuffle = pack_shuffle
+
+    def missing(self) -> str | None:
+        reason = module_missing("shardio", "shardio")
+        if reason is None and self.backend == "lmdb":
+            reason = module_missing("lmdb", "lmdb")
+        return reason
+
+    def pack(self, tree: Tree, work: Path, *, seed: int, num_workers: int) -> None:
+        import shardio
+
+        shardio.pack(
+            tree.root,
+            work,
+            options=shardio.WriteOptions(backend=self.backend),
+            seed=seed,
+            shuffle=self.pack_shuffle,
+            num_workers=num_workers,
+            overwrite=True,
+        )
+
+    def data_files(self, tree: Tree, work: Path) -> list[Path]:
+        return files_under(work)
+
+    def epochs(self, tree: Tree, work: Path, spec: EpochSpec) -> Iterator[Iterable[Batch]]:
+        import shardio
+
+        decode = "tensor" if spec.decode else "raw"
+        dataset = shardio.StreamingDataset(work, decode=decode, shuffle=spec.shuffle,
+                                           seed=spec.seed)
+        loader = shardio.loader(dataset, batch_size=spec.batch_size,
+                                num_workers=spec.num_workers)
+        for _ in range(spec.num_epochs):
+            yield _batches(loader, tree, decode=spec.decode)
+
+
+def _batches(loader: Iterable[Any], tree: Tree, *, decode: bool) -> Iterator[Batch]:
+    field = payload_field(tree)
+    for batch in loader:
+        if decode:
+            images, labels = batch
+            yield list(images), labels.tolist()
+        elif batch.labels is not None:
+            yield batch.bytes(field), batch.labels.tolist()
+        else:
+            yield batch.bytes(field), [tree.label_of(key) for key in batch.keys]
