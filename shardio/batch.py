@@ -53,7 +53,7 @@ class RecordBatch:
     def from_samples(cls, samples: Sequence[Mapping[str, Any]]) -> RecordBatch:
         """Gather sample dicts (as the reader yields them) into one batch."""
         keys = [s[KEY_FIELD] for s in samples]
-        indices = np.fromiter((s.get(INDEX_FIELD, -1) for s in samples), np.int64, len(samples))
+        indices = np.array([s.get(INDEX_FIELD, -1) for s in samples], dtype=np.int64)
         names = [n for n in samples[0] if n not in (KEY_FIELD, INDEX_FIELD)] if samples else []
         chunks: list[bytes] = []
         offsets: dict[str, Int64Array] = {}
@@ -61,17 +61,16 @@ class RecordBatch:
         start = 0
         for name in names:
             column: list[Any] = [s.get(name) for s in samples]
-            if all(isinstance(v, bytes) for v in column):
-                ends = np.fromiter((len(v) for v in column), np.int64, len(column))
-                field_offsets = np.empty(len(column) + 1, np.int64)
-                field_offsets[0] = start
-                np.cumsum(ends, out=field_offsets[1:])
-                field_offsets[1:] += start
+            kinds = set(map(type, column))
+            if kinds == {bytes}:
+                field_offsets = np.zeros(len(column) + 1, np.int64)
+                np.cumsum(np.array(list(map(len, column)), np.int64), out=field_offsets[1:])
+                field_offsets += start
                 offsets[name] = field_offsets
-                chunks.extend(column)
+                chunks += column
                 start = int(field_offsets[-1])
-            elif all(type(v) is int for v in column):
-                values[name] = np.asarray(column, dtype=np.int64)
+            elif kinds == {int}:
+                values[name] = np.array(column, dtype=np.int64)
             else:
                 values[name] = column
         return cls(keys, indices, b"".join(chunks), offsets, values)

@@ -117,13 +117,14 @@ def encode_record(sample: Mapping[str, Any], codec: Codec) -> bytes:
 
 def decode_frames(
     frames: Sequence[memoryview], *, path: str, first_record: int,
-    offset_of: Callable[[int], int], verify: bool = True,
+    offset_of: Callable[[int], int], verify: bool = True, first_index: int | None = None,
 ) -> list[dict[str, Any]]:
     """Check and decode consecutive framed records (one streaming block) into sample dicts.
 
     The same checks as ``decode_record`` in one tight loop: streaming calls
     this once per block instead of several functions per sample.
     ``offset_of(record)`` gives a record's byte offset, for error messages only.
+    With ``first_index`` each sample gets its global ``__index__`` too.
     """
     out: list[dict[str, Any]] = []
     unpack_frame = FRAME.unpack_from
@@ -149,6 +150,8 @@ def decode_frames(
             raise _undecodable(
                 path, first_record + n, offset_of(first_record + n), exc
             ) from exc
+        if first_index is not None:
+            sample[INDEX_FIELD] = first_index + n
         out.append(sample)
     return out
 

@@ -17,7 +17,7 @@ import numpy as np
 
 from shardio.plan import IndexArray
 from shardio.reader import DatasetReader
-from shardio.record import INDEX_FIELD, decode_frames
+from shardio.record import decode_frames
 
 
 def window_runs(indices: IndexArray, firsts: IndexArray) -> list[tuple[int, int, int]]:
@@ -56,22 +56,23 @@ def iter_samples(
         indices = order[w_lo : w_lo + window]
         upcoming = window_runs(order[w_lo + window : w_lo + 2 * window], firsts)
         advise(reader, upcoming)
-        samples: dict[int, dict[str, Any]] = {}
+        decoded: list[dict[str, Any]] = []
         for shard, start, stop in runs:
             shard_reader = reader.shard(shard)
-            decoded = decode_frames(
+            decoded += decode_frames(
                 shard_reader.read_frames(start, stop),
                 path=shard_reader.path,
                 first_record=start,
                 offset_of=shard_reader.offset,
                 verify=reader.verify,
+                first_index=int(firsts[shard]) + start,
             )
-            base = int(firsts[shard]) + start
-            for n, sample in enumerate(decoded):
-                sample[INDEX_FIELD] = base + n
-                samples[base + n] = sample
-        for index in indices[max(skip - w_lo, 0) :].tolist():
-            yield samples[index]
+        # runs cover the window's unique indices in sorted order, so ``decoded`` lines up
+        # with ``np.unique(indices)``; look each planned index up by its rank there
+        unique = np.unique(indices)
+        ranks = np.searchsorted(unique, indices[max(skip - w_lo, 0) :])
+        for rank in ranks.tolist():
+            yield decoded[rank]
         runs = upcoming
 
 
