@@ -13,10 +13,8 @@ would have. Nothing here imports torch.
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import gc
 import io
-import multiprocessing
 import os
 import random
 import signal
@@ -96,6 +94,8 @@ _codec: Codec | None = None
 
 
 def _init_worker(job: _Job) -> None:
+    import ctypes  # only pool workers need it
+
     global _job, _codec
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent handles Ctrl-C and stops the pool
     with contextlib.suppress(OSError, AttributeError):
@@ -184,6 +184,8 @@ def _encoded(
         for pos in range(begin, len(stream)):
             yield pos, _encode(stream[pos], codec, check)
         return
+    import multiprocessing  # only a pool needs it; `import shardio` stays lighter
+
     window = threading.Semaphore(4 * num_workers)
     stopped = threading.Event()
 

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-import importlib
 import io
 import json
+import multiprocessing
 import os
 import signal
 import subprocess
@@ -23,8 +23,6 @@ from shardio.manifest import MANIFEST_NAME
 from shardio.pack import PackSummary, pack, pack_imagefolder
 from shardio.synth import make_photo, make_tiny_tree
 from shardio.writer import JOURNAL_NAME, WriteOptions
-
-pack_module = importlib.import_module("shardio.pack")
 
 
 def _files(folder: Path) -> dict[str, bytes]:
@@ -303,5 +301,5 @@ def test_worker_pool_is_not_used_for_one_worker(
     def no_pool(*args: object, **kwargs: object) -> None:
         raise AssertionError("a pool was started for one worker")
 
-    monkeypatch.setattr(pack_module.multiprocessing, "get_context", no_pool)
+    monkeypatch.setattr(multiprocessing, "get_context", no_pool)
     assert pack(tiny_tree, tmp_path / "out", num_workers=1).samples == 300
