@@ -306,7 +306,10 @@ class StreamingDataset(IterableDataset[Any]):
         self._position = skip
         self._epoch_running = epoch
         try:
-            samples = iter_samples(reader, order, window=self.config.window, skip=skip)
+            samples = iter_samples(
+                reader, order, window=self.config.window, max_run=self.config.block_size,
+                skip=skip,
+            )
             if self.batch_size is None:
                 for sample in samples:
                     self._position += 1

@@ -1,11 +1,13 @@
-"""Read a planned order of samples window by window, with one read per contiguous run.
+"""Read a planned order of samples window by window, one sequential read per run of records.
 
 The plan (``shardio.plan``) says which samples come in which order; this module
-turns that into I/O. For each shuffle window it sorts the window's samples,
-cuts them into runs of consecutive records of one shard (whole blocks, mostly),
-reads each run with one sequential read, and then hands the samples out in the
-planned order. Memory is one window of records; no syscall is made per sample.
-Torch-free.
+turns that into I/O. For each shuffle window it sorts the window's samples and
+cuts them into *runs*: consecutive records of one shard, at most ``max_run``
+long (a block, mostly). A run is read with one sequential read and decoded in
+one tight loop the first time one of its samples is due, so the first sample
+arrives after one run, not one window; the kernel is asked to read ahead the
+window's runs and the next window's. Memory is at most one window of records;
+no syscall is made per sample. Torch-free.
 """
 
 from __future__ import annotations
@@ -19,26 +21,29 @@ from shardio.plan import IndexArray
 from shardio.reader import DatasetReader
 from shardio.record import decode_frames
 
+Run = tuple[int, int, int]
+"""``(shard, first record, stop record)``."""
 
-def window_runs(indices: IndexArray, firsts: IndexArray) -> list[tuple[int, int, int]]:
-    """``(shard, first record, stop record)`` runs covering the unique ``indices``."""
-    unique = np.unique(indices)
+
+def window_runs(unique: IndexArray, firsts: IndexArray, max_run: int) -> list[Run]:
+    """Runs covering the sorted, unique global ``indices``, in order, each at most ``max_run``."""
     if len(unique) == 0:
         return []
     shards = np.searchsorted(firsts, unique, side="right") - 1
     breaks = np.flatnonzero((np.diff(unique) != 1) | (np.diff(shards) != 0)) + 1
-    lo = np.concatenate(([0], breaks))
-    hi = np.concatenate((breaks, [len(unique)]))
+    lo = np.concatenate(([0], breaks)).tolist()
+    hi = np.concatenate((breaks, [len(unique)])).tolist()
     runs = []
-    for a, b in zip(lo.tolist(), hi.tolist(), strict=True):
+    for a, b in zip(lo, hi, strict=True):
         shard = int(shards[a])
-        base = int(firsts[shard])
-        runs.append((shard, int(unique[a]) - base, int(unique[b - 1]) - base + 1))
+        first = int(unique[a]) - int(firsts[shard])
+        for start in range(first, first + (b - a), max_run):
+            runs.append((shard, start, min(start + max_run, first + (b - a))))
     return runs
 
 
 def iter_samples(
-    reader: DatasetReader, order: IndexArray, *, window: int, skip: int = 0
+    reader: DatasetReader, order: IndexArray, *, window: int, max_run: int, skip: int = 0
 ) -> Iterator[dict[str, Any]]:
     """Yield the decoded samples of ``order[skip:]``, each with its ``__index__``.
 
@@ -46,37 +51,49 @@ def iter_samples(
         reader: the open dataset; shards are opened once and kept until it closes.
         order: global sample indices in yield order (from ``shardio.plan``).
         window: samples per read group: the plan's shuffle window.
+        max_run: most records per read: the plan's block size.
         skip: samples of ``order`` already consumed (exact resume).
     """
     firsts = np.asarray([s.first_index for s in reader.manifest.shards], dtype=np.int64)
-    starts = range(skip - skip % window, len(order), window)
-    runs = window_runs(order[starts[0] : starts[0] + window], firsts) if starts else []
+    starts = list(range(skip - skip % window, len(order), window))
+    if not starts:
+        return
+    unique = np.unique(order[starts[0] : starts[0] + window])
+    runs = window_runs(unique, firsts, max_run)
     advise(reader, runs)
     for w_lo in starts:
-        indices = order[w_lo : w_lo + window]
-        upcoming = window_runs(order[w_lo + window : w_lo + 2 * window], firsts)
+        next_unique = np.unique(order[w_lo + window : w_lo + 2 * window])
+        upcoming = window_runs(next_unique, firsts, max_run)
         advise(reader, upcoming)
-        decoded: list[dict[str, Any]] = []
-        for shard, start, stop in runs:
-            shard_reader = reader.shard(shard)
-            decoded += decode_frames(
-                shard_reader.read_frames(start, stop),
-                path=shard_reader.path,
-                first_record=start,
-                offset_of=shard_reader.offset,
-                verify=reader.verify,
-                first_index=int(firsts[shard]) + start,
-            )
-        # runs cover the window's unique indices in sorted order, so ``decoded`` lines up
-        # with ``np.unique(indices)``; look each planned index up by its rank there
-        unique = np.unique(indices)
-        ranks = np.searchsorted(unique, indices[max(skip - w_lo, 0) :])
+        lengths = [stop - start for _shard, start, stop in runs]
+        run_of = np.repeat(np.arange(len(runs)), lengths).tolist()
+        run_base = np.concatenate(([0], np.cumsum(lengths)[:-1])).tolist() if runs else []
+        decoded: list[list[dict[str, Any]] | None] = [None] * len(runs)
+        ranks = np.searchsorted(unique, order[max(w_lo, skip) : w_lo + window])
         for rank in ranks.tolist():
-            yield decoded[rank]
-        runs = upcoming
+            r = run_of[rank]
+            samples = decoded[r]
+            if samples is None:
+                samples = decoded[r] = read_run(reader, runs[r], firsts)
+            yield samples[rank - run_base[r]]
+        unique, runs = next_unique, upcoming
 
 
-def advise(reader: DatasetReader, runs: list[tuple[int, int, int]]) -> None:
-    """Start the kernel reading ``runs`` while the current window is decoded."""
+def read_run(reader: DatasetReader, run: Run, firsts: IndexArray) -> list[dict[str, Any]]:
+    """Read and decode one run of records."""
+    shard, start, stop = run
+    shard_reader = reader.shard(shard)
+    return decode_frames(
+        shard_reader.read_frames(start, stop),
+        path=shard_reader.path,
+        first_record=start,
+        offset_of=shard_reader.offset,
+        verify=reader.verify,
+        first_index=int(firsts[shard]) + start,
+    )
+
+
+def advise(reader: DatasetReader, runs: list[Run]) -> None:
+    """Start the kernel reading ``runs`` while earlier samples are decoded and used."""
     for shard, start, stop in runs:
         reader.shard(shard).will_need(start, stop)
