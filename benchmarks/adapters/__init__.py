@@ -113,6 +113,8 @@ _REGISTRY: dict[str, tuple[str, str, dict[str, Any]]] = {
 SYSTEMS: tuple[str, ...] = tuple(_REGISTRY)
 BASELINE = "imagefolder"
 PEERS = ("webdataset", "mosaicml", "litdata", "lmdb-file")
+SHUFFLE_ONLY = frozenset({"shardio-records-unshuffled"})
+"""Variants measured for shuffle quality only (warm raw epochs), not for throughput."""
 
 
 def get_adapter(name: str) -> Adapter:

@@ -57,6 +57,9 @@ class LitDataAdapter:
         import litdata
 
         inputs = [(str(path), label) for path, _, label in source_items(tree)]
+        # optimize stages chunks in a cache folder before moving them to output_dir; keep
+        # it beside the output (same file system, removed with the work folder).
+        os.environ["DATA_OPTIMIZER_CACHE_FOLDER"] = str(work.parent / ".litdata-cache")
         litdata.optimize(
             fn=read_item, inputs=inputs, output_dir=str(work), chunk_bytes=CHUNK_BYTES,
             num_workers=max(1, num_workers), verbose=False,
@@ -68,7 +71,6 @@ class LitDataAdapter:
     def epochs(self, tree: Tree, work: Path, spec: EpochSpec) -> Iterator[Iterable[Batch]]:
         import litdata
 
-        os.environ.setdefault("DATA_OPTIMIZER_CACHE_FOLDER", str(work.parent / ".litdata-cache"))
         dataset = litdata.StreamingDataset(
             input_dir=str(work), shuffle=spec.shuffle, seed=spec.seed,
             transform=_decoded_pair if spec.decode else _pair,

@@ -1,0 +1,164 @@
+"""One measurement in a fresh process: ``python -m benchmarks.child SPEC.json``.
+
+Modes: ``pack`` (time ``adapter.pack`` on a warm source), ``epoch`` (warm or cold page
+cache, then time one epoch: samples/s, MB/s, time to first batch, peak memory, shuffle
+quality), ``audit`` (two epochs with the same loader, checking that each delivers every
+sample exactly once by CRC-32 multiset, with marker opens so an strace log can be cut
+into epochs) and ``decode`` (the decode limit: Pillow decoding JPEG bytes already in
+memory, one core, no loader). The library is imported before any clock starts. The
+result is written as JSON to ``spec["result"]``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import json
+import os
+import sys
+import time
+import zlib
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from benchmarks.adapters import Adapter, EpochSpec, decode_image, get_adapter
+from benchmarks.datagen import Tree
+from benchmarks.probe import MemorySampler, evict, memory_kb, read_all, resident_fraction
+
+_LIBRARY_MODULES = {"shardio": "shardio", "webdataset": "webdataset",
+                    "litdata": "litdata", "lmdb": "lmdb"}
+
+
+def preload(adapter: Adapter, *, torch: bool) -> None:
+    """Import the system's library (and torch, for reading) now, so no timing includes it."""
+    if torch:
+        importlib.import_module("torch.utils.data")
+    library = adapter.library
+    if library == "mosaicml-streaming":
+        from benchmarks.adapters.mds import import_streaming
+
+        import_streaming()
+    elif library is not None:
+        module = importlib.import_module(_LIBRARY_MODULES[library])
+        if library == "shardio":
+            _ = (module.StreamingDataset, module.loader, module.pack)
+
+
+def _nbytes(payload: Any) -> int:
+    if isinstance(payload, memoryview):
+        return payload.nbytes
+    if isinstance(payload, bytes | bytearray):
+        return len(payload)
+    return int(payload.numel())
+
+
+def run_pack(adapter: Adapter, tree: Tree, work: Path, spec: dict[str, Any]) -> dict[str, Any]:
+    """Pack on a warm source; seconds, files/s, output bytes, peak memory."""
+    read_all(tree.files())
+    with MemorySampler() as mem:
+        start = time.perf_counter()
+        adapter.pack(tree, work, seed=spec["seed"], num_workers=spec["pack_workers"])
+        seconds = time.perf_counter() - start
+    output = 0 if adapter.library is None else sum(
+        p.stat().st_size for p in adapter.data_files(tree, work))
+    return {"seconds": seconds, "files_per_s": tree.num_files / seconds,
+            "mb_per_s": tree.num_bytes / 1e6 / seconds, "output_bytes": output,
+            "peak_rss_mb": mem.peak_rss_kb / 1024}
+
+
+def run_epoch(adapter: Adapter, tree: Tree, work: Path, spec: dict[str, Any]) -> dict[str, Any]:
+    """One timed epoch after warming or evicting every data file of the system."""
+    from benchmarks.probe import shuffle_quality
+
+    files = adapter.data_files(tree, work)
+    if spec["cache"] == "cold":
+        evict(files)
+    else:
+        read_all(files)
+    resident = resident_fraction(files)
+    epoch = EpochSpec(num_workers=spec["num_workers"], shuffle=True, seed=spec["seed"],
+                      decode=spec["decode"])
+    samples = nbytes = 0
+    first: float | None = None
+    labels: list[list[int]] = []
+    with MemorySampler() as mem:
+        start = time.perf_counter()
+        for loader in adapter.epochs(tree, work, epoch):
+            for payloads, batch_labels in loader:
+                if first is None:
+                    first = time.perf_counter() - start
+                samples += len(payloads)
+                nbytes += sum(_nbytes(p) for p in payloads)
+                labels.append(list(batch_labels))
+        seconds = time.perf_counter() - start
+    quality = shuffle_quality(labels, tree.num_classes, batch_size=epoch.batch_size)
+    return {"seconds": seconds, "samples": samples, "bytes": nbytes,
+            "samples_per_s": samples / seconds, "mb_per_s": nbytes / 1e6 / seconds,
+            "first_batch_s": first, "peak_rss_mb": mem.peak_rss_kb / 1024,
+            "peak_anon_mb": mem.peak_anon_kb / 1024,
+            "main_rss_mb": memory_kb(os.getpid())[0] / 1024,
+            "resident_before": resident, "shuffle_quality": quality}
+
+
+def _marker(work: Path, index: int) -> str:
+    name = f".bench-epoch-marker-{index}"
+    with contextlib.suppress(FileNotFoundError):
+        os.close(os.open(work / name, os.O_RDONLY))
+    return name
+
+
+def run_audit(adapter: Adapter, tree: Tree, work: Path, spec: dict[str, Any]) -> dict[str, Any]:
+    """Two epochs through one loader: exactly-once per epoch, reshuffle, main-process RSS."""
+    expected = np.load(spec["expected_crc"])
+    epoch = EpochSpec(num_workers=spec["num_workers"], shuffle=True, seed=spec["seed"],
+                      num_epochs=2)
+    markers = [_marker(work, 0)]
+    counts, exact, rss, heads = [], [], [], []
+    for index, loader in enumerate(adapter.epochs(tree, work, epoch), start=1):
+        crcs = [zlib.crc32(p) for payloads, _ in loader for p in payloads]
+        markers.append(_marker(work, index))
+        counts.append(len(crcs))
+        exact.append(bool(np.array_equal(np.sort(np.asarray(crcs, dtype=np.uint32)), expected)))
+        rss.append(memory_kb(os.getpid())[0] / 1024)
+        heads.append(crcs[:256])
+    return {"markers": markers, "samples_per_epoch": counts, "exactly_once": exact,
+            "main_rss_mb": rss, "reshuffled": len(heads) == 2 and heads[0] != heads[1]}
+
+
+def run_decode(tree: Tree, spec: dict[str, Any]) -> dict[str, Any]:
+    """Images/s of one core decoding JPEG bytes already in memory (the decode limit / core)."""
+    files = tree.files()
+    step = max(1, len(files) // spec.get("decode_samples", 2000))
+    blobs = [p.read_bytes() for p in files[::step]]
+    for data in blobs[:16]:
+        decode_image(data)
+    start = time.perf_counter()
+    for data in blobs:
+        decode_image(data)
+    seconds = time.perf_counter() - start
+    return {"samples": len(blobs), "seconds": seconds,
+            "per_core_samples_per_s": len(blobs) / seconds}
+
+
+def main(argv: list[str]) -> None:
+    """Run the measurement described by the JSON file ``argv[0]``."""
+    spec = json.loads(Path(argv[0]).read_text(encoding="utf-8"))
+    t = spec["tree"]
+    tree = Tree(t["kind"], Path(t["root"]), t["num_files"], t["num_bytes"], t["num_classes"])
+    work = Path(spec["work"])
+    if spec["mode"] == "decode":
+        import torch  # noqa: F401  (imported before the clock, like every other mode)
+
+        result = run_decode(tree, spec)
+    else:
+        adapter = get_adapter(spec["system"])
+        preload(adapter, torch=spec["mode"] != "pack")
+        mode = {"pack": run_pack, "epoch": run_epoch, "audit": run_audit}[spec["mode"]]
+        result = mode(adapter, tree, work, spec)
+    Path(spec["result"]).write_text(json.dumps(result), encoding="utf-8")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -1,0 +1,166 @@
+"""Results JSON -> the markdown tables of ``benchmarks/README.md``.
+
+``python -m benchmarks.report RESULTS.json [--update-readme]`` prints the tables, or
+rewrites the part of the README between the ``results:begin`` / ``results:end`` markers
+(nothing else in the README is touched).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+from benchmarks.adapters import BASELINE, SYSTEMS
+
+BEGIN = "<!-- results:begin (written by python -m benchmarks.report; edit the code, not this) -->"
+END = "<!-- results:end -->"
+EPOCHS = ("raw-w0-warm", "raw-w0-cold", "raw-w2-warm", "raw-w2-cold", "decoded-w2-warm")
+
+
+def _num(value: Any, digits: int = 0) -> str:
+    if not isinstance(value, int | float) or isinstance(value, bool) or math.isnan(value):
+        return "-"
+    return f"{value:,.{digits}f}"
+
+
+def _cell(ds: dict[str, Any], metric: str, name: str) -> str:
+    row = ds["ratios"].get(metric, {}).get(name)
+    if row is None:
+        sysres = ds["systems"][name]
+        if sysres["status"] != "ok":
+            return "n/a"
+        runs = sysres["epochs"].get(metric) if metric != "pack" else sysres["pack"]
+        return "failed" if runs and runs.get("error") else "-"
+    parts = []
+    if name != BASELINE and row["vs_baseline"]:
+        parts.append(f"{row['vs_baseline']:.2f}x base")
+    if row["vs_best_peer"] and name != row["best_peer"]:
+        parts.append(f"{row['vs_best_peer']:.2f}x {row['best_peer']}")
+    return _num(row["value"]) + (f" ({', '.join(parts)})" if parts else "")
+
+
+def _systems(ds: dict[str, Any]) -> list[str]:
+    return [n for n in SYSTEMS if n in ds["systems"]]
+
+
+def throughput_table(ds: dict[str, Any]) -> list[str]:
+    """Samples/s per epoch configuration; ratios to the baseline and to the best peer."""
+    cols = [c for c in EPOCHS if c in ds["ratios"]]
+    lines = ["| system | " + " | ".join(cols) + " | cold `cat` of its files |",
+             "|---" * (len(cols) + 2) + "|"]
+    for name in _systems(ds):
+        sysres = ds["systems"][name]
+        if sysres["status"] == "skipped":
+            lines.append(f"| {name} | " + " | ".join("n/a" for _ in cols)
+                         + f" | skipped: {sysres['reason']} |")
+            continue
+        cat = sysres["cat_cold"].get("samples_per_s")
+        mbs = sysres["cat_cold"].get("mb_per_s")
+        lines.append(f"| {name} | " + " | ".join(_cell(ds, c, name) for c in cols)
+                     + f" | {_num(cat)} ({_num(mbs)} MB/s) |")
+    return lines
+
+
+def detail_table(ds: dict[str, Any]) -> list[str]:
+    """Pack, size, first batch, memory, shuffle quality, exactly-once, files opened."""
+    lines = ["| system | pack files/s | output MB | first batch s (w0 / w2, warm) "
+             "| peak RSS MB, w2 (anon) | shuffle quality w0 / w2 | exactly once, 2 epochs "
+             "| files opened / epoch (1st, 2nd) | MB/s raw w0 warm |",
+             "|---" * 9 + "|"]
+    for name in _systems(ds):
+        s = ds["systems"][name]
+        if s["status"] != "ok":
+            lines.append(f"| {name} | {s['status']}: {s['reason']} |" + " |" * 7)
+            continue
+        e = s["epochs"]
+        w0, w2 = e.get("raw-w0-warm", {}), e.get("raw-w2-warm", {})
+        audit = s.get("audit") or {}
+        exact = audit.get("exactly_once")
+        opens = audit.get("opens")
+        lines.append(" | ".join([
+            f"| {name}",
+            "-" if name == BASELINE else _cell(ds, "pack", name),
+            "-" if name == BASELINE else _num((s["pack"].get("output_bytes") or 0) / 1e6),
+            f"{_num(w0.get('first_batch_s'), 2)} / {_num(w2.get('first_batch_s'), 2)}",
+            f"{_num(w2.get('peak_rss_mb'))} ({_num(w2.get('peak_anon_mb'))})",
+            f"{_num(w0.get('shuffle_quality'), 2)} / {_num(w2.get('shuffle_quality'), 2)}",
+            "failed: " + str(audit.get("error"))[:60] if "error" in audit
+            else ("yes" if exact and all(exact) else f"NO {exact}"),
+            ", ".join(f"{o['opens']:,}" for o in opens) if opens else "-",
+            _num(w0.get("mb_per_s")),
+        ]) + " |")
+    return lines
+
+
+def targets_table(results: dict[str, Any]) -> list[str]:
+    """Issue 4's targets for shardio: value, threshold, met."""
+    lines = ["| tree | system | target | value | needs | met | note |", "|---" * 7 + "|"]
+    mark = {True: "yes", False: "**NO**", None: "not measured"}
+    for t in results["targets"]:
+        lines.append(f"| {t['dataset']} | {t['system']} | {t['target']} | {_num(t['value'], 2)} "
+                     f"| >= {t['threshold']} | {mark[t['met']]} | {t['note']} |")
+    return lines
+
+
+def render(results: dict[str, Any]) -> str:
+    """The whole generated block: provenance, per-tree tables, targets."""
+    m = results["machine"]
+    disk = m.get("disk", {})
+    versions = ", ".join(f"{k} {v}" for k, v in results["versions"].items() if v)
+    out = [
+        f"Measured {results['date']} with `{results['command']}` "
+        f"({'quick' if results['quick'] else 'full'} run, median of {results['repeats']} "
+        f"repeat(s), {results['wall_s'] / 60:.0f} min in all).",
+        "",
+        f"Machine: {m['cores']} cores ({m['cpu']}), {m['ram_gib']} GiB RAM, disk "
+        f"{disk.get('device', '?')} ({disk.get('fs', '?')}, "
+        f"{'rotational' if disk.get('rotational') else 'non-rotational'} as the kernel reports "
+        f"it), Python {m['python']}. Versions: {versions}.",
+    ]
+    for kind, ds in results["datasets"].items():
+        ev = ds["eviction"]
+        dl = ds.get("decode_limit") or {}
+        out += ["", f"### {kind}: {ds['num_files']:,} files, {ds['num_bytes'] / 1e6:,.0f} MB",
+                "", "Epoch samples/s, batch size 64, shuffle on (median; x base = ratio to the "
+                "ImageFolder baseline, x peer = ratio to the fastest peer in that column):", ""]
+        out += throughput_table(ds)
+        out += ["", *detail_table(ds), ""]
+        out.append(
+            f"Eviction check: reading the baseline's files took {_num(ev.get('cold_s'), 2)} s "
+            f"cold and {_num(ev.get('warm_s'), 2)} s warm ({_num(ev.get('cold_over_warm_s'), 1)}x);"
+            f" fincore: {_num(100 * (ev.get('resident_after_evict') or 0), 1)}% resident after "
+            f"eviction. `tar -cf` of the tree: {_num(ds['tar'].get('files_per_s'))} files/s."
+            + (f" Decode limit: {_num(dl.get('per_core_samples_per_s'))} images/s on one core, "
+               f"{_num(dl.get('two_core_samples_per_s'))} on two." if dl else ""))
+    out += ["", "### shardio against the targets of issue 4", "", *targets_table(results)]
+    return "\n".join(out)
+
+
+def update_readme(results: dict[str, Any], readme: Path) -> None:
+    """Replace the generated block of ``readme`` (between the markers) with fresh tables."""
+    text = readme.read_text(encoding="utf-8")
+    if BEGIN not in text or END not in text:
+        raise SystemExit(f"{readme}: markers {BEGIN!r} / {END!r} not found; add them first")
+    head, rest = text.split(BEGIN, 1)
+    _, tail = rest.split(END, 1)
+    readme.write_text(f"{head}{BEGIN}\n{render(results)}\n{END}{tail}", encoding="utf-8")
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Print the tables of a results file, or write them into the README."""
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("results", type=Path)
+    p.add_argument("--update-readme", action="store_true")
+    args = p.parse_args(argv)
+    results = json.loads(args.results.read_text(encoding="utf-8"))
+    if args.update_readme:
+        update_readme(results, Path(__file__).resolve().parent / "README.md")
+    else:
+        print(render(results))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,274 @@
+"""The harness: every system on both trees, interleaved, each measurement in a fresh process.
+
+``python -m benchmarks.run [--quick] [--systems a,b] [--datasets images,tiny]`` generates
+(or reuses) the data, packs it with every system, checks eviction and the disk's own
+rate, audits exactly-once delivery and files opened, then times epochs; every repeat
+visits the systems in a rotated order so drift on a shared machine spreads over all of
+them. Medians, ratios and target checks are computed by ``benchmarks.summary``; the
+JSON goes to ``benchmarks/results/`` and ``--update-readme`` rewrites the table in
+``benchmarks/README.md``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import subprocess
+import sys
+import time
+import zlib
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from benchmarks import probe
+from benchmarks.adapters import BASELINE, SHUFFLE_ONLY, SYSTEMS, get_adapter
+from benchmarks.datagen import DATA_ROOT, FULL_SIZES, QUICK_SIZES, Tree, ensure_tree
+from benchmarks.machine import describe_machine, library_versions
+from benchmarks.summary import summarize
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parent
+
+
+def epoch_configs(
+    kind: str, workers: list[int], caches: list[str], decode: bool
+) -> list[dict[str, Any]]:
+    """The timed epochs for one tree: raw for every workers × cache, decoded with 2 workers."""
+    out = [{"name": f"raw-w{w}-{c}", "num_workers": w, "cache": c, "decode": False}
+           for w in workers for c in caches]
+    if decode and kind == "images":
+        out.append({"name": "decoded-w2-warm", "num_workers": 2, "cache": "warm", "decode": True})
+    return out
+
+
+class Runner:
+    """Runs child measurements and keeps their raw results."""
+
+    def __init__(self, work_root: Path, *, timeout_s: float, verbose: bool) -> None:
+        self.work_root = work_root
+        self.timeout_s = timeout_s
+        self.verbose = verbose
+        self.logs = work_root / "logs"
+        self.logs.mkdir(parents=True, exist_ok=True)
+        self._count = 0
+
+    def child(self, spec: dict[str, Any], *, prefix: list[str] | None = None) -> dict[str, Any]:
+        """Run ``benchmarks.child`` on ``spec``; its result, or ``{"error": ...}``."""
+        self._count += 1
+        tag = f"{self._count:04d}-{spec.get('system', 'decode')}-{spec['mode']}"
+        spec_path = self.logs / f"{tag}.spec.json"
+        result_path = self.logs / f"{tag}.result.json"
+        spec = {**spec, "result": str(result_path)}
+        spec_path.write_text(json.dumps(spec), encoding="utf-8")
+        cmd = [*(prefix or []), sys.executable, "-m", "benchmarks.child", str(spec_path)]
+        with open(self.logs / f"{tag}.log", "wb") as log:
+            try:
+                proc = subprocess.run(cmd, cwd=REPO, stdout=log, stderr=subprocess.STDOUT,
+                                      timeout=self.timeout_s, check=False)
+                code: int | str = proc.returncode
+            except subprocess.TimeoutExpired:
+                code = f"timeout after {self.timeout_s:.0f} s"
+        if code != 0 or not result_path.exists():
+            tail = (self.logs / f"{tag}.log").read_text(errors="replace").strip().splitlines()
+            return {"error": f"exit {code}: " + " | ".join(tail[-3:])}
+        result: dict[str, Any] = json.loads(result_path.read_text(encoding="utf-8"))
+        if self.verbose:
+            brief = {k: round(v, 3) if isinstance(v, float) else v for k, v in result.items()
+                     if k in ("samples_per_s", "files_per_s", "seconds", "exactly_once")}
+            print(f"  {tag}: {brief}", flush=True)
+        return result
+
+
+def expected_crcs(tree: Tree, path: Path) -> Path:
+    """Sorted CRC-32 of every source file, saved once per tree (what exactly-once means)."""
+    if not path.exists():
+        crcs = np.sort(np.fromiter((zlib.crc32(p.read_bytes()) for p in tree.files()),
+                                   dtype=np.uint32))
+        np.save(path, crcs)
+    return path
+
+
+def rotate(items: list[str], k: int) -> list[str]:
+    """``items`` started at position ``k`` (interleaving order for repeat ``k``)."""
+    k %= max(1, len(items))
+    return items[k:] + items[:k]
+
+
+def measure_tree(
+    tree: Tree, systems: list[str], runner: Runner, args: argparse.Namespace
+) -> dict[str, Any]:
+    """Every measurement of one tree; raw runs, not yet summarized."""
+    base = runner.work_root / tree.kind
+    base.mkdir(parents=True, exist_ok=True)
+    common = {"tree": {"kind": tree.kind, "root": str(tree.root), "num_files": tree.num_files,
+                       "num_bytes": tree.num_bytes, "num_classes": tree.num_classes},
+              "seed": args.seed, "pack_workers": args.pack_workers}
+    out: dict[str, Any] = {"num_files": tree.num_files, "num_bytes": tree.num_bytes,
+                           "systems": {}, "tar": [], "decode": [], "eviction": []}
+    ready: list[str] = []
+    for name in systems:
+        reason = get_adapter(name).missing()
+        out["systems"][name] = {"status": "skipped" if reason else "ok", "reason": reason,
+                                "pack": [], "cat_cold": [], "epochs": {}, "audit": None}
+        if reason is None:
+            ready.append(name)
+        else:
+            print(f"[{tree.kind}] skip {name}: {reason}", flush=True)
+
+    def work(name: str) -> Path:
+        return base / name
+
+    for rep in range(args.repeats):
+        print(f"[{tree.kind}] pack, repeat {rep + 1}/{args.repeats}", flush=True)
+        for name in rotate(ready, rep):
+            shutil.rmtree(work(name), ignore_errors=True)
+            if name == BASELINE:
+                work(name).mkdir(parents=True)
+                out["systems"][name]["pack"].append({"output_bytes": 0})
+                continue
+            res = runner.child({**common, "mode": "pack", "system": name, "work": str(work(name))})
+            out["systems"][name]["pack"].append(res)
+        tar = base / "tar" / "out.tar"
+        shutil.rmtree(tar.parent, ignore_errors=True)
+        tar.parent.mkdir(parents=True)
+        probe.read_all(tree.files())
+        start = time.perf_counter()
+        subprocess.run(["tar", "-cf", str(tar), "-C", str(tree.root), "."], check=True)
+        seconds = time.perf_counter() - start
+        out["tar"].append({"seconds": seconds, "files_per_s": tree.num_files / seconds,
+                           "output_bytes": tar.stat().st_size})
+        tar.unlink()
+    for name in list(ready):
+        if all("error" in r for r in out["systems"][name]["pack"]):
+            out["systems"][name]["status"] = "failed"
+            out["systems"][name]["reason"] = out["systems"][name]["pack"][-1]["error"]
+            ready.remove(name)
+
+    adapters = {name: get_adapter(name) for name in ready}
+    print(f"[{tree.kind}] eviction check and cold cat", flush=True)
+    for rep in range(args.repeats):
+        files = tree.files()
+        probe.evict(files)
+        left = probe.resident_fraction(files)
+        cold, size = probe.timed_read(files)
+        warm, _ = probe.timed_read(files)
+        out["eviction"].append({"cold_s": cold, "warm_s": warm, "bytes": size,
+                                "resident_after_evict": left,
+                                "resident_after_read": probe.resident_fraction(files)})
+        for name in rotate(ready, rep):
+            data = adapters[name].data_files(tree, work(name))
+            probe.evict(data)
+            seconds = probe.cat_seconds(data)
+            size = sum(p.stat().st_size for p in data)
+            out["systems"][name]["cat_cold"].append(
+                {"seconds": seconds, "mb_per_s": size / 1e6 / seconds,
+                 "samples_per_s": tree.num_files / seconds})
+    if tree.kind == "images" and args.decode:
+        for _ in range(args.repeats):
+            out["decode"].append(runner.child({**common, "mode": "decode", "work": str(base)}))
+
+    crc = expected_crcs(tree, base / "expected-crc.npy")
+    print(f"[{tree.kind}] audit: exactly-once over two epochs, files opened", flush=True)
+    for name in ready:
+        log = runner.logs / f"strace-{tree.kind}-{name}.log"
+        prefix = probe.strace_prefix(log) if args.strace else None
+        res = runner.child({**common, "mode": "audit", "system": name, "work": str(work(name)),
+                            "num_workers": 2, "expected_crc": str(crc)}, prefix=prefix)
+        if prefix is not None and "error" not in res:
+            under = tree.root if name == BASELINE else work(name)
+            res["opens"] = probe.count_opens(log, under=under, markers=res["markers"])
+            log.unlink()
+        out["systems"][name]["audit"] = res
+
+    configs = epoch_configs(tree.kind, args.workers, args.caches, args.decode)
+    for rep in range(args.repeats):
+        for cfg in configs:
+            print(f"[{tree.kind}] {cfg['name']}, repeat {rep + 1}/{args.repeats}", flush=True)
+            for name in rotate(ready, rep):
+                if name in SHUFFLE_ONLY and (cfg["cache"] == "cold" or cfg["decode"]):
+                    continue
+                spec = {**common, "mode": "epoch", "system": name, "work": str(work(name)),
+                        "num_workers": cfg["num_workers"], "cache": cfg["cache"],
+                        "decode": cfg["decode"]}
+                runs = out["systems"][name]["epochs"].setdefault(cfg["name"], [])
+                runs.append(runner.child(spec))
+    for name in ready:
+        if name.startswith("shardio"):
+            manifest = json.loads((work(name) / "manifest.json").read_text(encoding="utf-8"))
+            out["systems"][name]["num_shards"] = len(manifest["shards"])
+    return out
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    """Command-line flags."""
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--quick", action="store_true", help="small trees, 1 repeat: minutes")
+    p.add_argument("--systems", default=",".join(SYSTEMS), help="comma-separated subset")
+    p.add_argument("--datasets", default="images,tiny", help="images, tiny or both")
+    p.add_argument("--images", type=int, help="JPEG count (default 8000; quick 1000)")
+    p.add_argument("--tiny", type=int, help="tiny-file count (default 100000; quick 10000)")
+    p.add_argument("--repeats", type=int, help="runs per figure, median reported (default 3)")
+    p.add_argument("--workers", default="0,2", help="num_workers values of the raw epochs")
+    p.add_argument("--caches", default="warm,cold", help="page-cache states of the raw epochs")
+    p.add_argument("--no-decode", dest="decode", action="store_false", help="skip decoded runs")
+    p.add_argument("--no-strace", dest="strace", action="store_false", help="skip open counts")
+    p.add_argument("--pack-workers", type=int, default=2, help="for writers that take workers")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--data-dir", type=Path, default=DATA_ROOT, help="generated trees cache")
+    p.add_argument("--work-dir", type=Path, default=HERE / "work", help="packed copies")
+    p.add_argument("--out", type=Path, help="results JSON (default benchmarks/results/…)")
+    p.add_argument("--timeout", type=float, default=900, help="seconds per child run")
+    p.add_argument("--update-readme", action="store_true", help="rewrite the README table")
+    p.add_argument("-v", "--verbose", action="store_true")
+    args = p.parse_args(argv)
+    args.systems = [s for s in args.systems.split(",") if s]
+    unknown = sorted(set(args.systems) - set(SYSTEMS))
+    if unknown:
+        p.error(f"unknown systems {unknown}; choose from {', '.join(SYSTEMS)}")
+    args.datasets = [d for d in args.datasets.split(",") if d]
+    args.workers = [int(w) for w in args.workers.split(",")]
+    args.caches = [c for c in args.caches.split(",") if c]
+    if args.repeats is None:
+        args.repeats = 1 if args.quick else 3
+    return args
+
+
+def main(argv: list[str] | None = None) -> Path:
+    """Run the comparison; returns the results file."""
+    args = parse_args(argv)
+    sizes = QUICK_SIZES if args.quick else FULL_SIZES
+    stamp = time.strftime("%Y-%m-%d")
+    out = args.out or HERE / "results" / f"{stamp}-{'quick' if args.quick else 'full'}.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    runner = Runner(args.work_dir, timeout_s=args.timeout, verbose=args.verbose)
+    started = time.time()
+    raw: dict[str, Any] = {}
+    for kind in args.datasets:
+        tree = ensure_tree(kind, getattr(args, kind) or sizes[kind], seed=args.seed,
+                           data_root=args.data_dir)
+        raw[kind] = measure_tree(tree, args.systems, runner, args)
+    command = "benchmarks/.env/bin/python -m benchmarks.run" + (" --quick" if args.quick else "")
+    results = summarize(raw, meta={
+        "schema": 1, "date": time.strftime("%Y-%m-%d %H:%M"), "command": command,
+        "argv": sys.argv[1:] if argv is None else argv, "quick": args.quick,
+        "repeats": args.repeats, "wall_s": round(time.time() - started, 1),
+        "machine": describe_machine(args.work_dir), "versions": library_versions(),
+        "config": {"batch_size": 64, "workers": args.workers, "caches": args.caches,
+                   "pack_workers": args.pack_workers, "seed": args.seed},
+    })
+    out.write_text(json.dumps(results, indent=1, sort_keys=True) + "\n", encoding="utf-8")
+    print(f"results: {out}")
+    if args.update_readme:
+        from benchmarks.report import update_readme
+
+        update_readme(results, HERE / "README.md")
+    if not args.verbose:
+        shutil.rmtree(runner.logs, ignore_errors=True)
+    return out
+
+
+if __name__ == "__main__":
+    main()
