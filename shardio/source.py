@@ -282,7 +282,7 @@ def scan_source(
     builder = _imagefolder_samples if imagefolder else _generic_samples
     classes, samples, bad, rows = builder(walker)
     bad.extend(walker.bad_dirs)
-    rows += [(rel, "", 0, 0, reason) for rel, reason in walker.bad_dirs]
+    rows += [(rel, "", 0, 0, reason) for rel, reason in sorted(walker.bad_dirs)]
     head = "generic\n" if classes is None else "imagefolder\n" + "\0".join(classes) + "\n"
     return Source(
         root=root, samples=tuple(samples), classes=classes, hidden_ignored=walker.hidden,
