@@ -291,12 +291,13 @@ def _resume_point(
             reader.close()
         number += 1
     stream = job.stream
-    begin = next((i + 1 for i, s in enumerate(stream) if s.key == last), None)
-    if begin is None or begin - done < 0:
-        raise PackError(f"{writer.out}: the finished shards do not match {source.root}; "
-                        "use --overwrite to pack again", path=writer.out)
-    codec = get_codec(job.codec, job.level)
+    begin = next((i + 1 for i, s in enumerate(stream) if s.key == last), 0)
     left_out = [s for s in stream[:begin] if s.key not in keys]
+    if begin - len(left_out) != done:
+        raise PackError(f"{writer.out}: the finished shards do not hold the first samples of "
+                        f"{source.root} in pack order; use --overwrite to pack again",
+                        path=writer.out)
+    codec = get_codec(job.codec, job.level)
     bad: list[Bad] = []
     for sample in left_out:
         _, failed, reason = _encode(sample, codec, job.check_images)

@@ -6,6 +6,7 @@ import io
 import json
 import multiprocessing
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -190,7 +191,7 @@ def test_output_rules(tiny_tree: Path, tmp_path: Path) -> None:
 
 
 KILLER = textwrap.dedent("""
-    import importlib, os, signal, sys
+    import importlib, json, os, signal, sys
     from shardio.writer import JOURNAL_NAME, ShardWriter, WriteOptions
 
     class KilledMidway(ShardWriter):
@@ -201,19 +202,25 @@ KILLER = textwrap.dedent("""
 
     module = importlib.import_module("shardio.pack")
     module.ShardWriter = KilledMidway
-    module.pack(sys.argv[1], sys.argv[2], options=WriteOptions(backend=sys.argv[3],
-                max_shard_samples=5), seed=7, num_workers=2)
+    kwargs = json.loads(sys.argv[3])
+    options = WriteOptions(backend=kwargs.pop("backend"), max_shard_samples=5)
+    module.pack(sys.argv[1], sys.argv[2], options=options, num_workers=2, **kwargs)
 """)
+
+
+def _kill_midway(src: Path, out: Path, backend: str, **kwargs: object) -> None:
+    """Pack in a subprocess that SIGKILLs itself two samples into its second shard."""
+    killed = subprocess.run([sys.executable, "-c", KILLER, str(src), str(out),
+                             json.dumps({"backend": backend, **kwargs})], capture_output=True)
+    assert killed.returncode == -signal.SIGKILL, killed.stderr.decode()
+    assert not (out / MANIFEST_NAME).exists()
+    assert (out / JOURNAL_NAME).exists()
 
 
 def test_resume_after_sigkill_is_identical_to_an_uninterrupted_pack(
     imagefolder: Path, tmp_path: Path, backend: str
 ) -> None:
-    killed = subprocess.run([sys.executable, "-c", KILLER, str(imagefolder),
-                             str(tmp_path / "out"), backend], capture_output=True)
-    assert killed.returncode == -signal.SIGKILL, killed.stderr.decode()
-    assert not (tmp_path / "out" / MANIFEST_NAME).exists()
-    assert (tmp_path / "out" / JOURNAL_NAME).exists()
+    _kill_midway(imagefolder, tmp_path / "out", backend, seed=7)
     with pytest.raises(OutputExistsError):
         pack(imagefolder, tmp_path / "out")
     options = WriteOptions(backend=backend, max_shard_samples=5)
@@ -225,6 +232,21 @@ def test_resume_after_sigkill_is_identical_to_an_uninterrupted_pack(
     whole = pack(imagefolder, tmp_path / "whole", options=options, seed=7, num_workers=1)
     assert _files(tmp_path / "out") == _files(tmp_path / "whole")
     assert resumed.samples == whole.samples == 48
+
+
+def test_resume_keeps_what_the_interrupted_pack_skipped(imagefolder: Path, tmp_path: Path) -> None:
+    src = tmp_path / "src"
+    shutil.copytree(imagefolder / "class_00", src / "cat")
+    _bad_jpeg(src / "cat" / "aaa.jpg")  # first in sorted order: skipped inside the first shard
+    flags: dict[str, bool] = {"check_images": True, "skip_bad": True, "shuffle": False}
+    _kill_midway(src, tmp_path / "out", "records", **flags)
+    options = WriteOptions(max_shard_samples=5)
+    resumed = pack(src, tmp_path / "out", options=options, resume=True, num_workers=1, **flags)
+    whole = pack(src, tmp_path / "whole", options=options, num_workers=1, **flags)
+    assert resumed.resumed_samples == 5
+    assert _files(tmp_path / "out") == _files(tmp_path / "whole")
+    assert resumed.skipped == whole.skipped
+    assert [p for p, _ in whole.skipped] == ["cat/aaa.jpg"]
 
 
 class FakeImageFolder:
