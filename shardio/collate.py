@@ -16,6 +16,7 @@ import warnings
 from collections.abc import Sequence
 from typing import Any
 
+import numpy as np
 import torch
 from torch.utils.data import default_collate, get_worker_info
 
@@ -90,28 +91,39 @@ def collate_tensor(
         label_batch = torch.tensor(labels, dtype=torch.int64)
     else:
         label_batch = default_collate(labels)
+    flat, views = pack_views(images)
     first = images[0].shape
-    if all(x.shape == first and x.dtype == images[0].dtype for x in images):
-        return default_collate(images), label_batch
-    return pack_views(images), label_batch
+    if all(x.shape == first for x in images):
+        return flat.view(len(images), *first), label_batch
+    return views, label_batch
 
 
-def pack_views(images: Sequence[torch.Tensor]) -> list[torch.Tensor]:
-    """Copy tensors of different shapes into one buffer and return contiguous views of it.
+def pack_views(images: Sequence[torch.Tensor]) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    """Copy images into one buffer; return it and a contiguous view per image.
 
     A worker hands a list of separate tensors to the main process as one
     shared-memory segment *each* (about a millisecond apiece); views of one
-    storage travel as a single segment.
+    storage travel as a single segment. Inside a worker the buffer is
+    allocated in shared memory up front, so it is written once. The copy goes
+    through numpy, whose strided copy of a CHW view of HWC pixels is about
+    twice as fast as torch's.
     """
+    dtype = images[0].dtype
+    if any(x.dtype != dtype for x in images):
+        raise TypeError(
+            "collate_tensor wants images of one dtype, got "
+            f"{sorted({str(x.dtype) for x in images})}"
+        )
     total = sum(int(x.numel()) for x in images)
-    flat = torch.empty(total, dtype=images[0].dtype)
+    flat = torch.empty(total, dtype=dtype)
     if get_worker_info() is not None:
         flat.share_memory_()  # type: ignore[no-untyped-call]
+    flat_np = flat.numpy()
     views = []
     at = 0
     for image in images:
-        view = flat[at : at + image.numel()].view(image.shape)
-        view.copy_(image)
-        views.append(view)
-        at += image.numel()
-    return views
+        n = int(image.numel())
+        np.copyto(flat_np[at : at + n].reshape(image.shape), image.numpy())
+        views.append(flat[at : at + n].view(image.shape))
+        at += n
+    return flat, views
