@@ -41,7 +41,7 @@ from shardio.writer import ShardWriter, WriteOptions
 _LAZY = {
     "StreamingDataset": "shardio.dataset",
     "IndexedDataset": "shardio.dataset",
-    "merge_states": "shardio.dataset",
+    "merge_states": "shardio.state",
     "RecordBatch": "shardio.batch",
     "loader": "shardio.dataloader",
     "DevicePrefetcher": "shardio.prefetch",

@@ -18,8 +18,9 @@ import torch
 from torch.utils.data import DataLoader, default_collate
 
 from shardio.batch import RecordBatch
-from shardio.dataset import StreamingDataset, progress_from_state
+from shardio.dataset import StreamingDataset
 from shardio.plan import Split, same_split
+from shardio.state import progress_from_state
 
 
 def collate_items(items: list[Any]) -> Any:

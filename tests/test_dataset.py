@@ -15,8 +15,9 @@ import shardio
 from shardio import ShardWriter, WriteOptions
 from shardio.batch import RecordBatch
 from shardio.dataloader import loader
-from shardio.dataset import IndexedDataset, StreamingDataset, merge_states
+from shardio.dataset import IndexedDataset, StreamingDataset
 from shardio.errors import ChecksumError, ManifestNotFoundError, ShardMissingError
+from shardio.state import merge_states
 
 NUM_SAMPLES = 301
 
