@@ -11,7 +11,6 @@ missing or partial shard.
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass
@@ -21,20 +20,20 @@ from typing import Any, Final
 
 from shardio.backends import SHARD_SUFFIX, ShardFileWriter, create_shard, open_shard, shard_name
 from shardio.codecs import get_codec
-from shardio.errors import OutputExistsError, PackError, RecordEncodeError
+from shardio.errors import OutputExistsError, RecordEncodeError
+from shardio.journal import JOURNAL_NAME as JOURNAL_NAME  # where callers have always found it
+from shardio.journal import open_journal, shard_is_intact, write_journal
 from shardio.manifest import (
     MANIFEST_NAME,
     Manifest,
     ShardInfo,
     SkippedFile,
-    file_checksum,
     fsync_dir,
     write_manifest,
 )
 from shardio.record import KEY_FIELD, encode_record
 from shardio.version import __version__
 
-JOURNAL_NAME: Final = ".shardio-pack.json"
 DEFAULT_MAX_SHARD_BYTES: Final = 256 * 1000 * 1000
 
 
@@ -151,40 +150,13 @@ class ShardWriter:
         self.num_resumed = self._num_samples
 
     def _load_journal(self) -> None:
-        for name in os.listdir(self.out):
-            if name.startswith(".shard-") or name == f".{MANIFEST_NAME}.tmp":
-                (self.out / name).unlink(missing_ok=True)
-        journal = self.out / JOURNAL_NAME
-        if (self.out / MANIFEST_NAME).exists():
-            raise OutputExistsError(
-                f"{self.out}: this dataset is already complete (it has a {MANIFEST_NAME}); "
-                "there is nothing to resume. Use --overwrite to pack it again",
-                path=self.out,
-            )
-        if not journal.exists():
-            leftovers = [n for n in os.listdir(self.out) if n != JOURNAL_NAME]
-            if leftovers:
-                raise OutputExistsError(
-                    f"{self.out}: no pack journal ({JOURNAL_NAME}) to resume from, but the "
-                    f"folder is not empty; use --overwrite to start again",
-                    path=self.out,
-                )
+        state = open_journal(self.out, self._identity)
+        if state is None:
             return
-        state = json.loads(journal.read_text(encoding="utf-8"))
-        if state.get("identity") != json.loads(json.dumps(self._identity)):
-            raise PackError(
-                f"{self.out}: the interrupted pack used other options or input "
-                f"({state.get('identity')}); resume with the same options, or use --overwrite",
-                path=journal,
-            )
         for entry in state["shards"]:
             info = ShardInfo(**entry)
             path = self.out / info.name
-            if (
-                not path.exists()
-                or path.stat().st_size != info.num_bytes
-                or file_checksum(path) != info.checksum
-            ):
+            if not shard_is_intact(path, info.num_bytes, info.checksum):
                 break
             reader = open_shard(self.options.backend, path)
             try:
@@ -265,17 +237,11 @@ class ShardWriter:
         self._write_journal()
 
     def _write_journal(self) -> None:
-        state = {
+        write_journal(self.out, {
             "identity": self._identity,
             "fields": list(self._fields),
             "shards": [asdict(s) for s in self._shards],
-        }
-        tmp = self.out / f"{JOURNAL_NAME}.tmp"
-        with open(tmp, "w", encoding="utf-8") as fh:
-            json.dump(state, fh)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, self.out / JOURNAL_NAME)
+        })
 
     def close(self) -> Manifest:
         """Finish the last shard and write the manifest; returns it."""

@@ -1,0 +1,84 @@
+"""The pack journal: what an interrupted pack leaves behind so that ``resume`` can finish it.
+
+A writer that finishes a shard (written under a temporary name, fsynced,
+renamed, folder fsynced) then records it in ``.shardio-pack.json`` next to the
+shards, together with an *identity*: everything that must be equal for a
+resumed pack to produce the same bytes (options, input listing, seed…). The
+journal is replaced atomically, so it is always either the old or the new
+state. This module owns the file and its checks; what the shard entries hold is
+up to the writer (``ShardWriter`` and ``shardio.pack`` each keep their own).
+It imports only ``errors`` and ``manifest`` from shardio.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Final
+
+from shardio.errors import OutputExistsError, PackError
+from shardio.manifest import MANIFEST_NAME, file_checksum
+
+JOURNAL_NAME: Final = ".shardio-pack.json"
+
+
+def write_journal(out: Path, state: Mapping[str, Any]) -> None:
+    """Replace ``out``'s pack journal with ``state`` atomically (temporary file, fsync, rename).
+
+    The journal is what ``resume`` trusts: write it only after the shards it
+    lists are renamed into place and their folder is fsynced.
+    """
+    tmp = out / f"{JOURNAL_NAME}.tmp"
+    with open(tmp, "w", encoding="utf-8") as fh:
+        json.dump(state, fh)
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, out / JOURNAL_NAME)
+
+
+def open_journal(out: Path, identity: Mapping[str, Any]) -> dict[str, Any] | None:
+    """Prepare ``out`` for a resume and return its journal, or None to start afresh.
+
+    Removes the temporary files an interrupted writer left (partial shards, a
+    half-written manifest), then checks that the journal was written for the
+    same ``identity``. Returns None when ``out`` holds no journal and nothing else.
+
+    Raises:
+        OutputExistsError: ``out`` holds a complete dataset, or files but no journal.
+        PackError: the journal was written for another identity (options or input).
+    """
+    for name in os.listdir(out):
+        if name.startswith(".shard-") or name == f".{MANIFEST_NAME}.tmp":
+            (out / name).unlink(missing_ok=True)
+    journal = out / JOURNAL_NAME
+    if (out / MANIFEST_NAME).exists():
+        raise OutputExistsError(
+            f"{out}: this dataset is already complete (it has a {MANIFEST_NAME}); "
+            "there is nothing to resume. Use --overwrite to pack it again",
+            path=out,
+        )
+    if not journal.exists():
+        leftovers = [n for n in os.listdir(out) if n != JOURNAL_NAME]
+        if leftovers:
+            raise OutputExistsError(
+                f"{out}: no pack journal ({JOURNAL_NAME}) to resume from, but the "
+                f"folder is not empty; use --overwrite to start again",
+                path=out,
+            )
+        return None
+    state: dict[str, Any] = json.loads(journal.read_text(encoding="utf-8"))
+    if state.get("identity") != json.loads(json.dumps(dict(identity))):
+        raise PackError(
+            f"{out}: the interrupted pack used other options or input "
+            f"({state.get('identity')}); resume with the same options, or use --overwrite",
+            path=journal,
+        )
+    return state
+
+
+def shard_is_intact(path: Path, num_bytes: int, checksum: str) -> bool:
+    """Whether the finished shard at ``path`` still has the size and checksum journaled."""
+    return path.exists() and path.stat().st_size == num_bytes and (
+        file_checksum(path) == checksum)
