@@ -39,15 +39,36 @@ class RecordBatch:
         self,
         keys: list[str],
         indices: Int64Array,
-        buffer: bytes,
+        buffer: bytes | Sequence[bytes | memoryview],
         offsets: Mapping[str, Int64Array],
         values: Mapping[str, Int64Array | list[Any]],
     ) -> None:
+        """Wrap a batch; ``buffer`` may still be the per-sample pieces (joined on demand).
+
+        In the process that read the samples the pieces are views of the blocks
+        read from disk, and a consumer there reads them without any copy; the
+        batch is joined into one ``bytes`` only when it is pickled to cross to
+        another process, or when ``buffer`` is asked for.
+        """
         self.keys = keys
         self.indices = indices
-        self.buffer = buffer
+        self._buffer = buffer if isinstance(buffer, bytes) else None
+        self._pieces = None if isinstance(buffer, bytes) else list(buffer)
         self.offsets = dict(offsets)
         self.values = dict(values)
+
+    @property
+    def buffer(self) -> bytes:
+        """Every bytes field of every sample, back to back (see ``offsets``)."""
+        if self._buffer is None:
+            self._buffer = b"".join(self._pieces or ())
+            self._pieces = None
+        return self._buffer
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        state["_buffer"], state["_pieces"] = self.buffer, None
+        return state
 
     @classmethod
     def from_samples(cls, samples: Sequence[Mapping[str, Any]]) -> RecordBatch:
@@ -55,14 +76,14 @@ class RecordBatch:
         keys = [s[KEY_FIELD] for s in samples]
         indices = np.array([s.get(INDEX_FIELD, -1) for s in samples], dtype=np.int64)
         names = [n for n in samples[0] if n not in (KEY_FIELD, INDEX_FIELD)] if samples else []
-        chunks: list[bytes] = []
+        chunks: list[bytes | memoryview] = []
         offsets: dict[str, Int64Array] = {}
         values: dict[str, Int64Array | list[Any]] = {}
         start = 0
         for name in names:
             column: list[Any] = [s.get(name) for s in samples]
             kinds = set(map(type, column))
-            if kinds == {bytes}:
+            if kinds and kinds <= {bytes, memoryview}:
                 field_offsets = np.zeros(len(column) + 1, np.int64)
                 np.cumsum(np.array(list(map(len, column)), np.int64), out=field_offsets[1:])
                 field_offsets += start
@@ -73,7 +94,7 @@ class RecordBatch:
                 values[name] = np.array(column, dtype=np.int64)
             else:
                 values[name] = column
-        return cls(keys, indices, b"".join(chunks), offsets, values)
+        return cls(keys, indices, chunks, offsets, values)
 
     def __len__(self) -> int:
         return len(self.keys)
@@ -94,12 +115,15 @@ class RecordBatch:
     @property
     def nbytes(self) -> int:
         """Bytes held in the batch's bytes fields."""
-        return len(self.buffer)
+        return max((int(offs[-1]) for offs in self.offsets.values()), default=0)
 
     def bytes(self, field: str) -> list[memoryview]:
         """One zero-copy view per sample of bytes field ``field``."""
-        view = memoryview(self.buffer)
         offs = self.offsets[field].tolist()
+        if self._pieces is not None:
+            first = list(self.offsets).index(field) * len(self)
+            return [memoryview(p) for p in self._pieces[first : first + len(self)]]
+        view = memoryview(self.buffer)
         return [view[offs[i] : offs[i + 1]] for i in range(len(offs) - 1)]
 
     def __getitem__(self, field: str) -> Int64Array | list[Any]:
@@ -110,8 +134,8 @@ class RecordBatch:
     def sample(self, i: int) -> dict[str, Any]:
         """Sample ``i`` as a dict, bytes fields copied out of the batch buffer."""
         out: dict[str, Any] = {KEY_FIELD: self.keys[i], INDEX_FIELD: int(self.indices[i])}
-        for name, offs in self.offsets.items():
-            out[name] = self.buffer[int(offs[i]) : int(offs[i + 1])]
+        for name in self.offsets:
+            out[name] = self.bytes(name)[i].tobytes()
         for name, column in self.values.items():
             value = column[i]
             out[name] = int(value) if isinstance(column, np.ndarray) else value

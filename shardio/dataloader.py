@@ -73,7 +73,10 @@ class ShardLoader:
         self.dataset = dataset
         self.batch_size = batch_size
         self.num_workers = min(os.cpu_count() or 1, 8) if num_workers is None else num_workers
-        self._view = dataset.batched(batch_size, collate_fn or collate_for(dataset))
+        collate = collate_fn or collate_for(dataset)
+        self._view = dataset.batched(
+            batch_size, collate, zero_copy=collate is RecordBatch.from_samples
+        )
         workers = self.num_workers
         self._loader = DataLoader(
             self._view,

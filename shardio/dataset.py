@@ -184,6 +184,7 @@ class StreamingDataset(IterableDataset[Any]):
         self.verify = verify
         self.batch_size: int | None = None
         self.collate: Callable[[list[Any]], Any] | None = None
+        self.zero_copy = False
         self._shared = SharedState()
         self._worker_state: dict[str, Any] | None = None
         self._position = 0
@@ -204,12 +205,20 @@ class StreamingDataset(IterableDataset[Any]):
         """Samples this rank yields per epoch."""
         return samples_per_rank(self.manifest.num_samples, self.world_size, self.config.drop_last)
 
-    def batched(self, batch_size: int, collate: Callable[[list[Any]], Any]) -> StreamingDataset:
-        """A view that yields ``(batch, worker, position)`` for ``shardio.loader``."""
+    def batched(
+        self, batch_size: int, collate: Callable[[list[Any]], Any], *, zero_copy: bool = False
+    ) -> StreamingDataset:
+        """A view that yields ``(batch, worker, position)`` for ``shardio.loader``.
+
+        ``zero_copy``: raw samples' large bytes values may be views of the blocks
+        read, because the collate (``RecordBatch``) holds them only as long as
+        the batch lives and joins them when the batch crosses to another process.
+        """
         view = object.__new__(StreamingDataset)
         view.__dict__.update(self.__dict__)
         view.batch_size = batch_size
         view.collate = collate
+        view.zero_copy = zero_copy
         return view
 
     def _current_split(self) -> Split:
@@ -255,7 +264,7 @@ class StreamingDataset(IterableDataset[Any]):
         try:
             samples = iter_samples(
                 reader, order, window=self.config.window, max_run=self.config.block_size,
-                skip=skip,
+                skip=skip, zero_copy=self.zero_copy,
             )
             if self.batch_size is None:
                 for sample in samples:

@@ -17,10 +17,13 @@ import numpy as np
 
 from shardio.codecs import Codec, decompress, decompressor, looks_compressed
 from shardio.errors import RecordEncodeError, ShardCorruptError
+from shardio.flatmap import view_flat_map
 from shardio.format import CODEC_NONE, CODEC_ZSTD, FRAME, FRAME_SIZE, frame, unframe
 
 KEY_FIELD: Final = "__key__"
 INDEX_FIELD: Final = "__index__"
+ZERO_COPY_MIN_BYTES: Final = 16 << 10
+"""Below this payload size msgpack's C decoder beats viewing the map from Python."""
 EXT_NDARRAY: Final = 1
 """msgpack ext type 1: an ndarray as msgpack ``[dtype.str, shape, raw C-order bytes]``."""
 
@@ -118,13 +121,17 @@ def encode_record(sample: Mapping[str, Any], codec: Codec) -> bytes:
 def decode_frames(
     frames: Sequence[memoryview], *, path: str, first_record: int,
     offset_of: Callable[[int], int], verify: bool = True, first_index: int | None = None,
+    zero_copy: bool = False,
 ) -> list[dict[str, Any]]:
     """Check and decode consecutive framed records (one streaming block) into sample dicts.
 
     The same checks as ``decode_record`` in one tight loop: streaming calls
     this once per block instead of several functions per sample.
     ``offset_of(record)`` gives a record's byte offset, for error messages only.
-    With ``first_index`` each sample gets its global ``__index__`` too.
+    With ``first_index`` each sample gets its global ``__index__`` too. With
+    ``zero_copy``, bytes values of large flat records are ``memoryview`` slices
+    of the block instead of copies (see ``shardio.flatmap``); they keep the
+    block alive, so only a caller that copies them soon (a batch) should ask.
     """
     out: list[dict[str, Any]] = []
     unpack_frame = FRAME.unpack_from
@@ -140,10 +147,14 @@ def decode_frames(
                     offset=offset_of(first_record + n), verify=True)
         payload = framed[FRAME_SIZE:]
         try:
-            sample = unpackb(
-                inflate(payload) if codec else payload,
-                raw=False, ext_hook=_ext_hook, strict_map_key=True,
+            data = inflate(payload) if codec else payload
+            sample = (
+                view_flat_map(memoryview(data))
+                if zero_copy and len(data) >= ZERO_COPY_MIN_BYTES
+                else None
             )
+            if sample is None:
+                sample = unpackb(data, raw=False, ext_hook=_ext_hook, strict_map_key=True)
             if type(sample) is not dict:
                 raise ValueError(f"payload is a {type(sample).__name__}, not a map")
         except Exception as exc:  # msgpack and zstd raise a zoo of types; map them here

@@ -43,7 +43,13 @@ def window_runs(unique: IndexArray, firsts: IndexArray, max_run: int) -> list[Ru
 
 
 def iter_samples(
-    reader: DatasetReader, order: IndexArray, *, window: int, max_run: int, skip: int = 0
+    reader: DatasetReader,
+    order: IndexArray,
+    *,
+    window: int,
+    max_run: int,
+    skip: int = 0,
+    zero_copy: bool = False,
 ) -> Iterator[dict[str, Any]]:
     """Yield the decoded samples of ``order[skip:]``, each with its ``__index__``.
 
@@ -53,6 +59,7 @@ def iter_samples(
         window: samples per read group: the plan's shuffle window.
         max_run: most records per read: the plan's block size.
         skip: samples of ``order`` already consumed (exact resume).
+        zero_copy: large bytes values as views of the blocks read (see ``decode_frames``).
     """
     firsts = np.asarray([s.first_index for s in reader.manifest.shards], dtype=np.int64)
     starts = list(range(skip - skip % window, len(order), window))
@@ -74,12 +81,14 @@ def iter_samples(
             r = run_of[rank]
             samples = decoded[r]
             if samples is None:
-                samples = decoded[r] = read_run(reader, runs[r], firsts)
+                samples = decoded[r] = read_run(reader, runs[r], firsts, zero_copy)
             yield samples[rank - run_base[r]]
         unique, runs = next_unique, upcoming
 
 
-def read_run(reader: DatasetReader, run: Run, firsts: IndexArray) -> list[dict[str, Any]]:
+def read_run(
+    reader: DatasetReader, run: Run, firsts: IndexArray, zero_copy: bool = False
+) -> list[dict[str, Any]]:
     """Read and decode one run of records."""
     shard, start, stop = run
     shard_reader = reader.shard(shard)
@@ -90,6 +99,7 @@ def read_run(reader: DatasetReader, run: Run, firsts: IndexArray) -> list[dict[s
         offset_of=shard_reader.offset,
         verify=reader.verify,
         first_index=int(firsts[shard]) + start,
+        zero_copy=zero_copy,
     )
 
 
