@@ -88,6 +88,9 @@ class ShardLoader:
             multiprocessing_context=multiprocessing_context if workers > 0 else None,
         )
         self._epoch = dataset.epoch
+        self._fresh = True
+        """Whether the next ``iter()`` reads ``_epoch`` itself (start, or just resumed)."""
+        self._loaded: dict[str, Any] | None = None
         self._positions: list[int] = [0] * max(1, workers)
         self._running = False
 
@@ -133,6 +136,10 @@ class ShardLoader:
                     yield worker
 
     def __iter__(self) -> Iterator[Any]:
+        if not self._fresh:
+            self._epoch += 1
+        self._fresh = False
+        self._loaded = None
         self.dataset.set_epoch(self._epoch)
         self._positions = self._start_positions()
         self._running = True
@@ -150,25 +157,33 @@ class ShardLoader:
                 ready, self._positions[worker] = pending[worker].popleft()
                 yield ready
         self._running = False
-        self._epoch += 1
 
     @property
     def epoch(self) -> int:
-        """The epoch being read (or, between epochs, the next one)."""
+        """The epoch being read, or last read."""
         return self._epoch
 
     def state_dict(self) -> dict[str, Any]:
-        """Resumable position of this rank: epoch and every worker's count."""
-        if not self._running:
-            return self.dataset.progress_state(
-                self._epoch, max(1, self.num_workers), [0] * max(1, self.num_workers)
-            )
-        return self.dataset.progress_state(self._epoch, max(1, self.num_workers), self._positions)
+        """Resumable position of this rank: epoch and every worker's count.
+
+        Mid-epoch (also after breaking out of the loop) it is the position
+        reached; after a finished epoch it is the start of the next one.
+        """
+        workers = max(1, self.num_workers)
+        if self._running:
+            return self.dataset.progress_state(self._epoch, workers, self._positions)
+        if self._fresh and self._loaded is not None:
+            return dict(self._loaded)
+        epoch = self._epoch if self._fresh else self._epoch + 1
+        return self.dataset.progress_state(epoch, workers, [0] * workers)
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continue from ``state_dict()``: the next ``iter()`` yields the rest of that epoch."""
         self.dataset.load_state_dict(state)
         self._epoch = int(state["epoch"])
+        self._fresh = True
+        self._running = False
+        self._loaded = dict(state)
 
 
 def loader(

@@ -313,3 +313,22 @@ def test_tensor_decode_through_loader(imagefolder: Path, packed_imagefolder: Pat
             assert image.dtype == torch.uint8 and image.shape[0] == 3
             got.append((image.permute(1, 2, 0).contiguous().numpy().tobytes(), label))
     assert sorted(got) == sorted(expected)
+
+
+def test_loader_breaking_early_moves_on_to_the_next_epoch(dataset_dir: Path) -> None:
+    def make() -> Any:
+        return loader(StreamingDataset(dataset_dir, decode="raw"), batch_size=10, num_workers=0)
+
+    reference = make()
+    epochs = [[i for b in reference for i in b.indices.tolist()] for _ in range(2)]
+    run = make()
+    for k, _batch in enumerate(run):
+        if k == 2:
+            break
+    assert run.state_dict()["epoch"] == 0
+    assert [i for b in run for i in b.indices.tolist()] == epochs[1]
+    assert run.state_dict()["epoch"] == 2  # epoch 1 finished: the next state starts epoch 2
+    resumed = make()
+    state = reference.state_dict()
+    resumed.load_state_dict(state)
+    assert resumed.state_dict() == state
