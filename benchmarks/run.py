@@ -170,7 +170,7 @@ def measure_tree(
         for _ in range(args.repeats):
             out["decode"].append(runner.child({**common, "mode": "decode", "work": str(base)}))
 
-    crc = expected_crcs(tree, base / "expected-crc.npy")
+    crc = expected_crcs(tree, base / f"expected-crc-{tree.root.name}.npy")
     print(f"[{tree.kind}] audit: exactly-once over two epochs, files opened", flush=True)
     for name in ready:
         log = runner.logs / f"strace-{tree.kind}-{name}.log"
