@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 import io
 import json
 import multiprocessing
@@ -11,13 +12,15 @@ import signal
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 from click.testing import CliRunner
 from PIL import Image
 
-from shardio import open_dataset, read_manifest
+from shardio import open_dataset, read_manifest, verify
 from shardio.cli import main
 from shardio.errors import BadInputError, EmptySourceError, OutputExistsError, PackError
 from shardio.manifest import MANIFEST_NAME
@@ -66,10 +69,65 @@ def test_output_is_identical_for_any_number_of_workers(
     imagefolder: Path, tmp_path: Path, backend: str
 ) -> None:
     options = WriteOptions(backend=backend, max_shard_samples=7)
-    one = pack(imagefolder, tmp_path / "one", options=options, num_workers=1, seed=5)
-    two = pack(imagefolder, tmp_path / "two", options=options, num_workers=2, seed=5)
-    assert _files(tmp_path / "one") == _files(tmp_path / "two")
-    assert (one.samples, one.shards) == (two.samples, two.shards) == (48, 7)
+    runs = [pack(imagefolder, tmp_path / f"w{w}", options=options, num_workers=w, seed=5)
+            for w in (1, 2, 3)]
+    assert _files(tmp_path / "w1") == _files(tmp_path / "w2") == _files(tmp_path / "w3")
+    assert {(r.samples, r.shards) for r in runs} == {(48, 7)}
+
+
+def test_files_found_bad_while_packing_are_skipped_alike_by_any_number_of_workers(
+    imagefolder: Path, tmp_path: Path
+) -> None:
+    src = tmp_path / "src"
+    shutil.copytree(imagefolder / "class_00", src / "a")
+    shutil.copytree(imagefolder / "class_01", src / "b")
+    for name in ("a/bad1.jpg", "a/bad2.jpg", "b/bad3.jpg"):
+        _bad_jpeg(src / name)
+    options = WriteOptions(max_shard_bytes=12_000, codec="none")
+    runs = [pack(src, tmp_path / f"w{w}", options=options, num_workers=w, check_images=True,
+                 skip_bad=True) for w in (1, 2, 3)]
+    assert _files(tmp_path / "w1") == _files(tmp_path / "w2") == _files(tmp_path / "w3")
+    assert {r.samples for r in runs} == {24}
+    assert [p for p, _ in runs[0].skipped] == ["a/bad1.jpg", "a/bad2.jpg", "b/bad3.jpg"]
+
+
+def _framed_sizes(out: Path) -> list[list[int]]:
+    with open_dataset(out) as reader:
+        return [[len(f) for _, f in reader.shard(n).scan()]
+                for n in range(len(read_manifest(out).shards))]
+
+
+@pytest.mark.parametrize("codec", ["zstd", "none"])
+def test_shards_never_exceed_max_shard_bytes(
+    imagefolder: Path, tiny_tree: Path, tmp_path: Path, codec: str
+) -> None:
+    for src, limit in ((imagefolder, 9000), (tiny_tree, 20_000)):
+        out = tmp_path / src.name
+        pack(src, out, options=WriteOptions(codec=codec, max_shard_bytes=limit), num_workers=2)
+        shards = _framed_sizes(out)
+        assert len(shards) > 3
+        assert all(sum(framed) <= limit or len(framed) == 1 for framed in shards)
+        stream = [s for shard in shards for s in shard]
+        assert len(stream) == read_manifest(out).num_samples
+
+
+def test_a_planned_shard_of_only_bad_samples_is_left_out(
+    imagefolder: Path, tmp_path: Path
+) -> None:
+    src = tmp_path / "src"
+    shutil.copytree(imagefolder / "class_00", src / "cat")
+    _bad_jpeg(src / "cat" / "aaa.jpg")
+    summary = pack(src, tmp_path / "out", options=WriteOptions(max_shard_samples=1),
+                   shuffle=False, check_images=True, skip_bad=True, num_workers=2)
+    manifest = read_manifest(tmp_path / "out")
+    assert summary.shards == len(manifest.shards) == 12
+    assert manifest.shards[0].name == "shard-00001.rec" and manifest.shards[0].first_index == 0
+    assert sorted(os.listdir(tmp_path / "out")) == sorted(
+        [MANIFEST_NAME] + [s.name for s in manifest.shards])
+    assert verify(tmp_path / "out").ok
+    with open_dataset(tmp_path / "out") as reader:
+        assert [s["__key__"] for s in reader] == sorted(
+            f"cat/{p.name}" for p in (imagefolder / "class_00").iterdir())
 
 
 def test_shuffle_is_a_seeded_permutation(tiny_tree: Path, tmp_path: Path) -> None:
@@ -191,30 +249,50 @@ def test_output_rules(tiny_tree: Path, tmp_path: Path) -> None:
 
 
 KILLER = textwrap.dedent("""
-    import importlib, json, os, signal, sys
-    from shardio.writer import JOURNAL_NAME, ShardWriter, WriteOptions
+    import json, os, signal, sys, time
+    from pathlib import Path
+    from shardio.backends.lmdb import LmdbShardWriter
+    from shardio.backends.records import RecordsShardWriter
+    from shardio.pack import pack
+    from shardio.writer import JOURNAL_NAME, WriteOptions
 
-    class KilledMidway(ShardWriter):
-        def write_encoded(self, key, framed, fields):
-            if (self.out / JOURNAL_NAME).exists() and self.num_samples % 5 == 2:
-                os.kill(os.getpid(), signal.SIGKILL)
-            super().write_encoded(key, framed, fields)
+    journal = Path(sys.argv[2]) / JOURNAL_NAME
+    main_pid = os.getpid()
 
-    module = importlib.import_module("shardio.pack")
-    module.ShardWriter = KilledMidway
+    def first_shard_journaled():
+        return any(s["number"] == 0 for s in json.loads(journal.read_text())["shards"])
+
+    def killing(append):
+        def append_then_maybe_kill(self, key, framed):
+            append(self, key, framed)
+            self.appended = getattr(self, "appended", 0) + 1
+            if self.appended == 2 and not self.path.name.startswith(".shard-00000"):
+                while not first_shard_journaled():
+                    time.sleep(0.01)
+                os.kill(main_pid, signal.SIGKILL)
+                os._exit(0)  # in a worker: nothing more to do
+        return append_then_maybe_kill
+
+    for cls in (RecordsShardWriter, LmdbShardWriter):
+        cls.append = killing(cls.append)
     kwargs = json.loads(sys.argv[3])
     options = WriteOptions(backend=kwargs.pop("backend"), max_shard_samples=5)
-    module.pack(sys.argv[1], sys.argv[2], options=options, num_workers=2, **kwargs)
+    pack(sys.argv[1], sys.argv[2], options=options, num_workers=2, **kwargs)
 """)
 
 
 def _kill_midway(src: Path, out: Path, backend: str, **kwargs: object) -> None:
-    """Pack in a subprocess that SIGKILLs itself two samples into its second shard."""
+    """Pack with 2 workers in a subprocess, SIGKILLed once the first shard is journaled.
+
+    Every other shard stops two samples in until then, so exactly the first
+    shard is finished and one or two others are in flight when the pack dies.
+    """
     killed = subprocess.run([sys.executable, "-c", KILLER, str(src), str(out),
                              json.dumps({"backend": backend, **kwargs})], capture_output=True)
     assert killed.returncode == -signal.SIGKILL, killed.stderr.decode()
     assert not (out / MANIFEST_NAME).exists()
-    assert (out / JOURNAL_NAME).exists()
+    journaled = json.loads((out / JOURNAL_NAME).read_text())["shards"]
+    assert [s["number"] for s in journaled] == [0]
 
 
 def test_resume_after_sigkill_is_identical_to_an_uninterrupted_pack(
@@ -243,10 +321,227 @@ def test_resume_keeps_what_the_interrupted_pack_skipped(imagefolder: Path, tmp_p
     options = WriteOptions(max_shard_samples=5)
     resumed = pack(src, tmp_path / "out", options=options, resume=True, num_workers=1, **flags)
     whole = pack(src, tmp_path / "whole", options=options, num_workers=1, **flags)
-    assert resumed.resumed_samples == 5
+    assert resumed.resumed_samples == 4  # the first shard's 5 samples less the bad one
     assert _files(tmp_path / "out") == _files(tmp_path / "whole")
     assert resumed.skipped == whole.skipped
     assert [p for p, _ in whole.skipped] == ["cat/aaa.jpg"]
+
+
+STALLER = textwrap.dedent("""
+    import json, os, signal, sys, threading, time
+    from pathlib import Path
+    from shardio.backends.records import RecordsShardWriter
+    from shardio.pack import pack
+    from shardio.writer import JOURNAL_NAME, WriteOptions
+
+    src, out, marks = sys.argv[1], Path(sys.argv[2]), Path(sys.argv[3])
+    stall, workers, journaled, how = json.loads(sys.argv[4])
+    append = RecordsShardWriter.append
+
+    def stalling(self, key, framed):
+        append(self, key, framed)
+        self.appended = getattr(self, "appended", 0) + 1
+        if self.appended == 2 and int(self.path.name[7:12]) in stall:
+            (marks / f"{self.path.name[7:12]}-{os.getpid()}").touch()
+            parent = os.getppid()
+            while os.getppid() == parent:  # in flight until the pack is stopped
+                time.sleep(0.01)
+            os._exit(0)
+
+    def stop_when_ready():
+        while True:
+            time.sleep(0.01)
+            if len(os.listdir(marks)) < len(stall) or not (out / JOURNAL_NAME).exists():
+                continue
+            if len(json.loads((out / JOURNAL_NAME).read_text())["shards"]) >= journaled:
+                os.kill(os.getpid(), getattr(signal, how))
+                return
+
+    RecordsShardWriter.append = stalling
+    out.mkdir()
+    threading.Thread(target=stop_when_ready, daemon=True).start()
+    pack(src, out, options=WriteOptions(max_shard_samples=5), num_workers=workers, seed=3)
+""")
+
+
+def _gone(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return True
+    return state in ("Z", "X")
+
+
+def _stop_with_shards_in_flight(
+    src: Path, out: Path, tmp_path: Path, *, stall: list[int], workers: int, journaled: int,
+    how: str = "SIGKILL",
+) -> tuple[subprocess.CompletedProcess[bytes], list[int]]:
+    """Pack with ``workers`` in a subprocess whose shards ``stall`` stop two samples in; stop it
+    with signal ``how`` once they all have and ``journaled`` shards are finished.
+
+    Returns the process and the shard numbers in the journal, after every worker is gone.
+    """
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    stopped = subprocess.run(
+        [sys.executable, "-c", STALLER, str(src), str(out), str(marks),
+         json.dumps([stall, workers, journaled, how])], capture_output=True, timeout=60)
+    pids = [int(m.name.split("-")[1]) for m in marks.iterdir()]
+    for _ in range(1000):
+        if all(_gone(pid) for pid in pids):
+            break
+        time.sleep(0.01)
+    assert all(_gone(pid) for pid in pids), "workers outlived the pack"
+    assert sorted(int(m.name.split("-")[0]) for m in marks.iterdir()) == stall
+    assert not (out / MANIFEST_NAME).exists()
+    return stopped, [s["number"] for s in json.loads((out / JOURNAL_NAME).read_text())["shards"]]
+
+
+def _stamps(out: Path, numbers: list[int]) -> dict[int, tuple[int, int]]:
+    paths = {n: out / f"shard-{n:05d}.rec" for n in numbers}
+    return {n: (p.stat().st_ino, p.stat().st_mtime_ns) for n, p in paths.items()}
+
+
+@pytest.mark.parametrize(("stall", "workers", "journaled"), [
+    ([2, 3, 4], 3, 2),  # three shards in flight behind two finished ones
+    ([0], 2, 3),  # the first shard in flight behind later ones: finished out of order
+])
+def test_resume_after_sigkill_with_shards_in_flight_is_identical(
+    imagefolder: Path, tmp_path: Path, stall: list[int], workers: int, journaled: int
+) -> None:
+    out = tmp_path / "out"
+    killed, finished = _stop_with_shards_in_flight(
+        imagefolder, out, tmp_path, stall=stall, workers=workers, journaled=journaled)
+    assert killed.returncode == -signal.SIGKILL, killed.stderr.decode()
+    assert len(finished) >= journaled and not set(finished) & set(stall)
+    in_flight = {n for n in os.listdir(out) if n.startswith(".shard-")}
+    assert {f".shard-{n:05d}.rec.tmp" for n in stall} <= in_flight and len(in_flight) <= workers
+    before = _stamps(out, finished)
+    options = WriteOptions(max_shard_samples=5)
+    resumed = pack(imagefolder, out, options=options, seed=3, resume=True, num_workers=2)
+    pack(imagefolder, tmp_path / "whole", options=options, seed=3, num_workers=1)
+    sizes = {s.name: s.num_samples for s in read_manifest(tmp_path / "whole").shards}
+    assert resumed.resumed_samples == sum(sizes[f"shard-{n:05d}.rec"] for n in finished)
+    assert _stamps(out, finished) == before, "finished shards are reused, not rewritten"
+    assert _files(out) == _files(tmp_path / "whole")
+
+
+def test_ctrl_c_stops_every_worker_and_removes_shards_in_flight(
+    imagefolder: Path, tmp_path: Path
+) -> None:
+    out = tmp_path / "out"
+    stopped, finished = _stop_with_shards_in_flight(
+        imagefolder, out, tmp_path, stall=[1, 2], workers=2, journaled=0, how="SIGINT")
+    assert stopped.returncode == -signal.SIGINT and b"KeyboardInterrupt" in stopped.stderr
+    assert not [n for n in os.listdir(out) if n.startswith(".shard-")]
+    resumed = pack(imagefolder, out, options=WriteOptions(max_shard_samples=5), seed=3,
+                   resume=True, num_workers=1)
+    assert resumed.resumed_samples == 5 * len(finished) and resumed.samples == 48
+    assert 9 not in finished, "the last shard, of 3 samples, waits behind the stalled ones"
+
+
+@pytest.mark.parametrize(("workers", "failure"), [(1, "raises"), (2, "raises"), (2, "dies")])
+def test_a_failing_worker_leaves_no_manifest_and_no_partial_shard(
+    imagefolder: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, workers: int, failure: str
+) -> None:
+    from shardio.backends.records import RecordsShardWriter
+
+    append = RecordsShardWriter.append
+
+    def failing(self: RecordsShardWriter, key: str, framed: bytes) -> None:
+        append(self, key, framed)
+        if self.path.name.startswith(".shard-00003") and failure == "dies":
+            os._exit(3)  # like a worker the OOM killer took
+        if self.path.name.startswith(".shard-00003"):
+            raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(RecordsShardWriter, "append", failing)
+    options = WriteOptions(max_shard_samples=5)
+    expected = "No space left" if failure == "raises" else r"shard 3 died \(exit code 3\)"
+    with pytest.raises((OSError, PackError), match=expected):
+        pack(imagefolder, tmp_path / "out", options=options, num_workers=workers)
+    names = os.listdir(tmp_path / "out")
+    assert MANIFEST_NAME not in names and JOURNAL_NAME in names
+    assert not [n for n in names if n.startswith(".shard-")]
+    monkeypatch.setattr(RecordsShardWriter, "append", append)
+    pack(imagefolder, tmp_path / "out", options=options, resume=True, num_workers=workers)
+    pack(imagefolder, tmp_path / "whole", options=options, num_workers=1)
+    assert _files(tmp_path / "out") == _files(tmp_path / "whole")
+
+
+def test_shards_may_finish_out_of_order(
+    imagefolder: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from shardio.backends.records import RecordsShardWriter
+    from shardio.journal import write_journal
+
+    out = tmp_path / "out"
+    append = RecordsShardWriter.append
+
+    def first_shard_waits(self: RecordsShardWriter, key: str, framed: bytes) -> None:
+        while self.path.name.startswith(".shard-00000") and '"number": 1' not in (
+                (out / JOURNAL_NAME).read_text()):
+            time.sleep(0.01)
+        append(self, key, framed)
+
+    journaled: list[list[int]] = []
+
+    def recording(out: Path, state: dict[str, Any]) -> None:
+        journaled.append([s["number"] for s in state["shards"]])
+        write_journal(out, state)
+
+    monkeypatch.setattr(RecordsShardWriter, "append", first_shard_waits)
+    monkeypatch.setattr(importlib.import_module("shardio.pack"), "write_journal", recording)
+    options = WriteOptions(max_shard_samples=5)
+    pack(imagefolder, out, options=options, num_workers=2)
+    assert journaled[1] != [0] and journaled[-1] == list(range(10))
+    monkeypatch.setattr(RecordsShardWriter, "append", append)
+    pack(imagefolder, tmp_path / "whole", options=options, num_workers=1)
+    assert _files(out) == _files(tmp_path / "whole")
+
+
+ORPHANED = textwrap.dedent("""
+    import ctypes, os, sys, time
+    from pathlib import Path
+    from shardio.backends.records import RecordsShardWriter
+    from shardio.pack import pack
+    from shardio.writer import WriteOptions
+
+    def no_prctl(*args, **kwargs):
+        raise OSError("no PR_SET_PDEATHSIG")  # only the workers' own check is left
+
+    ctypes.CDLL = no_prctl
+    append = RecordsShardWriter.append
+
+    def slow(self, key, framed):
+        (Path(sys.argv[3]) / str(os.getpid())).touch()
+        time.sleep(0.02)
+        append(self, key, framed)
+
+    RecordsShardWriter.append = slow
+    pack(sys.argv[1], sys.argv[2], options=WriteOptions(max_shard_samples=5), num_workers=2)
+""")
+
+
+def test_workers_of_a_killed_pack_exit_by_themselves(imagefolder: Path, tmp_path: Path) -> None:
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    main = subprocess.Popen([sys.executable, "-c", ORPHANED, str(imagefolder),
+                             str(tmp_path / "out"), str(marks)])
+    for _ in range(1000):
+        if len(os.listdir(marks)) == 2:
+            break
+        time.sleep(0.01)
+    main.kill()
+    main.wait()
+    workers = [int(m.name) for m in marks.iterdir()]
+    assert len(workers) == 2
+    for _ in range(500):
+        if all(_gone(pid) for pid in workers):
+            break
+        time.sleep(0.01)
+    assert all(_gone(pid) for pid in workers), "workers outlived the pack"
+    assert not (tmp_path / "out" / MANIFEST_NAME).exists()
 
 
 class FakeImageFolder:

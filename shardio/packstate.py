@@ -1,0 +1,86 @@
+"""What a pack has finished: the journal it resumes from and the manifest it ends with.
+
+``shardio.pack`` keeps one ``ShardResult`` per finished shard, keyed by its
+number in the plan; shards finish in any order. This module turns those results
+into the journal's state, reads them back (keeping only shards still intact on
+disk) and, once every shard is done, into the manifest: first indices counted
+in shard order, fields united in shard order, shards left empty by bad input
+omitted. It imports nothing that imports torch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import asdict
+from typing import Any
+
+from shardio.backends import shard_name
+from shardio.errors import EmptySourceError, PackError
+from shardio.journal import JOURNAL_NAME, open_journal, shard_is_intact
+from shardio.manifest import Manifest, ShardInfo, SkippedFile
+from shardio.shardbuild import ShardJob, ShardResult
+from shardio.source import Bad, Source
+from shardio.version import __version__
+from shardio.writer import WriteOptions
+
+
+def journal_state(identity: Mapping[str, Any], done: Mapping[int, ShardResult]) -> dict[str, Any]:
+    """The journal of a pack with ``identity`` that has finished the shards ``done``."""
+    return {"identity": identity, "shards": [asdict(done[n]) for n in sorted(done)]}
+
+
+def resumable_shards(job: ShardJob, identity: Mapping[str, Any]) -> dict[int, ShardResult]:
+    """The journaled shards of an interrupted pack that are still intact on disk."""
+    state = open_journal(job.out, identity)
+    if state is None:
+        return {}
+    done: dict[int, ShardResult] = {}
+    try:
+        entries = [ShardResult.from_json(entry) for entry in state["shards"]]
+    except (KeyError, TypeError, ValueError) as exc:
+        raise PackError(f"{job.out / JOURNAL_NAME}: the pack journal is damaged ({exc!r}); "
+                        "use --overwrite to pack again", path=job.out / JOURNAL_NAME) from exc
+    for result in entries:
+        if not 0 <= result.number < len(job.plan) or result.name != shard_name(
+                job.backend, result.number):
+            continue
+        if result.num_samples == 0 or shard_is_intact(job.out / result.name, result.num_bytes,
+                                                      result.checksum):
+            done[result.number] = result
+    return done
+
+
+def pack_manifest(
+    job: ShardJob, source: Source, options: WriteOptions, done: Mapping[int, ShardResult], *,
+    pack_options: Mapping[str, Any], seed: int, shuffle: bool,
+) -> Manifest:
+    """The manifest of the finished shards: first indices and fields follow shard order."""
+    shards: list[ShardInfo] = []
+    fields: dict[str, None] = {}
+    skipped: list[Bad] = list(source.bad)
+    input_bytes = 0
+    for number in range(len(job.plan)):
+        result = done[number]
+        skipped += result.skipped
+        input_bytes += sum(job.stream[i].num_bytes for i in job.plan[number])
+        input_bytes -= sum(job.stream[i].num_bytes for i in result.left_out)
+        if result.num_samples:
+            first = shards[-1].first_index + shards[-1].num_samples if shards else 0
+            shards.append(ShardInfo(result.name, result.num_samples, first, result.num_bytes,
+                                    result.checksum))
+            fields.update(dict.fromkeys(result.fields))
+    num_samples = sum(s.num_samples for s in shards)
+    if num_samples == 0:
+        raise EmptySourceError(f"{source.root}: every sample was bad, nothing was packed",
+                               path=source.root)
+    classes = source.classes
+    return Manifest(
+        backend=options.backend, codec=options.codec, num_samples=num_samples,
+        num_bytes=sum(s.num_bytes for s in shards), fields=tuple(fields), shards=tuple(shards),
+        classes=classes,
+        class_to_idx=None if classes is None else {c: i for i, c in enumerate(classes)},
+        seed=seed, shuffle=shuffle, options={**asdict(options), **pack_options},
+        input_bytes=input_bytes,
+        skipped=tuple(SkippedFile(str(p), str(r)) for p, r in sorted(skipped)),
+        shardio_version=__version__,
+    )

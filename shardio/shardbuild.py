@@ -1,0 +1,202 @@
+"""Build one planned shard of a pack: read its files, encode its records, write it durably.
+
+``build_shard`` is the unit of work of ``shardio.pack``: it runs in the main
+process or in a forked worker, touches only its own shard file, and returns a
+small ``ShardResult`` (never record bytes). A shard is written under its hidden
+temporary name, fsynced, renamed and its folder fsynced before the result is
+returned, so whatever the caller journals is on disk. A file that turns out bad
+while it is read is left out with its whole sample (``skip_bad``), or stops the
+shard (``ShardFailure``, and no file is left behind); either way the shard's
+bytes depend only on the input and the options. Nothing here imports torch.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import struct
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Final
+
+from shardio.backends import create_shard, shard_name
+from shardio.codecs import Codec, get_codec
+from shardio.errors import RecordEncodeError
+from shardio.manifest import fsync_dir
+from shardio.record import KEY_FIELD, encode_record
+from shardio.source import IMG_EXTENSIONS, Bad, SourceSample
+
+REPORT_EVERY: Final = 64
+"""Samples between two progress reports of a shard being built."""
+
+Report = Callable[[int, int], None]
+"""``report(files, input_bytes)``: that many more input files (and bytes) were handled."""
+
+
+@dataclass(frozen=True)
+class ShardJob:
+    """Everything needed to build any shard of one pack; shared by fork, never pickled."""
+
+    stream: Sequence[SourceSample]
+    """The samples in pack (post-shuffle) order."""
+    plan: Sequence[range]
+    """Stream positions of each shard, from ``shardio.shardplan.plan_shards``."""
+    out: Path
+    backend: str
+    codec: str
+    level: int
+    check_images: bool
+    skip_bad: bool
+    labelled: bool
+    """ImageFolder samples: fields ``image`` and ``label`` instead of the file fields."""
+
+
+@dataclass(frozen=True)
+class ShardResult:
+    """A finished shard as the pack journal records it (``num_samples`` may be 0: no file)."""
+
+    number: int
+    name: str
+    num_samples: int
+    num_bytes: int
+    checksum: str
+    fields: tuple[str, ...]
+    """Field names in order of first appearance, ``__key__`` excluded."""
+    left_out: tuple[int, ...] = ()
+    """Stream positions of the samples left out because a file was bad when read."""
+    skipped: tuple[Bad, ...] = ()
+    """Their files, with the reasons."""
+
+    @classmethod
+    def from_json(cls, entry: Mapping[str, Any]) -> ShardResult:
+        """The result from its journal entry (``dataclasses.asdict`` of one, through JSON)."""
+        return cls(
+            number=int(entry["number"]), name=str(entry["name"]),
+            num_samples=int(entry["num_samples"]), num_bytes=int(entry["num_bytes"]),
+            checksum=str(entry["checksum"]), fields=tuple(entry["fields"]),
+            left_out=tuple(entry["left_out"]),
+            skipped=tuple((str(p), str(r)) for p, r in entry["skipped"]),
+        )
+
+
+@dataclass(frozen=True)
+class ShardFailure:
+    """A shard that was not written: a file of the sample at ``position`` is bad."""
+
+    number: int
+    position: int
+    path: str
+    reason: str
+
+
+def _read_rest(fd: int) -> bytes:
+    """What follows a first ``read``: a file that grew, or one over the 2 GiB read limit."""
+    parts = []
+    while chunk := os.read(fd, 1 << 24):
+        parts.append(chunk)
+    return b"".join(parts)
+
+
+def _decode_error(data: bytes) -> str | None:
+    from PIL import Image  # only --check-images needs Pillow here
+
+    try:
+        with Image.open(io.BytesIO(data)) as image:
+            image.load()
+    except Exception as exc:  # Pillow raises a zoo of types for broken images
+        return f"does not decode as an image ({type(exc).__name__}: {exc})"
+    return None
+
+
+Encoded = tuple["bytes | None", int, "str | None"]
+"""``(framed record, or None with the failing field's position and the reason)``."""
+
+
+def encode_sample(sample: SourceSample, codec: Codec, check_images: bool) -> Encoded:
+    """Read ``sample``'s files and frame them as one record, or say which file is bad and why.
+
+    Each file is read with one ``read`` of its scanned size + 1, which also
+    finds files that changed since the scan.
+    """
+    values: dict[str, Any] = {KEY_FIELD: sample.key}
+    paths, sizes = sample.paths, sample.sizes
+    for i, name in enumerate(sample.fields):
+        size = sizes[i]
+        try:
+            fd = os.open(paths[i], os.O_RDONLY)
+            try:
+                data = os.read(fd, size + 1)
+                if len(data) != size:
+                    data += _read_rest(fd)
+            finally:
+                os.close(fd)
+        except OSError as exc:
+            return None, i, f"cannot be read ({exc.strerror or exc})"
+        if len(data) != size:
+            return None, i, f"changed while packing ({size} bytes when scanned, {len(data)} read)"
+        if check_images and (sample.label is not None or f".{name}".lower().endswith(
+                IMG_EXTENSIONS)):
+            reason = _decode_error(data)
+            if reason is not None:
+                return None, i, reason
+        values[name] = data
+    if sample.label is not None:
+        values["label"] = sample.label
+    try:
+        return encode_record(values, codec), -1, None
+    except (RecordEncodeError, struct.error) as exc:
+        return None, 0, f"cannot be stored as a record ({exc})"
+
+
+def build_shard(job: ShardJob, number: int, report: Report | None = None) -> (
+        ShardResult | ShardFailure):
+    """Write shard ``number`` of ``job`` and return what the journal and manifest need.
+
+    Without ``job.skip_bad``, the first bad file stops the shard: its partial
+    file is removed and a ``ShardFailure`` names the file. On any exception the
+    partial file is removed too.
+    """
+    stream, codec, check = job.stream, get_codec(job.codec, job.level), job.check_images
+    name = shard_name(job.backend, number)
+    tmp = job.out / f".{name}.tmp"
+    fields: dict[str, None] = dict.fromkeys(("image", "label")) if job.labelled else {}
+    left_out: list[int] = []
+    skipped: list[Bad] = []
+    writer = create_shard(job.backend, tmp)
+    files = nbytes = 0
+    try:
+        for pos in job.plan[number]:
+            sample = stream[pos]
+            framed, failed, reason = encode_sample(sample, codec, check)
+            if framed is not None:
+                writer.append(sample.key, framed)
+                if not job.labelled:
+                    fields.update(dict.fromkeys(sample.fields))
+            elif job.skip_bad:
+                left_out.append(pos)
+                skipped += sample.bad(failed, reason or "")
+            else:
+                writer.abort()
+                return ShardFailure(number, pos, sample.paths[failed], reason or "")
+            files += len(sample.paths)
+            nbytes += sample.num_bytes
+            if report is not None and files >= REPORT_EVERY:
+                report(files, nbytes)
+                files = nbytes = 0
+        count = len(job.plan[number]) - len(left_out)
+        if count == 0:
+            writer.abort()
+            (job.out / name).unlink(missing_ok=True)
+            size, checksum = 0, ""
+        else:
+            size, checksum = writer.finish()
+            os.replace(tmp, job.out / name)
+            fsync_dir(job.out)
+    except BaseException:
+        writer.abort()
+        raise
+    if report is not None:
+        report(files, nbytes)
+    return ShardResult(number, name, count, size, checksum, tuple(fields) if count else (),
+                       tuple(left_out), tuple(skipped))
