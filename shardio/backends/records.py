@@ -9,10 +9,11 @@ once and slices records out of the map: no syscall per record.
 
 from __future__ import annotations
 
+import functools
 import mmap
 import os
 import zlib
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import BinaryIO
 
@@ -22,6 +23,7 @@ import numpy as np
 from shardio.errors import ChecksumError, ShardCorruptError, ShardMissingError
 from shardio.format import (
     FOOTER_SIZE,
+    FRAME,
     HEADER_SIZE,
     check_header,
     pack_footer,
@@ -30,6 +32,39 @@ from shardio.format import (
 )
 
 WRITE_BUFFER_BYTES = 8 << 20
+COMBINE_MIN_BYTES = 16 << 10
+"""Frames at least this large extend the file CRC by combining, not by a second pass."""
+
+
+@functools.cache
+def _crc32_combine() -> Callable[[int, int, int], int] | None:
+    """zlib's ``crc32_combine`` through ctypes, checked once; None where it cannot be used."""
+    import ctypes  # only writers of large records need it
+    import ctypes.util
+
+    try:
+        combine = ctypes.CDLL(ctypes.util.find_library("z") or "libz.so.1").crc32_combine
+    except (OSError, AttributeError):
+        return None
+    combine.restype = ctypes.c_ulong
+    combine.argtypes = (ctypes.c_ulong, ctypes.c_ulong, ctypes.c_long)
+    head, tail = b"shardio", bytes(range(256)) * 3
+    if combine(zlib.crc32(head), zlib.crc32(tail), len(tail)) != zlib.crc32(head + tail):
+        return None
+    return combine
+
+
+def crc32_after_frame(crc: int, framed: bytes) -> int:
+    """``zlib.crc32(framed, crc)``, without reading a large frame's payload a second time.
+
+    A frame stores the CRC-32 of its bytes 8.. (``shardio.format``), so the
+    running CRC of a file is extended by the frame's 8-byte head and then
+    combined with that stored CRC, in O(log n) instead of a pass over the payload.
+    """
+    combine = _crc32_combine() if len(framed) >= COMBINE_MIN_BYTES else None
+    if combine is None:
+        return zlib.crc32(framed, crc)
+    return combine(zlib.crc32(framed[:8], crc), FRAME.unpack_from(framed)[1], len(framed) - 8)
 
 
 class RecordsShardWriter:
@@ -52,9 +87,12 @@ class RecordsShardWriter:
 
     def append(self, key: str, framed: bytes) -> None:
         """Add the next record."""
+        assert self._fh is not None, "shard already finished"
         self._offsets.append(self._size)
         self._keys.append(key)
-        self._write(framed)
+        self._fh.write(framed)
+        self._crc = crc32_after_frame(self._crc, framed)
+        self._size += len(framed)
 
     def finish(self) -> tuple[int, str]:
         """Write index, keys and footer; fsync; return ``(bytes, checksum)``."""
