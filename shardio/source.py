@@ -1,38 +1,33 @@
 """What a source folder holds: its samples in canonical order, and what was left out and why.
 
-This module owns the rules that turn SRC into samples: which files count
-(hidden entries are ignored and counted; ``include``/``exclude`` globs;
-symlinks), how files group into samples (the WebDataset stem rule, or one image
-per sample in an ImageFolder), ImageFolder detection and its classes, and which
-inputs are bad and why. It reads directory entries and ``lstat`` results only,
-never file contents (``shardio.pack`` does that), and imports nothing from
-shardio but ``errors``.
+This module owns the rules that turn the files of SRC (found by
+``shardio.walk``: which files count, which are bad and why) into samples: how
+files group into samples (the WebDataset stem rule, or one image per sample in
+an ImageFolder), ImageFolder detection and its classes, the samples' canonical
+order, the input digest a resume checks, and which files are bad as samples
+(not an image in an ImageFolder, a reserved field name, …). It never reads file
+contents (``shardio.shardbuild`` does that) and imports nothing from shardio
+but ``errors`` and ``walk``.
 """
 
 from __future__ import annotations
 
-import errno
-import fnmatch
 import hashlib
 import os
-import re
-import stat
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Final, NamedTuple
 
 from shardio.errors import BadInputError
+from shardio.walk import Bad, Walker, display_path, is_utf8, selector
 
 IMG_EXTENSIONS: Final = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")
 """torchvision's ``IMG_EXTENSIONS``, matched case-insensitively against the end of the name."""
 
 RESERVED_FIELDS: Final = ("__key__", "__index__")
 
-Bad = tuple[str, str]
-"""``(path relative to the source, reason)`` of one input that was not packed."""
-
-_FileEntry = tuple[str, str, int, int, "str | None"]
-"""``(relative POSIX path, OS path, size, mtime_ns, reason it is bad or None)``."""
+__all__ = ["IMG_EXTENSIONS", "RESERVED_FIELDS", "Bad", "Source", "SourceSample",
+           "dataset_source", "display_path", "imagefolder_order", "scan_source"]
 
 
 class SourceSample(NamedTuple):
@@ -73,163 +68,13 @@ class Source:
     excluded: int = 0
 
 
-def display_path(rel: str) -> str:
-    """``rel`` made printable: bytes that are not UTF-8 appear as ``\\xNN``."""
-    return rel.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
-
-
-def _is_utf8(name: str) -> bool:
-    try:
-        name.encode("utf-8")
-    except UnicodeEncodeError:
+def _looks_like_imagefolder(walker: Walker) -> bool:
+    """Every visible top-level entry is a folder holding an image, and nothing else is."""
+    if not walker.top_dirs or walker.top_other:
         return False
-    return True
-
-
-def _selector(include: Sequence[str], exclude: Sequence[str]) -> Callable[[str], bool] | None:
-    if not include and not exclude:
-        return None
-    inc = re.compile("|".join(fnmatch.translate(g) for g in include)) if include else None
-    exc = re.compile("|".join(fnmatch.translate(g) for g in exclude)) if exclude else None
-    return lambda rel: (inc is None or inc.match(rel) is not None) and (
-        exc is None or exc.match(rel) is None
-    )
-
-
-_SPECIAL = {stat.S_IFIFO: "a named pipe", stat.S_IFSOCK: "a socket",
-            stat.S_IFCHR: "a character device", stat.S_IFBLK: "a block device"}
-
-
-class _Walker:
-    """One recursive ``scandir`` pass collecting files, bad folders and counts."""
-
-    def __init__(
-        self, root: str, select: Callable[[str], bool] | None, follow_symlinks: bool
-    ) -> None:
-        self.root = root
-        self.select = select
-        self.follow = follow_symlinks
-        self.files: list[_FileEntry] = []
-        self.bad_dirs: list[Bad] = []
-        self.top_dirs: list[str] = []
-        self.top_other = 0
-        self.hidden = 0
-        self.excluded = 0
-        self.euid = os.geteuid() if hasattr(os, "geteuid") else 0
-        self.groups = set(os.getgroups()) | {os.getegid()} if self.euid else set()
-
-    def walk(self, path: str, rel: str, ancestors: frozenset[tuple[int, int]]) -> None:
-        try:
-            with os.scandir(path) as it:
-                entries = list(it)
-        except OSError as exc:
-            reason = f"folder cannot be read ({exc.strerror})"
-            self.bad_dirs.append((display_path(rel or "."), reason))
-            return
-        select, files, fast = self.select, self.files, bool(rel) and not self.euid
-        for entry in entries:
-            name = entry.name
-            if name[0] == ".":
-                self.hidden += 1
-                continue
-            erel = rel + name
-            try:
-                if not name.isascii() and not _is_utf8(name):
-                    folder = entry.is_dir(follow_symlinks=False)
-                    self._bad(erel, entry.path, "folder name is not valid UTF-8; rename it (e.g. "
-                              "with `convmv`); nothing inside it was packed" if folder else
-                              "name is not valid UTF-8; rename it (e.g. with `convmv`)", folder)
-                elif entry.is_dir(follow_symlinks=False):
-                    self._enter(entry.path, erel, ancestors, entry)
-                elif entry.is_symlink():
-                    self._symlink(entry.path, erel, ancestors)
-                elif select is None or select(erel):
-                    st = entry.stat(follow_symlinks=False)
-                    if fast and st.st_size and stat.S_ISREG(st.st_mode):
-                        files.append((erel, entry.path, st.st_size, st.st_mtime_ns, None))
-                    else:
-                        self._add(erel, entry.path, st)
-                else:
-                    self.excluded += 1
-            except OSError as exc:
-                self._bad(erel, entry.path, f"cannot be examined ({exc.strerror})")
-
-    def _enter(
-        self, path: str, rel: str, ancestors: frozenset[tuple[int, int]], entry: Any = None
-    ) -> None:
-        if self.follow:
-            st = entry.stat(follow_symlinks=False) if entry is not None else os.stat(path)
-            ancestors = ancestors | {(st.st_dev, st.st_ino)}
-        if "/" not in rel:
-            self.top_dirs.append(rel)
-        self.walk(path, rel + "/", ancestors)
-
-    def _bad(self, rel: str, path: str, reason: str, folder: bool = False) -> None:
-        if folder:
-            self.bad_dirs.append((display_path(rel) + "/", reason))
-        elif self.select is None or self.select(rel):
-            self.files.append((rel, path, 0, 0, reason))
-        else:
-            self.excluded += 1
-            return
-        if "/" not in rel:
-            self.top_other += 1
-
-    def _symlink(self, path: str, rel: str, ancestors: frozenset[tuple[int, int]]) -> None:
-        target = display_path(os.readlink(path))
-        try:
-            st = os.stat(path)
-        except OSError as exc:
-            what = {errno.ELOOP: "symbolic link loop", errno.ENOENT: "broken symbolic link"}
-            self._bad(rel, path, f"{what.get(exc.errno or 0, 'symbolic link cannot be followed')}"
-                                 f" (-> {target}: {exc.strerror})")
-            return
-        folder = stat.S_ISDIR(st.st_mode)
-        if not self.follow:
-            self._bad(rel, path, f"symbolic link to a {'folder' if folder else 'file'} (-> "
-                      f"{target}); links are not followed by default: pass --follow-symlinks "
-                      "to pack what it points to", folder)
-        elif folder and (st.st_dev, st.st_ino) in ancestors:
-            self._bad(rel, path, f"symbolic link loop (-> {target} is one of its own parents)",
-                      True)
-        elif folder:
-            self._enter(path, rel, ancestors)
-        elif self.select is None or self.select(rel):
-            self._add(rel, path, st)
-        else:
-            self.excluded += 1
-
-    def _add(self, rel: str, path: str, st: os.stat_result) -> None:
-        reason = self.verdict(st)
-        if "/" not in rel:
-            self.top_other += 1
-        self.files.append((rel, path, st.st_size if reason is None else 0, st.st_mtime_ns, reason))
-
-    def verdict(self, st: os.stat_result) -> str | None:
-        """Why a file with this ``stat`` cannot be packed, or None when it can."""
-        mode = st.st_mode
-        if not stat.S_ISREG(mode):
-            return f"{_SPECIAL.get(stat.S_IFMT(mode), 'a special file')}, not a regular file"
-        if st.st_size == 0:
-            return "empty file (0 bytes)"
-        if self.euid and not self._readable(st):
-            return f"permission denied (mode {stat.filemode(mode)}); make it readable"
-        return None
-
-    def _readable(self, st: os.stat_result) -> bool:
-        if st.st_uid == self.euid:
-            return bool(st.st_mode & stat.S_IRUSR)
-        if st.st_gid in self.groups:
-            return bool(st.st_mode & stat.S_IRGRP)
-        return bool(st.st_mode & stat.S_IROTH)
-
-    def looks_like_imagefolder(self) -> bool:
-        """Every visible top-level entry is a folder holding an image, and nothing else is."""
-        if not self.top_dirs or self.top_other:
-            return False
-        with_images = {f[0].partition("/")[0] for f in self.files
-                       if f[0][-5:].lower().endswith(IMG_EXTENSIONS)}
-        return all(d in with_images for d in self.top_dirs)
+    with_images = {f[0].partition("/")[0] for f in walker.files
+                   if f[0][-5:].lower().endswith(IMG_EXTENSIONS)}
+    return all(d in with_images for d in walker.top_dirs)
 
 
 def scan_source(
@@ -274,11 +119,11 @@ def scan_source(
     if not os.path.isdir(root):
         what = "does not exist" if not os.path.lexists(root) else "is not a folder"
         raise BadInputError(f"{root}: the source {what}; pass a folder to pack", path=root)
-    walker = _Walker(root, _selector(include, exclude), follow_symlinks)
+    walker = Walker(root, selector(include, exclude), follow_symlinks)
     st = os.stat(root)
     walker.walk(root, "", frozenset({(st.st_dev, st.st_ino)}))
     if imagefolder is None:
-        imagefolder = walker.looks_like_imagefolder()
+        imagefolder = _looks_like_imagefolder(walker)
     builder = _imagefolder_samples if imagefolder else _generic_samples
     classes, samples, bad, rows = builder(walker)
     bad.extend(walker.bad_dirs)
@@ -295,7 +140,7 @@ _Built = tuple["tuple[str, ...] | None", list[SourceSample], list[Bad], list[_Ro
 
 
 def _hash(head: str, rows: Sequence[_Row]) -> str:
-    """sha256 over ``rel, size, mtime_ns, reason`` of rows laid out like ``_FileEntry``."""
+    """sha256 over ``rel, size, mtime_ns, reason`` of rows laid out like ``FileEntry``."""
     digest = hashlib.sha256(head.encode("utf-8", "surrogateescape"))
     for i in range(0, len(rows), 4096):
         text = "".join([f"{f[0]}\0{f[2]}\0{f[3]}\0{f[4] or ''}\n" for f in rows[i : i + 4096]])
@@ -303,7 +148,7 @@ def _hash(head: str, rows: Sequence[_Row]) -> str:
     return digest.hexdigest()
 
 
-def _generic_samples(walker: _Walker) -> _Built:
+def _generic_samples(walker: Walker) -> _Built:
     groups: dict[str, list[tuple[str, str, int, int, str | None, str]]] = {}
     for rel, path, size, mtime, reason in walker.files:
         dot = rel.find(".", rel.rfind("/") + 1)
@@ -365,7 +210,7 @@ def imagefolder_order(rel: str, class_index: int) -> tuple[int, str, str]:
     return class_index, folder, name
 
 
-def _imagefolder_samples(walker: _Walker) -> _Built:
+def _imagefolder_samples(walker: Walker) -> _Built:
     classes = tuple(sorted(walker.top_dirs))
     index = {c: i for i, c in enumerate(classes)}
     good: list[tuple[tuple[int, str, str], str, str, int, int]] = []
@@ -413,7 +258,7 @@ def dataset_source(
     root = getattr(dataset, "root", None)
     root = os.fspath(root) if root is not None else os.path.commonpath(
         [os.path.dirname(os.path.abspath(p)) for p, _ in pairs] or ["."])
-    walker = _Walker(root, _selector(include, exclude), True)
+    walker = Walker(root, selector(include, exclude), True)
     seen: set[str] = set()
     samples: list[SourceSample] = []
     bad: list[Bad] = []
@@ -437,7 +282,7 @@ def dataset_source(
             reason = "outside dataset.root"
         if reason is None and rel in seen:
             reason = "listed twice in dataset.samples"
-        if reason is None and not _is_utf8(rel):
+        if reason is None and not is_utf8(rel):
             reason = "name is not valid UTF-8; rename it"
         seen.add(rel)
         rows.append((f"{label}\0{rel}", path, size, mtime, reason))

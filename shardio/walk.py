@@ -1,0 +1,185 @@
+"""Which entries under SRC count as files to pack, and which are bad and why.
+
+This module owns the walk over SRC: hidden entries are ignored and counted,
+``include``/``exclude`` globs select files, symbolic links are reported or
+followed (without loops), and every file that cannot be packed gets a reason
+(empty, special, unreadable by its mode, a name that is not UTF-8, a broken or
+looping link). It reads directory entries and ``lstat`` results only, never
+file contents, knows nothing of samples or ImageFolders (``shardio.source``
+builds those), and imports nothing from shardio.
+"""
+
+from __future__ import annotations
+
+import errno
+import fnmatch
+import os
+import re
+import stat
+from collections.abc import Callable, Sequence
+from typing import Any
+
+Bad = tuple[str, str]
+"""``(path relative to the source, reason)`` of one input that was not packed."""
+
+FileEntry = tuple[str, str, int, int, "str | None"]
+"""``(relative POSIX path, OS path, size, mtime_ns, reason it is bad or None)``."""
+
+
+def display_path(rel: str) -> str:
+    """``rel`` made printable: bytes that are not UTF-8 appear as ``\\xNN``."""
+    return rel.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+
+
+def is_utf8(name: str) -> bool:
+    """Whether a name read from the OS is valid UTF-8 (not bytes kept as surrogate escapes)."""
+    try:
+        name.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def selector(include: Sequence[str], exclude: Sequence[str]) -> Callable[[str], bool] | None:
+    """A test of a relative POSIX path against ``include``/``exclude`` globs; None keeps all."""
+    if not include and not exclude:
+        return None
+    inc = re.compile("|".join(fnmatch.translate(g) for g in include)) if include else None
+    exc = re.compile("|".join(fnmatch.translate(g) for g in exclude)) if exclude else None
+    return lambda rel: (inc is None or inc.match(rel) is not None) and (
+        exc is None or exc.match(rel) is None
+    )
+
+
+_SPECIAL = {stat.S_IFIFO: "a named pipe", stat.S_IFSOCK: "a socket",
+            stat.S_IFCHR: "a character device", stat.S_IFBLK: "a block device"}
+
+
+class Walker:
+    """One recursive ``scandir`` pass: ``files``, ``bad_dirs``, top-level entries and counts.
+
+    Call ``walk(root, "", ancestors)`` once; ``files`` then holds every file
+    that counts as ``(relative POSIX path, OS path, size, mtime_ns, reason it
+    is bad or None)`` in directory order.
+    """
+
+    def __init__(
+        self, root: str, select: Callable[[str], bool] | None, follow_symlinks: bool
+    ) -> None:
+        self.root = root
+        self.select = select
+        self.follow = follow_symlinks
+        self.files: list[FileEntry] = []
+        self.bad_dirs: list[Bad] = []
+        self.top_dirs: list[str] = []
+        self.top_other = 0
+        self.hidden = 0
+        self.excluded = 0
+        self.euid = os.geteuid() if hasattr(os, "geteuid") else 0
+        self.groups = set(os.getgroups()) | {os.getegid()} if self.euid else set()
+
+    def walk(self, path: str, rel: str, ancestors: frozenset[tuple[int, int]]) -> None:
+        """Collect everything under folder ``path`` (``rel`` is its relative path + "/")."""
+        try:
+            with os.scandir(path) as it:
+                entries = list(it)
+        except OSError as exc:
+            reason = f"folder cannot be read ({exc.strerror})"
+            self.bad_dirs.append((display_path(rel or "."), reason))
+            return
+        select, files, fast = self.select, self.files, bool(rel) and not self.euid
+        for entry in entries:
+            name = entry.name
+            if name[0] == ".":
+                self.hidden += 1
+                continue
+            erel = rel + name
+            try:
+                if not name.isascii() and not is_utf8(name):
+                    folder = entry.is_dir(follow_symlinks=False)
+                    self._bad(erel, entry.path, "folder name is not valid UTF-8; rename it (e.g. "
+                              "with `convmv`); nothing inside it was packed" if folder else
+                              "name is not valid UTF-8; rename it (e.g. with `convmv`)", folder)
+                elif entry.is_dir(follow_symlinks=False):
+                    self._enter(entry.path, erel, ancestors, entry)
+                elif entry.is_symlink():
+                    self._symlink(entry.path, erel, ancestors)
+                elif select is None or select(erel):
+                    st = entry.stat(follow_symlinks=False)
+                    if fast and st.st_size and stat.S_ISREG(st.st_mode):
+                        files.append((erel, entry.path, st.st_size, st.st_mtime_ns, None))
+                    else:
+                        self._add(erel, entry.path, st)
+                else:
+                    self.excluded += 1
+            except OSError as exc:
+                self._bad(erel, entry.path, f"cannot be examined ({exc.strerror})")
+
+    def _enter(
+        self, path: str, rel: str, ancestors: frozenset[tuple[int, int]], entry: Any = None
+    ) -> None:
+        if self.follow:
+            st = entry.stat(follow_symlinks=False) if entry is not None else os.stat(path)
+            ancestors = ancestors | {(st.st_dev, st.st_ino)}
+        if "/" not in rel:
+            self.top_dirs.append(rel)
+        self.walk(path, rel + "/", ancestors)
+
+    def _bad(self, rel: str, path: str, reason: str, folder: bool = False) -> None:
+        if folder:
+            self.bad_dirs.append((display_path(rel) + "/", reason))
+        elif self.select is None or self.select(rel):
+            self.files.append((rel, path, 0, 0, reason))
+        else:
+            self.excluded += 1
+            return
+        if "/" not in rel:
+            self.top_other += 1
+
+    def _symlink(self, path: str, rel: str, ancestors: frozenset[tuple[int, int]]) -> None:
+        target = display_path(os.readlink(path))
+        try:
+            st = os.stat(path)
+        except OSError as exc:
+            what = {errno.ELOOP: "symbolic link loop", errno.ENOENT: "broken symbolic link"}
+            self._bad(rel, path, f"{what.get(exc.errno or 0, 'symbolic link cannot be followed')}"
+                                 f" (-> {target}: {exc.strerror})")
+            return
+        folder = stat.S_ISDIR(st.st_mode)
+        if not self.follow:
+            self._bad(rel, path, f"symbolic link to a {'folder' if folder else 'file'} (-> "
+                      f"{target}); links are not followed by default: pass --follow-symlinks "
+                      "to pack what it points to", folder)
+        elif folder and (st.st_dev, st.st_ino) in ancestors:
+            self._bad(rel, path, f"symbolic link loop (-> {target} is one of its own parents)",
+                      True)
+        elif folder:
+            self._enter(path, rel, ancestors)
+        elif self.select is None or self.select(rel):
+            self._add(rel, path, st)
+        else:
+            self.excluded += 1
+
+    def _add(self, rel: str, path: str, st: os.stat_result) -> None:
+        reason = self.verdict(st)
+        if "/" not in rel:
+            self.top_other += 1
+        self.files.append((rel, path, st.st_size if reason is None else 0, st.st_mtime_ns, reason))
+
+    def verdict(self, st: os.stat_result) -> str | None:
+        """Why a file with this ``stat`` cannot be packed, or None when it can."""
+        mode = st.st_mode
+        if not stat.S_ISREG(mode):
+            return f"{_SPECIAL.get(stat.S_IFMT(mode), 'a special file')}, not a regular file"
+        if st.st_size == 0:
+            return "empty file (0 bytes)"
+        if self.euid and not self._readable(st):
+            return f"permission denied (mode {stat.filemode(mode)}); make it readable"
+        return None
+
+    def _readable(self, st: os.stat_result) -> bool:
+        if st.st_uid == self.euid:
+            return bool(st.st_mode & stat.S_IRUSR)
+        if st.st_gid in self.groups:
+            return bool(st.st_mode & stat.S_IRGRP)
+        return bool(st.st_mode & stat.S_IROTH)
