@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import itertools
 import os
 import random
 import sys
@@ -263,9 +264,10 @@ def _pack_source(
     resumed = dict(done)
     write_journal(job.out, journal_state(identity, done))
     todo = [n for n in range(len(plan)) if n not in done]
-    files_in = [sum(len(stream[i].paths) for i in plan[n]) for n in range(len(plan))]
-    bar = _Progress(sys.stderr.isatty() if progress is None else progress, sum(files_in),
-                    sum(files_in[n] for n in done))
+    files_upto = list(itertools.accumulate((len(s.paths) for s in stream), initial=0))
+    bytes_upto = list(itertools.accumulate((s.num_bytes for s in stream), initial=0))
+    bar = _Progress(sys.stderr.isatty() if progress is None else progress, files_upto[-1],
+                    sum(files_upto[plan[n].stop] - files_upto[plan[n].start] for n in done))
     try:
         results = build_shards(job, todo, num_workers=num_workers or default_workers(),
                                progress=bar.show if bar.bar is not None else None)
@@ -280,21 +282,21 @@ def _pack_source(
                 write_journal(job.out, journal_state(identity, done))
     finally:
         bar.close()
-    manifest = pack_manifest(job, source, options, done, seed=seed, shuffle=shuffle,
-                             pack_options={**pack_options, "skip_bad": skip_bad})
+    left_out = [stream[i] for r in done.values() for i in r.left_out]
+    input_bytes = bytes_upto[-1] - sum(s.num_bytes for s in left_out)
+    manifest = pack_manifest(job, source, options, done, input_bytes=input_bytes, seed=seed,
+                             shuffle=shuffle, pack_options={**pack_options, "skip_bad": skip_bad})
     write_manifest(job.out, manifest)
     (job.out / JOURNAL_NAME).unlink(missing_ok=True)
     seconds = time.perf_counter() - start
-    this_run = [stream[i] for n in todo for i in plan[n]]
-    left_out = [stream[i] for r in done.values() for i in r.left_out]
+    this_run = [plan[n] for n in todo]
     return PackSummary(
         out=str(out), samples=manifest.num_samples,
-        files=sum(files_in) - sum(len(s.paths) for s in left_out),
-        shards=len(manifest.shards), input_bytes=manifest.input_bytes,
-        output_bytes=manifest.num_bytes,
-        ratio=manifest.num_bytes / max(manifest.input_bytes, 1), seconds=seconds,
-        files_per_s=sum(len(s.paths) for s in this_run) / seconds,
-        mb_per_s=sum(s.num_bytes for s in this_run) / 1e6 / seconds,
+        files=files_upto[-1] - sum(len(s.paths) for s in left_out),
+        shards=len(manifest.shards), input_bytes=input_bytes, output_bytes=manifest.num_bytes,
+        ratio=manifest.num_bytes / max(input_bytes, 1), seconds=seconds,
+        files_per_s=sum(files_upto[r.stop] - files_upto[r.start] for r in this_run) / seconds,
+        mb_per_s=sum(bytes_upto[r.stop] - bytes_upto[r.start] for r in this_run) / 1e6 / seconds,
         hidden_ignored=source.hidden_ignored,
         skipped=tuple((f.path, f.reason) for f in manifest.skipped),
         imagefolder=source.classes is not None,

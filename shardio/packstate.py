@@ -52,18 +52,18 @@ def resumable_shards(job: ShardJob, identity: Mapping[str, Any]) -> dict[int, Sh
 
 def pack_manifest(
     job: ShardJob, source: Source, options: WriteOptions, done: Mapping[int, ShardResult], *,
-    pack_options: Mapping[str, Any], seed: int, shuffle: bool,
+    input_bytes: int, pack_options: Mapping[str, Any], seed: int, shuffle: bool,
 ) -> Manifest:
-    """The manifest of the finished shards: first indices and fields follow shard order."""
+    """The manifest of the finished shards: first indices and fields follow shard order.
+
+    ``input_bytes`` counts the files packed (those left out excluded).
+    """
     shards: list[ShardInfo] = []
     fields: dict[str, None] = {}
     skipped: list[Bad] = list(source.bad)
-    input_bytes = 0
     for number in range(len(job.plan)):
         result = done[number]
         skipped += result.skipped
-        input_bytes += sum(job.stream[i].num_bytes for i in job.plan[number])
-        input_bytes -= sum(job.stream[i].num_bytes for i in result.left_out)
         if result.num_samples:
             first = shards[-1].first_index + shards[-1].num_samples if shards else 0
             shards.append(ShardInfo(result.name, result.num_samples, first, result.num_bytes,
