@@ -6,7 +6,9 @@ trees of ``benchmarks.datagen`` (an ImageFolder of photo-like JPEGs and a tree
 of 1-4 KB files) with 1 and 2 workers and times ``tar -cf`` of the same tree
 in the same run, interleaved, on a warm page cache (one untimed pass first),
 and reports the median of ``--repeats`` runs. The target is one worker at
-at least 0.8 times tar's files/s on both trees.
+at least 0.8 times tar's files/s on both trees. The machine's 1-minute load
+average is recorded after every round: on a shared machine it says how many
+cores the workers really had.
 
 Usage: ``python -m benchmarks.bench_pack [--quick] [--images N] [--tiny N]
 [--repeats R] [--workers 1,2] [--json PATH]``. Prints a markdown table and
@@ -95,10 +97,12 @@ def bench_tree(
     time_tar(tree, work)  # warm the page cache and the disk's free space
     runs: dict[str, list[dict[str, float]]] = {"tar": []}
     runs.update({f"pack_w{w}": [] for w in workers})
+    load = [os.getloadavg()[0]]
     for _ in range(repeats):
         runs["tar"].append(time_tar(tree, work))
         for w in workers:
             runs[f"pack_w{w}"].append(time_pack(tree, work, w, options))
+        load.append(os.getloadavg()[0])
     medians = {}
     for name, rows in runs.items():
         seconds = statistics.median(r["seconds"] for r in rows)
@@ -117,7 +121,7 @@ def bench_tree(
     shutil.rmtree(work / "packed", ignore_errors=True)
     (work / "tree.tar").unlink(missing_ok=True)
     return {"kind": tree.kind, "num_files": tree.num_files, "num_bytes": tree.num_bytes,
-            "medians": medians, "runs": runs}
+            "medians": medians, "runs": runs, "load_average_1min": load}
 
 
 def markdown(results: list[dict[str, Any]], workers: list[int]) -> str:
