@@ -1,7 +1,14 @@
-"""What the results were measured on: cores, memory, disk, CPU, and every library's version."""
+"""What the results were measured on: machine, library versions, and which shardio source.
+
+Other engineers edit the shared working tree while a run goes on, so ``snapshot_shardio``
+copies the ``shardio`` package once, at the start, and every measurement imports that
+copy; ``source_id`` fingerprints it (git HEAD, whether the tree differed from HEAD, and a
+hash of the package's files) so a result names exactly the code it measured.
+"""
 
 from __future__ import annotations
 
+import hashlib
 import importlib.metadata
 import os
 import platform
@@ -68,3 +75,30 @@ def library_versions() -> dict[str, str | None]:
         except importlib.metadata.PackageNotFoundError:
             out[name] = None
     return out
+
+
+def source_id(package: Path) -> dict[str, Any]:
+    """Git HEAD of the checkout, whether ``package`` differs from it, and a content hash."""
+    digest = hashlib.sha256()
+    for path in sorted(package.rglob("*.py")):
+        digest.update(path.relative_to(package).as_posix().encode())
+        digest.update(path.read_bytes())
+    repo = package.parent
+
+    def git(*args: str) -> str:
+        out = subprocess.run(["git", "-C", str(repo), *args], capture_output=True, text=True,
+                             check=False)
+        return out.stdout.strip()
+
+    return {"git_head": git("rev-parse", "--short", "HEAD") or None,
+            "dirty": bool(git("status", "--porcelain", "--", package.name)),
+            "sha256": digest.hexdigest()[:16]}
+
+
+def snapshot_shardio(repo: Path, dest: Path) -> dict[str, Any]:
+    """Copy ``repo/shardio`` to ``dest/shardio`` (what the children import); its identity."""
+    shutil.rmtree(dest, ignore_errors=True)
+    dest.mkdir(parents=True)
+    shutil.copytree(repo / "shardio", dest / "shardio",
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    return {**source_id(repo / "shardio"), "snapshot_sha256": source_id(dest / "shardio")["sha256"]}

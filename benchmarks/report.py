@@ -110,6 +110,11 @@ def render(results: dict[str, Any]) -> str:
     m = results["machine"]
     disk = m.get("disk", {})
     versions = ", ".join(f"{k} {v}" for k, v in results["versions"].items() if v)
+    src = results.get("shardio_source") or {}
+    source = (f" shardio source: git {src.get('git_head')}"
+              f"{' plus uncommitted changes' if src.get('dirty') else ''}, package hash "
+              f"{src.get('sha256')} (copied at the start; every measurement imported that copy)."
+              if src else " shardio source: not recorded (the run predates source pinning).")
     out = [
         f"Measured {results['date']} with `{results['command']}` "
         f"({'quick' if results['quick'] else 'full'} run, median of {results['repeats']} "
@@ -118,7 +123,7 @@ def render(results: dict[str, Any]) -> str:
         f"Machine: {m['cores']} cores ({m['cpu']}), {m['ram_gib']} GiB RAM, disk "
         f"{disk.get('device', '?')} ({disk.get('fs', '?')}, "
         f"{'rotational' if disk.get('rotational') else 'non-rotational'} as the kernel reports "
-        f"it), Python {m['python']}. Versions: {versions}.",
+        f"it), Python {m['python']}. Versions: {versions}." + source,
     ]
     for kind, ds in results["datasets"].items():
         ev = ds["eviction"]

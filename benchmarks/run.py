@@ -4,15 +4,17 @@
 (or reuses) the data, packs it with every system, checks eviction and the disk's own
 rate, audits exactly-once delivery and files opened, then times epochs; every repeat
 visits the systems in a rotated order so drift on a shared machine spreads over all of
-them. Medians, ratios and target checks are computed by ``benchmarks.summary``; the
-JSON goes to ``benchmarks/results/`` and ``--update-readme`` rewrites the table in
-``benchmarks/README.md``.
+them; every child imports a copy of ``shardio`` taken when the run starts, so edits
+to the shared tree during a run cannot mix code versions. Medians, ratios and target
+checks are computed by ``benchmarks.summary``; the JSON goes to ``benchmarks/results/``
+and ``--update-readme`` rewrites the table in ``benchmarks/README.md``.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -23,10 +25,10 @@ from typing import Any
 
 import numpy as np
 
-from benchmarks import probe
+from benchmarks import SNAPSHOT_ENV, probe
 from benchmarks.adapters import BASELINE, SHUFFLE_ONLY, SYSTEMS, get_adapter
 from benchmarks.datagen import DATA_ROOT, FULL_SIZES, QUICK_SIZES, Tree, ensure_tree
-from benchmarks.machine import describe_machine, library_versions
+from benchmarks.machine import describe_machine, library_versions, snapshot_shardio, source_id
 from benchmarks.summary import summarize
 
 HERE = Path(__file__).resolve().parent
@@ -47,8 +49,11 @@ def epoch_configs(
 class Runner:
     """Runs child measurements and keeps their raw results."""
 
-    def __init__(self, work_root: Path, *, timeout_s: float, verbose: bool) -> None:
+    def __init__(
+        self, work_root: Path, *, timeout_s: float, verbose: bool, snapshot: str
+    ) -> None:
         self.work_root = work_root
+        self.env = {**os.environ, SNAPSHOT_ENV: snapshot}
         self.timeout_s = timeout_s
         self.verbose = verbose
         self.logs = work_root / "logs"
@@ -67,7 +72,7 @@ class Runner:
         with open(self.logs / f"{tag}.log", "wb") as log:
             try:
                 proc = subprocess.run(cmd, cwd=REPO, stdout=log, stderr=subprocess.STDOUT,
-                                      timeout=self.timeout_s, check=False)
+                                      timeout=self.timeout_s, check=False, env=self.env)
                 code: int | str = proc.returncode
             except subprocess.TimeoutExpired:
                 code = f"timeout after {self.timeout_s:.0f} s"
@@ -243,7 +248,10 @@ def main(argv: list[str] | None = None) -> Path:
     stamp = time.strftime("%Y-%m-%d")
     out = args.out or HERE / "results" / f"{stamp}-{'quick' if args.quick else 'full'}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
-    runner = Runner(args.work_dir, timeout_s=args.timeout, verbose=args.verbose)
+    snapshot = args.work_dir / "snapshot"
+    source = snapshot_shardio(REPO, snapshot)
+    runner = Runner(args.work_dir, timeout_s=args.timeout, verbose=args.verbose,
+                    snapshot=str(snapshot))
     started = time.time()
     raw: dict[str, Any] = {}
     for kind in args.datasets:
@@ -256,6 +264,8 @@ def main(argv: list[str] | None = None) -> Path:
         "argv": sys.argv[1:] if argv is None else argv, "quick": args.quick,
         "repeats": args.repeats, "wall_s": round(time.time() - started, 1),
         "machine": describe_machine(args.work_dir), "versions": library_versions(),
+        "shardio_source": {**source, "changed_during_run":
+                           source_id(REPO / "shardio")["sha256"] != source["sha256"]},
         "config": {"batch_size": 64, "workers": args.workers, "caches": args.caches,
                    "pack_workers": args.pack_workers, "seed": args.seed},
     })
