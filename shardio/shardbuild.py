@@ -90,6 +90,9 @@ class ShardFailure:
     reason: str
 
 
+ShardOutcome = ShardResult | ShardFailure
+
+
 def _read_rest(fd: int) -> bytes:
     """What follows a first ``read``: a file that grew, or one over the 2 GiB read limit."""
     parts = []
@@ -109,11 +112,11 @@ def _decode_error(data: bytes) -> str | None:
     return None
 
 
-Encoded = tuple["bytes | None", int, "str | None"]
+Framed = tuple["bytes | None", int, "str | None"]
 """``(framed record, or None with the failing field's position and the reason)``."""
 
 
-def encode_sample(sample: SourceSample, codec: Codec, check_images: bool) -> Encoded:
+def frame_sample(sample: SourceSample, codec: Codec, check_images: bool) -> Framed:
     """Read ``sample``'s files and frame them as one record, or say which file is bad and why.
 
     Each file is read with one ``read`` of its scanned size + 1, which also
@@ -149,8 +152,7 @@ def encode_sample(sample: SourceSample, codec: Codec, check_images: bool) -> Enc
         return None, 0, f"cannot be stored as a record ({exc})"
 
 
-def build_shard(job: ShardJob, number: int, report: Report | None = None) -> (
-        ShardResult | ShardFailure):
+def build_shard(job: ShardJob, number: int, report: Report | None = None) -> ShardOutcome:
     """Write shard ``number`` of ``job`` and return what the journal and manifest need.
 
     Without ``job.skip_bad``, the first bad file stops the shard: its partial
@@ -168,7 +170,7 @@ def build_shard(job: ShardJob, number: int, report: Report | None = None) -> (
     try:
         for pos in job.plan[number]:
             sample = stream[pos]
-            framed, failed, reason = encode_sample(sample, codec, check)
+            framed, failed, reason = frame_sample(sample, codec, check)
             if framed is not None:
                 writer.append(sample.key, framed)
                 if not job.labelled:

@@ -26,16 +26,13 @@ from typing import Any, Final
 
 from shardio.backends import shard_name
 from shardio.errors import PackError
-from shardio.shardbuild import ShardFailure, ShardJob, ShardResult, build_shard
+from shardio.shardbuild import ShardJob, ShardOutcome, build_shard
 
 POLL_S: Final = 0.2
 """How often the main process refreshes progress while it waits for shards."""
 
 Progress = Callable[[int, int], None]
 """``progress(files, input_bytes)``: totals handled so far by this run."""
-
-Outcome = ShardResult | ShardFailure
-
 
 def default_workers() -> int:
     """Every core this process may run on: the main process only waits while workers build."""
@@ -66,7 +63,7 @@ def _serve(job: ShardJob, conn: Connection, parent_end: Connection, counters: An
     with contextlib.suppress(EOFError):  # the parent is gone
         while (number := conn.recv()) is not None:
             try:
-                outcome: Outcome | BaseException = build_shard(job, number, report)
+                outcome: ShardOutcome | BaseException = build_shard(job, number, report)
             except Exception as exc:  # the parent re-raises it, as if built in-process
                 outcome = exc
             conn.send(outcome)
@@ -74,7 +71,7 @@ def _serve(job: ShardJob, conn: Connection, parent_end: Connection, counters: An
 
 def build_shards(
     job: ShardJob, numbers: Sequence[int], *, num_workers: int, progress: Progress | None = None
-) -> Generator[Outcome, None, None]:
+) -> Generator[ShardOutcome, None, None]:
     """Build shards ``numbers`` of ``job``; yield each outcome once its shard is on disk.
 
     With one worker (or one shard) everything runs in this process, in order.
@@ -149,7 +146,7 @@ def build_shards(
 
 def _build_here(
     job: ShardJob, numbers: Sequence[int], progress: Progress | None
-) -> Generator[Outcome, None, None]:
+) -> Generator[ShardOutcome, None, None]:
     totals = [0, 0]
 
     def report(files: int, nbytes: int) -> None:
