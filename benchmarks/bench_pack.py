@@ -3,16 +3,22 @@
 ``tar -cf`` reads every file and writes one archive with no compression, no
 checksums and no fsync: the copy limit. This benchmark packs the two shared
 trees of ``benchmarks.datagen`` (an ImageFolder of photo-like JPEGs and a tree
-of 1-4 KB files) with 1 and 2 workers and times ``tar -cf`` of the same tree
-in the same run, interleaved, on a warm page cache (one untimed pass first),
-and reports the median of ``--repeats`` runs. The target is one worker at
-at least 0.8 times tar's files/s on both trees. The machine's 1-minute load
-average is recorded after every round: on a shared machine it says how many
-cores the workers really had.
+of 1-4 KB files) with each ``--workers`` count and times ``tar -cf`` of the
+same tree in the same round, on a warm page cache (one untimed pass first).
+Each pack runs in a fresh process and is timed inside it (interpreter start-up
+excluded). ``--baseline REV`` also times the ``shardio`` package of git
+revision ``REV`` (extracted with ``git archive``) in the same rounds, so a
+change is compared with what it replaces under the same load. The target is
+one worker at at least 0.8 times tar's files/s on both trees.
+
+The machine is shared, so rates drift with other jobs: "× tar" is the median
+over rounds of tar's time / pack's time *in the same round*, and the 1-minute
+load average is recorded after every round.
 
 Usage: ``python -m benchmarks.bench_pack [--quick] [--images N] [--tiny N]
-[--repeats R] [--workers 1,2] [--json PATH]``. Prints a markdown table and
-writes every run to a JSON file (default ``benchmarks/results/pack.json``).
+[--repeats R] [--workers 1,2] [--codec zstd|none] [--baseline REV] [--json PATH]``.
+Prints a markdown table and writes every run to a JSON file (default
+``benchmarks/results/pack.json``).
 """
 
 from __future__ import annotations
@@ -27,25 +33,37 @@ import resource
 import shutil
 import statistics
 import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any
 
 from benchmarks.datagen import FULL_SIZES, QUICK_SIZES, Tree, ensure_tree
-from shardio.pack import pack
-from shardio.writer import WriteOptions
 
 HERE = Path(__file__).resolve().parent
 WORK = HERE / "work"
 
+CHILD = """
+import json, resource, sys, time
+from shardio.pack import pack
+from shardio.writer import WriteOptions
+
+def cpu():
+    return sum(u.ru_utime + u.ru_stime for u in (
+        resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)))
+
+src, out, workers, codec = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
+cpu0, start = cpu(), time.perf_counter()
+summary = pack(src, out, options=WriteOptions(codec=codec), num_workers=workers, progress=False)
+seconds = time.perf_counter() - start
+print(json.dumps({"seconds": seconds, "cpu_s": cpu() - cpu0, "samples": summary.samples,
+                  "output_bytes": summary.output_bytes}))
+"""
+"""One timed pack, run as ``python -c CHILD SRC OUT WORKERS CODEC`` in a fresh process."""
+
 
 def _children_cpu() -> float:
     usage = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return usage.ru_utime + usage.ru_stime
-
-
-def _self_cpu() -> float:
-    usage = resource.getrusage(resource.RUSAGE_SELF)
     return usage.ru_utime + usage.ru_stime
 
 
@@ -77,32 +95,57 @@ def time_tar(tree: Tree, work: Path) -> dict[str, float]:
             "output_bytes": archive.stat().st_size}
 
 
-def time_pack(tree: Tree, work: Path, num_workers: int, options: WriteOptions) -> dict[str, float]:
-    """One ``shardio.pack`` of the tree into ``work``; wall and CPU seconds (workers included)."""
+def time_pack(
+    tree: Tree, work: Path, num_workers: int, codec: str, source: Path | None = None
+) -> dict[str, float]:
+    """One ``shardio.pack`` of the tree into ``work`` in a fresh process; wall and CPU seconds.
+
+    ``source`` is a folder holding another ``shardio`` package to time instead
+    of the installed one. CPU seconds include the pack's worker processes.
+    """
     shutil.rmtree(work / "packed", ignore_errors=True)  # untimed, like tar's old archive
-    cpu = _self_cpu() + _children_cpu()
-    start = time.perf_counter()
-    summary = pack(tree.root, work / "packed", options=options, num_workers=num_workers,
-                   progress=False)
-    seconds = time.perf_counter() - start
-    return {"seconds": seconds, "cpu_s": _self_cpu() + _children_cpu() - cpu,
-            "output_bytes": summary.output_bytes, "samples": summary.samples}
+    env = dict(os.environ)
+    if source is not None:
+        env["PYTHONPATH"] = os.pathsep.join([str(source), env.get("PYTHONPATH", "")])
+    done = subprocess.run(
+        [sys.executable, "-c", CHILD, str(tree.root), str(work / "packed"), str(num_workers),
+         codec], check=True, capture_output=True, text=True, env=env)
+    result: dict[str, float] = json.loads(done.stdout)
+    return result
+
+
+def extract_revision(rev: str, work: Path) -> Path:
+    """The ``shardio`` package of git revision ``rev``, extracted under ``work``."""
+    target = work / f"baseline-{rev}"
+    if not (target / "shardio" / "__init__.py").exists():
+        shutil.rmtree(target, ignore_errors=True)
+        target.mkdir(parents=True)
+        archive = subprocess.run(["git", "-C", str(HERE.parent), "archive", rev, "shardio"],
+                                 check=True, capture_output=True).stdout
+        subprocess.run(["tar", "-x", "-C", str(target)], input=archive, check=True)
+    return target
 
 
 def bench_tree(
-    tree: Tree, *, workers: list[int], repeats: int, options: WriteOptions, work: Path
+    tree: Tree, *, workers: list[int], repeats: int, codec: str, work: Path,
+    baseline: tuple[str, Path] | None = None,
 ) -> dict[str, Any]:
-    """Interleaved repeats of tar and every worker count on one tree; medians and all runs."""
+    """Interleaved rounds of tar and every pack setting on one tree; medians and all runs."""
     work.mkdir(parents=True, exist_ok=True)
     time_tar(tree, work)  # warm the page cache and the disk's free space
+    settings: list[tuple[str, int, Path | None]] = [(f"pack_w{w}", w, None) for w in workers]
+    if baseline is not None:
+        settings += [(f"{baseline[0]}_w{w}", w, baseline[1]) for w in workers]
     runs: dict[str, list[dict[str, float]]] = {"tar": []}
-    runs.update({f"pack_w{w}": [] for w in workers})
+    runs.update({name: [] for name, _, _ in settings})
     load = [os.getloadavg()[0]]
     for _ in range(repeats):
         runs["tar"].append(time_tar(tree, work))
-        for w in workers:
-            runs[f"pack_w{w}"].append(time_pack(tree, work, w, options))
+        for name, w, source in settings:
+            runs[name].append(time_pack(tree, work, w, codec, source))
         load.append(os.getloadavg()[0])
+    tar_s = [r["seconds"] for r in runs["tar"]]
+    synced_s = [r["seconds"] + r["fsync_s"] for r in runs["tar"]]
     medians = {}
     for name, rows in runs.items():
         seconds = statistics.median(r["seconds"] for r in rows)
@@ -111,24 +154,26 @@ def bench_tree(
             "cpu_s": statistics.median(r["cpu_s"] for r in rows),
             "files_per_s": tree.num_files / seconds,
             "mb_per_s": tree.num_bytes / 1e6 / seconds,
+            "vs_tar": statistics.median(
+                t / r["seconds"] for t, r in zip(tar_s, rows, strict=True)),
+            "vs_tar_fsync": statistics.median(
+                t / r["seconds"] for t, r in zip(synced_s, rows, strict=True)),
         }
-    tar = medians["tar"]
-    tar["fsync_s"] = statistics.median(r["fsync_s"] for r in runs["tar"])
-    synced_fps = tree.num_files / (tar["seconds"] + tar["fsync_s"])
-    for row in medians.values():
-        row["vs_tar"] = row["files_per_s"] / tar["files_per_s"]
-        row["vs_tar_fsync"] = row["files_per_s"] / synced_fps
+    medians["tar"]["fsync_s"] = statistics.median(r["fsync_s"] for r in runs["tar"])
     shutil.rmtree(work / "packed", ignore_errors=True)
     (work / "tree.tar").unlink(missing_ok=True)
     return {"kind": tree.kind, "num_files": tree.num_files, "num_bytes": tree.num_bytes,
             "medians": medians, "runs": runs, "load_average_1min": load}
 
 
-def markdown(results: list[dict[str, Any]], workers: list[int]) -> str:
+def markdown(results: list[dict[str, Any]], workers: list[int], baseline: str | None) -> str:
     """The results as the markdown table of ``benchmarks/README.md``."""
     head = "| tree | files | MB | tar files/s (+fsync) | " + " | ".join(
-        f"pack {w}w files/s | × tar (+fsync) | pack {w}w MB/s" for w in workers) + " |"
-    lines = [head, "|" + "---|" * (4 + 3 * len(workers))]
+        f"pack {w}w files/s | × tar (+fsync)" for w in workers)
+    if baseline is not None:
+        head += " | " + " | ".join(f"{baseline} {w}w × tar (+fsync)" for w in workers)
+    columns = 4 + 2 * len(workers) + (len(workers) if baseline is not None else 0)
+    lines = [head + " |", "|" + "---|" * columns]
     for res in results:
         med = res["medians"]
         tar = med["tar"]
@@ -138,8 +183,10 @@ def markdown(results: list[dict[str, Any]], workers: list[int]) -> str:
         for w in workers:
             row = med[f"pack_w{w}"]
             cells += [f"{row['files_per_s']:,.0f}",
-                      f"{row['vs_tar']:.2f} ({row['vs_tar_fsync']:.2f})",
-                      f"{row['mb_per_s']:,.0f}"]
+                      f"{row['vs_tar']:.2f} ({row['vs_tar_fsync']:.2f})"]
+        for w in workers if baseline is not None else []:
+            row = med[f"{baseline}_w{w}"]
+            cells.append(f"{row['vs_tar']:.2f} ({row['vs_tar_fsync']:.2f})")
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
@@ -150,31 +197,37 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--quick", action="store_true", help="the small shared trees")
     parser.add_argument("--images", type=int, help=f"JPEGs (default {FULL_SIZES['images']})")
     parser.add_argument("--tiny", type=int, help=f"tiny files (default {FULL_SIZES['tiny']})")
-    parser.add_argument("--repeats", type=int, default=5, help="timed runs per setting")
+    parser.add_argument("--repeats", type=int, default=5, help="timed rounds per tree")
     parser.add_argument("--workers", default="1,2", help="worker counts, comma-separated")
     parser.add_argument("--codec", default="zstd", choices=("zstd", "none"))
+    parser.add_argument("--baseline", metavar="REV",
+                        help="also time the shardio package of this git revision")
     parser.add_argument("--json", type=Path, default=HERE / "results" / "pack.json")
     args = parser.parse_args(argv)
     workers = [int(w) for w in args.workers.split(",")]
     default = QUICK_SIZES if args.quick else FULL_SIZES
     sizes = {"images": args.images or default["images"], "tiny": args.tiny or default["tiny"]}
-    options = WriteOptions(codec=args.codec)
+    work = WORK / "bench_pack"
+    baseline = None
+    if args.baseline:
+        baseline = (args.baseline, extract_revision(args.baseline, work))
     results = []
     for kind, num_files in sizes.items():
         tree = ensure_tree(kind, num_files)
         results.append(bench_tree(tree, workers=workers, repeats=args.repeats,
-                                  options=options, work=WORK / "bench_pack"))
+                                  codec=args.codec, work=work, baseline=baseline))
         print(f"{kind}: done", flush=True)
     report = {
         "question": "pack files/s and MB/s against tar -cf of the same tree",
         "date": datetime.date.today().isoformat(),
         "machine": {"platform": platform.platform(), "python": platform.python_version(),
                     "cores": len(os.sched_getaffinity(0)), "cpu": _cpu_model()},
-        "codec": args.codec, "repeats": args.repeats, "workers": workers, "results": results,
+        "codec": args.codec, "repeats": args.repeats, "workers": workers,
+        "baseline": args.baseline, "results": results,
     }
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps(report, indent=1), encoding="utf-8")
-    print(markdown(results, workers))
+    print(markdown(results, workers, args.baseline))
     print(f"results: {args.json}")
 
 
