@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 
 from benchmarks.datagen import DATA_ROOT
-from benchmarks.machine import describe_machine, library_versions
+from benchmarks.machine import describe_machine, library_versions, source_id
 from benchmarks.probe import evict, median, read_all
 
 HERE = Path(__file__).resolve().parent
@@ -97,7 +97,7 @@ def main(argv: list[str] | None = None) -> None:
         "question": "time to first sample on a dataset of N samples (target: under 1 s at 1M)",
         "date": time.strftime("%Y-%m-%d %H:%M"), "num_samples": args.samples,
         "dataset_bytes": size, "repeats": args.repeats, "machine": describe_machine(path),
-        "versions": library_versions(),
+        "versions": library_versions(), "shardio_source": source_id(HERE.parent / "shardio"),
         "first_batch_s": {k: median(r["first_batch_s"] for r in v) for k, v in rows.items()},
         "runs": rows,
     }
