@@ -4,7 +4,8 @@
 checksums and no fsync: the copy limit. This benchmark packs the two shared
 trees of ``benchmarks.datagen`` (an ImageFolder of photo-like JPEGs and a tree
 of 1-4 KB files) with each ``--workers`` count and times ``tar -cf`` of the
-same tree in the same round, on a warm page cache (one untimed pass first).
+same tree in the same round, on a warm page cache (one untimed pass first);
+the order of the settings rotates from round to round.
 Each pack runs in a fresh process and is timed inside it (interpreter start-up
 excluded). ``--baseline REV`` also times the ``shardio`` package of git
 revision ``REV`` (extracted with ``git archive``) in the same rounds, so a
@@ -57,9 +58,14 @@ cpu0, start = cpu(), time.perf_counter()
 summary = pack(src, out, options=WriteOptions(codec=codec), num_workers=workers, progress=False)
 seconds = time.perf_counter() - start
 print(json.dumps({"seconds": seconds, "cpu_s": cpu() - cpu0, "samples": summary.samples,
-                  "output_bytes": summary.output_bytes}))
+                  "output_bytes": summary.output_bytes,
+                  "module": sys.modules["shardio.pack"].__file__}))
 """
-"""One timed pack, run as ``python -c CHILD SRC OUT WORKERS CODEC`` in a fresh process."""
+"""One timed pack, run as ``python -P -c CHILD SRC OUT WORKERS CODEC`` in a fresh process.
+
+``-P`` keeps the working directory off ``sys.path``, so ``PYTHONPATH`` decides
+which ``shardio`` is timed; the child reports the module it imported.
+"""
 
 
 def _children_cpu() -> float:
@@ -97,7 +103,7 @@ def time_tar(tree: Tree, work: Path) -> dict[str, float]:
 
 def time_pack(
     tree: Tree, work: Path, num_workers: int, codec: str, source: Path | None = None
-) -> dict[str, float]:
+) -> dict[str, Any]:
     """One ``shardio.pack`` of the tree into ``work`` in a fresh process; wall and CPU seconds.
 
     ``source`` is a folder holding another ``shardio`` package to time instead
@@ -108,9 +114,12 @@ def time_pack(
     if source is not None:
         env["PYTHONPATH"] = os.pathsep.join([str(source), env.get("PYTHONPATH", "")])
     done = subprocess.run(
-        [sys.executable, "-c", CHILD, str(tree.root), str(work / "packed"), str(num_workers),
+        [sys.executable, "-P", "-c", CHILD, str(tree.root), str(work / "packed"), str(num_workers),
          codec], check=True, capture_output=True, text=True, env=env)
-    result: dict[str, float] = json.loads(done.stdout)
+    result: dict[str, Any] = json.loads(done.stdout)
+    expected = (source or HERE.parent) / "shardio"
+    if Path(result["module"]).parent != expected:
+        raise RuntimeError(f"timed {result['module']}, expected the shardio in {expected}")
     return result
 
 
@@ -136,13 +145,17 @@ def bench_tree(
     settings: list[tuple[str, int, Path | None]] = [(f"pack_w{w}", w, None) for w in workers]
     if baseline is not None:
         settings += [(f"{baseline[0]}_w{w}", w, baseline[1]) for w in workers]
-    runs: dict[str, list[dict[str, float]]] = {"tar": []}
+    runs: dict[str, list[dict[str, Any]]] = {"tar": []}
     runs.update({name: [] for name, _, _ in settings})
     load = [os.getloadavg()[0]]
-    for _ in range(repeats):
-        runs["tar"].append(time_tar(tree, work))
-        for name, w, source in settings:
-            runs[name].append(time_pack(tree, work, w, codec, source))
+    order: list[tuple[str, int, Path | None]] = [("tar", 0, None), *settings]
+    for round_ in range(repeats):
+        # rotate: whatever runs first in a round pays for the memory the last one left dirty
+        for name, w, source in order[round_ % len(order):] + order[:round_ % len(order)]:
+            if name == "tar":
+                runs["tar"].append(time_tar(tree, work))
+            else:
+                runs[name].append(time_pack(tree, work, w, codec, source))
         load.append(os.getloadavg()[0])
     tar_s = [r["seconds"] for r in runs["tar"]]
     synced_s = [r["seconds"] + r["fsync_s"] for r in runs["tar"]]
