@@ -120,6 +120,10 @@ def time_pack(
     expected = (source or HERE.parent) / "shardio"
     if Path(result["module"]).parent != expected:
         raise RuntimeError(f"timed {result['module']}, expected the shardio in {expected}")
+    # results are committed: keep the repository's location on this machine out of them
+    module = Path(result["module"])
+    inside = module.is_relative_to(HERE.parent)
+    result["module"] = module.relative_to(HERE.parent).as_posix() if inside else module.name
     return result
 
 
