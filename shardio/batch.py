@@ -24,6 +24,7 @@ if TYPE_CHECKING:
     import torch
 
 Int64Array = npt.NDArray[np.int64]
+BoolArray = npt.NDArray[np.bool_]
 
 
 class RecordBatch:
@@ -32,7 +33,8 @@ class RecordBatch:
     ``batch.bytes("image")`` gives zero-copy memoryviews, one per sample;
     ``batch.labels`` the ``label`` field as an int64 tensor; ``batch["n"]`` an
     int field as a numpy array (other values as lists); ``batch.sample(i)`` or
-    iteration rebuilds the sample dicts.
+    iteration rebuilds the sample dicts. Fields are the union over the
+    samples; where a sample lacks one, all three give None.
     """
 
     def __init__(
@@ -42,6 +44,8 @@ class RecordBatch:
         buffer: bytes | Sequence[bytes | memoryview],
         offsets: Mapping[str, Int64Array],
         values: Mapping[str, Int64Array | list[Any]],
+        *,
+        missing: Mapping[str, BoolArray] | None = None,
     ) -> None:
         """Wrap a batch; ``buffer`` may still be the per-sample pieces (joined on demand).
 
@@ -49,6 +53,15 @@ class RecordBatch:
         read from disk, and a consumer there reads them without any copy; the
         batch is joined into one ``bytes`` only when it is pickled to cross to
         another process, or when ``buffer`` is asked for.
+
+        Args:
+            keys: each sample's ``__key__``.
+            indices: each sample's ``__index__`` (-1 where unknown).
+            buffer: the bytes fields, field by field, sample by sample.
+            offsets: per bytes field, ``len(keys) + 1`` offsets into ``buffer``.
+            values: the other fields, one column each.
+            missing: per bytes field that some samples lack, True where the
+                sample lacks it (its slice of ``buffer`` is empty).
         """
         self.keys = keys
         self.indices = indices
@@ -56,6 +69,7 @@ class RecordBatch:
         self._pieces = None if isinstance(buffer, bytes) else list(buffer)
         self.offsets = dict(offsets)
         self.values = dict(values)
+        self.missing = dict(missing or {})
 
     @property
     def buffer(self) -> bytes:
@@ -72,18 +86,32 @@ class RecordBatch:
 
     @classmethod
     def from_samples(cls, samples: Sequence[Mapping[str, Any]]) -> RecordBatch:
-        """Gather sample dicts (as the reader yields them) into one batch."""
+        """Gather sample dicts (as the reader yields them) into one batch.
+
+        The batch has the union of the samples' fields, in first-seen order:
+        in a generic pack only some samples may have a ``.txt``, and a field
+        the first sample lacks must not vanish from the others. A sample that
+        lacks a field gets None there.
+        """
         keys = [s[KEY_FIELD] for s in samples]
         indices = np.array([s.get(INDEX_FIELD, -1) for s in samples], dtype=np.int64)
-        names = [n for n in samples[0] if n not in (KEY_FIELD, INDEX_FIELD)] if samples else []
+        # dict keys: an ordered set, first-seen order.
+        names = list({n: None for s in samples for n in s if n not in (KEY_FIELD, INDEX_FIELD)})
         chunks: list[bytes | memoryview] = []
         offsets: dict[str, Int64Array] = {}
         values: dict[str, Int64Array | list[Any]] = {}
+        missing: dict[str, BoolArray] = {}
         start = 0
         for name in names:
             column: list[Any] = [s.get(name) for s in samples]
             kinds = set(map(type, column))
-            if kinds and kinds <= {bytes, memoryview}:
+            present = kinds - {type(None)}
+            if present and present <= {bytes, memoryview}:
+                absent = np.array([v is None for v in column], dtype=np.bool_)
+                if absent.any():
+                    missing[name] = absent
+                    # One (empty) piece per sample keeps pieces and offsets aligned.
+                    column = [b"" if v is None else v for v in column]
                 field_offsets = np.zeros(len(column) + 1, np.int64)
                 np.cumsum(np.array(list(map(len, column)), np.int64), out=field_offsets[1:])
                 field_offsets += start
@@ -94,7 +122,7 @@ class RecordBatch:
                 values[name] = np.array(column, dtype=np.int64)
             else:
                 values[name] = column
-        return cls(keys, indices, chunks, offsets, values)
+        return cls(keys, indices, chunks, offsets, values, missing=missing)
 
     def __len__(self) -> int:
         return len(self.keys)
@@ -117,14 +145,21 @@ class RecordBatch:
         """Bytes held in the batch's bytes fields."""
         return max((int(offs[-1]) for offs in self.offsets.values()), default=0)
 
-    def bytes(self, field: str) -> list[memoryview]:
-        """One zero-copy view per sample of bytes field ``field``."""
+    def bytes(self, field: str) -> list[memoryview | None]:
+        """One zero-copy view per sample of bytes field ``field``; None where a sample lacks it."""
         offs = self.offsets[field].tolist()
         if self._pieces is not None:
             first = list(self.offsets).index(field) * len(self)
-            return [memoryview(p) for p in self._pieces[first : first + len(self)]]
-        view = memoryview(self.buffer)
-        return [view[offs[i] : offs[i + 1]] for i in range(len(offs) - 1)]
+            views: list[memoryview | None] = [
+                memoryview(p) for p in self._pieces[first : first + len(self)]
+            ]
+        else:
+            view = memoryview(self.buffer)
+            views = [view[offs[i] : offs[i + 1]] for i in range(len(offs) - 1)]
+        absent = self.missing.get(field)
+        if absent is None:
+            return views
+        return [None if gone else v for v, gone in zip(views, absent.tolist(), strict=True)]
 
     def __getitem__(self, field: str) -> Int64Array | list[Any]:
         if field in self.offsets:
@@ -132,10 +167,11 @@ class RecordBatch:
         return self.values[field]
 
     def sample(self, i: int) -> dict[str, Any]:
-        """Sample ``i`` as a dict, bytes fields copied out of the batch buffer."""
+        """Sample ``i`` as a dict, bytes fields copied out of the batch buffer (None if absent)."""
         out: dict[str, Any] = {KEY_FIELD: self.keys[i], INDEX_FIELD: int(self.indices[i])}
         for name in self.offsets:
-            out[name] = self.bytes(name)[i].tobytes()
+            view = self.bytes(name)[i]
+            out[name] = None if view is None else view.tobytes()
         for name, column in self.values.items():
             value = column[i]
             out[name] = int(value) if isinstance(column, np.ndarray) else value
