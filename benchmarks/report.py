@@ -1,8 +1,9 @@
 """Results JSON -> the markdown tables of ``benchmarks/README.md``.
 
-``python -m benchmarks.report RESULTS.json [--update-readme]`` prints the tables, or
-rewrites the part of the README between the ``results:begin`` / ``results:end`` markers
-(nothing else in the README is touched).
+``python -m benchmarks.report RESULTS.json`` prints the tables of any results file;
+``tables_block`` renders them from the latest committed full run for the ``bench-tables``
+block of ``benchmarks/README.md``, and ``--update-readme`` rewrites every generated block
+(``benchmarks/readme.py``; nothing else in the READMEs is touched).
 """
 
 from __future__ import annotations
@@ -14,9 +15,9 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.adapters import BASELINE, SYSTEMS
+from benchmarks.headline import latest_full_run
+from benchmarks.readme import write_blocks
 
-BEGIN = "<!-- results:begin (written by python -m benchmarks.report; edit the code, not this) -->"
-END = "<!-- results:end -->"
 EPOCHS = ("raw-w0-warm", "raw-w0-cold", "raw-w2-warm", "raw-w2-cold", "decoded-w2-warm")
 
 
@@ -144,27 +145,25 @@ def render(results: dict[str, Any]) -> str:
     return "\n".join(out)
 
 
-def update_readme(results: dict[str, Any], readme: Path) -> None:
-    """Replace the generated block of ``readme`` (between the markers) with fresh tables."""
-    text = readme.read_text(encoding="utf-8")
-    if BEGIN not in text or END not in text:
-        raise SystemExit(f"{readme}: markers {BEGIN!r} / {END!r} not found; add them first")
-    head, rest = text.split(BEGIN, 1)
-    _, tail = rest.split(END, 1)
-    readme.write_text(f"{head}{BEGIN}\n{render(results)}\n{END}{tail}", encoding="utf-8")
+def tables_block() -> str:
+    """The ``bench-tables`` block of ``benchmarks/README.md``: the latest committed full run."""
+    return render(json.loads(latest_full_run().read_text(encoding="utf-8")))
 
 
 def main(argv: list[str] | None = None) -> None:
-    """Print the tables of a results file, or write them into the README."""
+    """Print the tables of a results file, or rewrite the READMEs' generated blocks."""
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("results", type=Path)
-    p.add_argument("--update-readme", action="store_true")
+    p.add_argument("results", type=Path, nargs="?")
+    p.add_argument("--update-readme", action="store_true",
+                   help="rewrite every generated block from the committed results")
     args = p.parse_args(argv)
-    results = json.loads(args.results.read_text(encoding="utf-8"))
     if args.update_readme:
-        update_readme(results, Path(__file__).resolve().parent / "README.md")
+        for document in write_blocks():
+            print(f"rewrote {document}")
+    elif args.results is None:
+        p.error("give a results file, or --update-readme")
     else:
-        print(render(results))
+        print(render(json.loads(args.results.read_text(encoding="utf-8"))))
 
 
 if __name__ == "__main__":

@@ -7,7 +7,8 @@ visits the systems in a rotated order so drift on a shared machine spreads over 
 them; every child imports a copy of ``shardio`` taken when the run starts, so edits
 to the shared tree during a run cannot mix code versions. Medians, ratios and target
 checks are computed by ``benchmarks.summary``; the JSON goes to ``benchmarks/results/``
-and ``--update-readme`` rewrites the table in ``benchmarks/README.md``.
+and ``--update-readme`` rewrites the READMEs' generated blocks from the committed results
+(a full run's file is the newest ``*-full.json``, so it shows at once).
 """
 
 from __future__ import annotations
@@ -272,9 +273,10 @@ def main(argv: list[str] | None = None) -> Path:
     out.write_text(json.dumps(results, indent=1, sort_keys=True) + "\n", encoding="utf-8")
     print(f"results: {out}")
     if args.update_readme:
-        from benchmarks.report import update_readme
+        from benchmarks.readme import write_blocks
 
-        update_readme(results, HERE / "README.md")
+        for document in write_blocks():
+            print(f"rewrote {document}")
     if not args.verbose:
         shutil.rmtree(runner.logs, ignore_errors=True)
     return out
