@@ -68,14 +68,17 @@ def frame(payload: bytes, codec: int) -> bytes:
 
 
 def unframe(
-    buf: bytes | memoryview, *, path: str, record: int, offset: int = 0, verify: bool = True
+    buf: bytes | memoryview, *, path: str, record: int, offset: int = 0, verify: bool = True,
+    exact: bool = False,
 ) -> tuple[int, memoryview]:
     """Check one record frame and return ``(codec, stored payload)``.
 
     ``buf`` starts at the frame and may run past its end (a whole mapped shard
-    sliced at ``offset``). Raises a ``ShardCorruptError`` naming the file,
-    record index and byte offset when the frame is cut short or its checksum
-    does not match.
+    sliced at ``offset``), unless ``exact``: then it is the record as the
+    shard's index delimits it, and a frame length that disagrees is refused
+    even with ``verify`` off (a damaged length must not move the payload).
+    Raises a ``ShardCorruptError`` naming the file, record index and byte
+    offset when the frame is cut short or its checksum does not match.
     """
     view = memoryview(buf)
     if len(view) < FRAME_SIZE:
@@ -90,6 +93,13 @@ def unframe(
         raise TruncatedShardError(
             f"{path}: record {record} at byte {offset} is cut short: expected {length} "
             f"payload bytes, found {len(view) - FRAME_SIZE}; the shard is truncated, re-pack it",
+            path=path, record=record, offset=offset,
+        )
+    if exact and len(view) != end:
+        raise ShardCorruptError(
+            f"{path}: record {record} at byte {offset} is {len(view)} bytes in the shard's "
+            f"index but its frame header says {end}; the shard is corrupt: restore it from a "
+            "copy or re-pack",
             path=path, record=record, offset=offset,
         )
     if verify:
@@ -120,13 +130,20 @@ def check_header(buf: bytes | memoryview, *, path: str) -> None:
         raise TruncatedShardError(
             f"{path}: {len(buf)} bytes is too short for a shard header; re-pack it", path=path
         )
-    magic, version, _flags = HEADER.unpack_from(buf)
+    magic, version, flags = HEADER.unpack_from(buf)
     if magic != SHARD_MAGIC:
         raise ShardCorruptError(
             f"{path}: not a shardio shard (magic {magic!r}, expected {SHARD_MAGIC!r})",
             path=path, offset=0,
         )
     _check_version(version, path)
+    if flags != 0:
+        # v1 defines no flags: a set bit is damage (or a newer writer), never something to skip
+        raise ShardCorruptError(
+            f"{path}: shard header flags are {flags:#010x}, format v1 writes 0; the header "
+            "is damaged: restore the shard from a copy or re-pack",
+            path=path, offset=12,
+        )
 
 
 def pack_footer(index_offset: int, keys_offset: int, num_records: int, index_crc: int) -> bytes:

@@ -119,6 +119,7 @@ class DatasetReader:
             record=record,
             offset=reader.offset(record),
             verify=self.verify,
+            key=reader.keys()[record],
         )
         sample[INDEX_FIELD] = self._firsts[shard] + record
         return sample

@@ -121,7 +121,7 @@ def encode_record(sample: Mapping[str, Any], codec: Codec) -> bytes:
 def decode_frames(
     frames: Sequence[memoryview], *, path: str, first_record: int,
     offset_of: Callable[[int], int], verify: bool = True, first_index: int | None = None,
-    zero_copy: bool = False,
+    zero_copy: bool = False, keys: Sequence[str] | None = None,
 ) -> list[dict[str, Any]]:
     """Check and decode consecutive framed records (one streaming block) into sample dicts.
 
@@ -132,6 +132,9 @@ def decode_frames(
     ``zero_copy``, bytes values of large flat records are ``memoryview`` slices
     of the block instead of copies (see ``shardio.flatmap``); they keep the
     block alive, so only a caller that copies them soon (a batch) should ask.
+    With ``keys`` (the shard's key block), each record's own ``__key__`` must
+    be the block's key for its position, so that a damaged index or B-tree
+    leading to another intact record is an error, not the wrong sample.
     """
     out: list[dict[str, Any]] = []
     unpack_frame = FRAME.unpack_from
@@ -144,7 +147,7 @@ def decode_frames(
             codec not in (CODEC_NONE, CODEC_ZSTD)
         ):
             unframe(framed, path=path, record=first_record + n,
-                    offset=offset_of(first_record + n), verify=True)
+                    offset=offset_of(first_record + n), verify=True, exact=True)
         payload = framed[FRAME_SIZE:]
         try:
             data = inflate(payload) if codec else payload
@@ -161,6 +164,9 @@ def decode_frames(
             raise _undecodable(
                 path, first_record + n, offset_of(first_record + n), exc
             ) from exc
+        if keys is not None and sample.get(KEY_FIELD) != keys[first_record + n]:
+            raise _wrong_key(path, first_record + n, offset_of(first_record + n),
+                             sample.get(KEY_FIELD), keys[first_record + n])
         if first_index is not None:
             sample[INDEX_FIELD] = first_index + n
         out.append(sample)
@@ -175,12 +181,31 @@ def _undecodable(path: str, record: int, offset: int, exc: Exception) -> ShardCo
     )
 
 
+def _wrong_key(path: str, record: int, offset: int, found: Any, expected: str) -> ShardCorruptError:
+    return ShardCorruptError(
+        f"{path}: record {record} at byte {offset} holds key {found!r} but the shard's key "
+        f"block says {expected!r}; the shard is corrupt or was altered: restore it from a "
+        "copy or re-pack",
+        path=path, record=record, offset=offset,
+    )
+
+
 def decode_record(
-    buf: bytes | memoryview, *, path: str, record: int, offset: int = 0, verify: bool = True
+    buf: bytes | memoryview, *, path: str, record: int, offset: int = 0, verify: bool = True,
+    key: str | None = None,
 ) -> dict[str, Any]:
-    """Check, decompress and parse one framed record into its sample dict."""
-    codec_id, stored = unframe(buf, path=path, record=record, offset=offset, verify=verify)
+    """Check, decompress and parse one framed record into its sample dict.
+
+    ``buf`` is exactly the record as its shard delimits it. With ``key`` (the
+    key block's entry for ``record``) the record's own ``__key__`` must match.
+    """
+    codec_id, stored = unframe(
+        buf, path=path, record=record, offset=offset, verify=verify, exact=True
+    )
     try:
-        return decode_payload(decompress(codec_id, stored))
+        sample = decode_payload(decompress(codec_id, stored))
     except Exception as exc:  # msgpack and zstd raise a zoo of types; map them at this boundary
         raise _undecodable(path, record, offset, exc) from exc
+    if key is not None and sample.get(KEY_FIELD) != key:
+        raise _wrong_key(path, record, offset, sample.get(KEY_FIELD), key)
+    return sample

@@ -100,6 +100,7 @@ def read_run(
         verify=reader.verify,
         first_index=int(firsts[shard]) + start,
         zero_copy=zero_copy,
+        keys=shard_reader.keys(),
     )
 
 

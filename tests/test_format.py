@@ -96,6 +96,37 @@ def test_truncated_frame(keep: int) -> None:
         unframe(framed[:keep], path="s.rec", record=3, offset=99)
 
 
+@pytest.mark.parametrize("bit", [0, 3, 27, 31])
+def test_frame_length_that_disagrees_with_the_index_is_refused_even_unverified(bit: int) -> None:
+    framed = encode_record({"__key__": "k", "txt": "0123456789" * 3}, get_codec("none"))
+    damaged = bytearray(framed)
+    damaged[bit // 8] ^= 1 << (bit % 8)
+    for verify in (True, False):
+        with pytest.raises(ShardCorruptError, match=r"s\.rec: record 4 at byte 70"):
+            decode_record(bytes(damaged), path="s.rec", record=4, offset=70, verify=verify)
+        with pytest.raises(ShardCorruptError, match=r"s\.rec: record 4 at byte 70"):
+            decode_frames([memoryview(bytes(damaged))], path="s.rec", first_record=4,
+                          offset_of=lambda i: 70, verify=verify)
+    assert decode_record(framed, path="s.rec", record=4, verify=False)["__key__"] == "k"
+
+
+def test_record_whose_own_key_disagrees_with_the_key_block_is_refused() -> None:
+    framed = encode_record({"__key__": "../escaped", "txt": b"x"}, get_codec("none"))
+    assert decode_record(framed, path="s.rec", record=1, key="../escaped")["txt"] == b"x"
+    with pytest.raises(ShardCorruptError, match=r"s\.rec: record 1 at byte 9 holds key "
+                       r"'\.\./escaped' but the shard's key block says 'a/b'"):
+        decode_record(framed, path="s.rec", record=1, offset=9, key="a/b")
+    good = encode_record({"__key__": "a/a", "txt": b"y"}, get_codec("none"))
+    block = [memoryview(good), memoryview(framed)]
+    keys = ["zero", "a/a", "a/b"]
+    with pytest.raises(ShardCorruptError, match="record 2 at byte 20 holds key") as info:
+        decode_frames(block, path="s.rec", first_record=1, offset_of=lambda i: 10 * i, keys=keys)
+    assert info.value.record == 2
+    got = decode_frames(block, path="s.rec", first_record=1, offset_of=lambda i: 10 * i,
+                        keys=["zero", "a/a", "../escaped"])
+    assert [s["__key__"] for s in got] == ["a/a", "../escaped"]
+
+
 def test_unknown_codec_id_is_refused() -> None:
     framed = frame(b"payload", 7)
     with pytest.raises(ShardCorruptError, match="unknown codec 7"):
@@ -126,6 +157,13 @@ def test_header_round_trip_and_errors() -> None:
         check_header(b"PK\x03\x04" + bytes(12), path="s.rec")
     with pytest.raises(UnsupportedVersionError, match=r"s\.rec: .*version 2"):
         check_header(HEADER.pack(SHARD_MAGIC, 2, 0), path="s.rec")
+
+
+@pytest.mark.parametrize("flags", [1, 1 << 9, 1 << 31])
+def test_header_with_a_flag_set_is_refused(flags: int) -> None:
+    with pytest.raises(ShardCorruptError, match=r"s\.rec: shard header flags") as info:
+        check_header(HEADER.pack(SHARD_MAGIC, 1, flags), path="s.rec")
+    assert info.value.offset == 12
 
 
 def shard_tail(num_records: int = 2) -> bytes:
