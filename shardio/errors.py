@@ -17,7 +17,10 @@ Each class also subclasses the builtin a caller would naturally catch, so
     │   ├── BadInputError(OSError)            an input file is unreadable, empty, not an image…
     │   ├── EmptySourceError(ValueError)      nothing to pack
     │   └── OutputExistsError(FileExistsError)
-    └── UnsafeKeyError(ValueError)            unpack refused a key that escapes DEST
+    ├── UnsafeKeyError(ValueError)            unpack refused a key that escapes DEST
+    ├── StorageError(OSError)                 a remote store failed after retries, or refused
+    ├── CacheBudgetError(ValueError)          max_cache_bytes is below what must be in flight
+    └── MissingDependencyError(ImportError)   an optional extra (shardio[remote]) is missing
 
 Every constructor takes the message as its only positional argument (the
 DataLoader re-raises worker errors in the main process by calling
@@ -111,3 +114,15 @@ class OutputExistsError(PackError, FileExistsError):
 
 class UnsafeKeyError(ShardioError, ValueError):
     """Unpacking refused a sample key that would write outside the destination."""
+
+
+class StorageError(ShardioError, OSError):
+    """A remote store could not be read or written (after retries), or refused the request."""
+
+
+class CacheBudgetError(ShardioError, ValueError):
+    """``max_cache_bytes`` is below what must be cached at once; the message says the minimum."""
+
+
+class MissingDependencyError(ShardioError, ImportError):
+    """An optional dependency is not installed; the message names the pip extra."""
