@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass
+from numbers import Integral
 from pathlib import Path
 from types import TracebackType
 from typing import Any, Final
@@ -31,7 +32,7 @@ from shardio.manifest import (
     fsync_dir,
     write_manifest,
 )
-from shardio.record import KEY_FIELD, encode_record
+from shardio.record import INDEX_FIELD, KEY_FIELD, encode_record
 from shardio.version import __version__
 
 DEFAULT_MAX_SHARD_BYTES: Final = 256 * 1000 * 1000
@@ -55,6 +56,35 @@ class WriteOptions:
             raise ValueError(f"max_shard_bytes must be positive, got {self.max_shard_bytes}")
         if self.max_shard_samples is not None and self.max_shard_samples <= 0:
             raise ValueError(f"max_shard_samples must be positive, got {self.max_shard_samples}")
+
+
+LABELLED_FIELDS: Final = frozenset({KEY_FIELD, "image", "label"})
+"""The fields of every sample of a labelled (ImageFolder) dataset: what its readers require."""
+
+
+def _check_labelled(sample: Mapping[str, Any], key: str, classes: Sequence[str]) -> None:
+    """Refuse a sample a labelled dataset's readers could not read."""
+    expected = (f"exactly {{'__key__', 'image': bytes, 'label': int in 0..{len(classes) - 1}}}"
+                if classes else "no samples at all (classes is empty)")
+    found = sorted(sample)
+    if set(found) != LABELLED_FIELDS:
+        raise RecordEncodeError(
+            f"sample {key!r}: a dataset with classes takes {expected}; found fields {found}. "
+            "Rename the fields, or write without classes for a generic dataset"
+        )
+    image, label = sample["image"], sample["label"]
+    if not isinstance(image, (bytes, bytearray, memoryview)):
+        raise RecordEncodeError(
+            f"sample {key!r}: a dataset with classes takes {expected}; found image of type "
+            f"{type(image).__name__}. Store the encoded image file's bytes"
+        )
+    if isinstance(label, bool) or not isinstance(label, Integral) or not (
+        0 <= int(label) < len(classes)
+    ):
+        raise RecordEncodeError(
+            f"sample {key!r}: a dataset with classes takes {expected}; found label {label!r} "
+            f"({type(label).__name__}). Use the class's index in classes"
+        )
 
 
 def _is_shardio_file(name: str) -> bool:
@@ -104,8 +134,19 @@ class ShardWriter:
 
     Example::
 
-        with ShardWriter("out/", max_shard_samples=1000) as writer:
-            writer.write({"__key__": "a/0001", "jpg": data, "cls": 3})
+        from shardio import ShardWriter, WriteOptions
+
+        with ShardWriter("out/", WriteOptions(max_shard_samples=1000)) as writer:
+            writer.write({"__key__": "a/0001", "jpg": b"<jpeg bytes>", "cls": 3})
+
+    With ``classes`` the dataset is labelled (what ``shardio pack`` makes of an
+    ImageFolder) and every sample must be exactly ``{"__key__", "image": bytes,
+    "label": int}`` with the label an index into ``classes``::
+
+        from shardio import ShardWriter
+
+        with ShardWriter("labelled/", classes=["cat", "dog"]) as writer:
+            writer.write({"__key__": "dog/0001.jpg", "image": b"<jpeg bytes>", "label": 1})
     """
 
     def __init__(
@@ -187,16 +228,34 @@ class ShardWriter:
         return self._num_samples
 
     def write(self, sample: Mapping[str, Any]) -> None:
-        """Encode and append one sample; its ``__key__`` must be a unique str."""
+        """Encode and append one sample; its ``__key__`` must be a unique str.
+
+        Raises:
+            RecordEncodeError: the key is missing, empty or taken; a field is
+                reserved or holds what records cannot store; or, with
+                ``classes``, the sample is not ``{__key__, image, label}``.
+        """
         key = sample.get(KEY_FIELD)
         if not isinstance(key, str) or not key:
             raise RecordEncodeError(
                 f"every sample needs a non-empty str {KEY_FIELD!r}, got {key!r}"
             )
-        self.write_encoded(key, encode_record(sample, self._codec), sample.keys())
+        if INDEX_FIELD in sample:
+            raise RecordEncodeError(
+                f"sample {key!r}: field {INDEX_FIELD!r} is reserved (readers set it to the "
+                "sample's position); rename the field"
+            )
+        if self.classes is not None:
+            _check_labelled(sample, key, self.classes)
+        self._write_encoded(key, encode_record(sample, self._codec), sample.keys())
 
-    def write_encoded(self, key: str, framed: bytes, fields: Iterable[str]) -> None:
-        """Append a record already framed by ``shardio.record.encode_record``."""
+    def _write_encoded(self, key: str, framed: bytes, fields: Iterable[str]) -> None:
+        """Append a record framed by ``encode_record`` from a sample whose key and fields these are.
+
+        Private: the record's own ``__key__`` and field names must be ``key``
+        and ``fields``, or the key block and manifest would describe records
+        that are not there (``unpack`` and every reader rely on them agreeing).
+        """
         if self._closed:
             raise ValueError("ShardWriter is closed")
         if key in self._keys:

@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 import signal
 import subprocess
 import sys
+import textwrap
 import zlib
 from pathlib import Path
 from typing import Any
@@ -23,6 +25,7 @@ from shardio.errors import OutputExistsError, PackError, RecordEncodeError
 from shardio.manifest import read_manifest
 from shardio.reader import open_dataset
 from shardio.record import encode_record
+from shardio.verify import verify
 from shardio.writer import JOURNAL_NAME, ShardWriter, WriteOptions
 
 IDENTITY = {"source": "generated", "seed": 1}
@@ -129,11 +132,84 @@ def test_a_record_over_the_limit_gets_a_shard_of_its_own(tmp_path: Path, backend
         assert reader[1]["bin"] == big["bin"]
 
 
-def test_labelled_dataset_records_classes(tmp_path: Path) -> None:
-    write_all(tmp_path, WriteOptions(), SAMPLES[:6], classes=["dir_0", "dir_1", "dir_2"])
+def labelled(i: int) -> dict[str, Any]:
+    """Sample ``i`` as a labelled (ImageFolder) dataset holds it."""
+    return {"__key__": f"dir_{i % 3}/{i:04d}.jpg", "image": SAMPLES[i]["bin"], "label": i % 3}
+
+
+def test_labelled_dataset_records_classes_and_reads_back(tmp_path: Path) -> None:
+    samples = [labelled(i) for i in range(6)]
+    write_all(tmp_path, WriteOptions(), samples, classes=["dir_0", "dir_1", "dir_2"])
     manifest = read_manifest(tmp_path)
     assert manifest.classes == ("dir_0", "dir_1", "dir_2")
     assert manifest.class_to_idx == {"dir_0": 0, "dir_1": 1, "dir_2": 2}
+    assert set(manifest.fields) == {"image", "label"}
+    assert verify(tmp_path).ok
+    with open_dataset(tmp_path) as reader:
+        assert [{k: v for k, v in s.items() if k != "__index__"} for s in reader] == samples
+
+
+@pytest.mark.parametrize(
+    ("change", "found"),
+    [
+        ({"bin": b"x"}, r"found fields \['__key__', 'bin', 'image', 'label'\]"),
+        ({"image": None, "jpg": b"x"}, r"found fields \['__key__', 'jpg', 'label'\]"),
+        ({"label": None, "cls": 1}, r"found fields \['__key__', 'cls', 'image'\]"),
+        ({"image": "not bytes"}, "found image of type str"),
+        ({"label": 3}, r"found label 3 \(int\)"),
+        ({"label": -1}, r"found label -1 \(int\)"),
+        ({"label": "dir_1"}, r"found label 'dir_1' \(str\)"),
+        ({"label": True}, r"found label True \(bool\)"),
+        ({"label": 1.0}, r"found label 1\.0 \(float\)"),
+    ],
+)
+def test_writer_with_classes_refuses_samples_its_readers_cannot_read(
+    tmp_path: Path, change: dict[str, Any], found: str
+) -> None:
+    sample = {**labelled(4), **change}
+    sample = {k: v for k, v in sample.items() if v is not None}
+    with pytest.raises(RecordEncodeError) as info, ShardWriter(
+        tmp_path, classes=["dir_0", "dir_1", "dir_2"]
+    ) as writer:
+        writer.write(labelled(0))
+        writer.write(sample)
+    message = str(info.value)
+    assert "sample 'dir_1/0004.jpg'" in message, "names the sample key"
+    assert "exactly {'__key__', 'image': bytes, 'label': int in 0..2}" in message, "expected"
+    assert re.search(found, message), message
+    assert_no_partial_output(tmp_path)
+
+
+def test_writer_with_classes_takes_numpy_integer_labels(tmp_path: Path) -> None:
+    import numpy as np
+
+    write_all(tmp_path, WriteOptions(), [{**labelled(2), "label": np.int64(2)}],
+              classes=["a", "b", "c"])
+    with open_dataset(tmp_path) as reader:
+        assert reader[0]["label"] == 2 and type(reader[0]["label"]) is int
+
+
+def test_reserved_index_field_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(RecordEncodeError, match="'__index__' is reserved"), ShardWriter(
+        tmp_path
+    ) as writer:
+        writer.write({"__key__": "a", "__index__": 7, "bin": b"x"})
+
+
+def test_framed_records_cannot_be_written_past_the_checks(tmp_path: Path) -> None:
+    """``write_encoded`` let a record's own key and fields disagree with the key block."""
+    assert not hasattr(ShardWriter, "write_encoded")
+
+
+def test_docstring_example_runs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    doc = ShardWriter.__doc__ or ""
+    blocks = re.findall(r"::\n\n((?:        .*\n|\n)+)", doc)
+    assert len(blocks) == 2
+    monkeypatch.chdir(tmp_path)
+    for block in blocks:
+        exec(textwrap.dedent(block), {})  # our own docstring, run as a user would
+    assert read_manifest(tmp_path / "out").num_samples == 1
+    assert read_manifest(tmp_path / "labelled").classes == ("cat", "dog")
 
 
 def test_empty_dataset(tmp_path: Path, backend: str) -> None:
