@@ -55,7 +55,7 @@ def test_ranks_equal_and_cover_the_dataset(
         assert len(counts) == per_rank * world
     else:
         assert set(counts) == set(range(n))
-        assert sum(counts.values()) - n == per_rank * world - n  # only the documented padding
+        assert max(counts.values()) - min(counts.values()) <= 1  # padding wraps around
 
 
 @settings(max_examples=100, deadline=None)

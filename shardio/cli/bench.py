@@ -1,7 +1,8 @@
 """``shardio bench``: measure read throughput on this machine and recommend settings.
 
 A thin front for ``shardio.bench.bench`` (which needs torch); prints one line
-per setting as it is measured, then the recommendation, or JSON with ``--json``.
+per setting as it is measured, then the recommendation (or why there is none),
+or JSON with ``--json``.
 """
 
 from __future__ import annotations
@@ -24,10 +25,17 @@ from shardio.cli.inspect import DATASET, dataset_errors
     help="Highest num_workers to try (default: the core count).",
 )
 @click.option(
+    "--min-seconds",
+    type=click.FloatRange(min=0),
+    default=2.0,
+    show_default=True,
+    help="Time each setting for at least this long (epochs repeat on small datasets).",
+)
+@click.option(
     "--max-samples",
     type=click.IntRange(min=1),
     default=None,
-    help="Samples read per setting (default: 20,000 raw, 2,000 decoded).",
+    help="Stop each setting after this many samples (a quick look: too short to recommend).",
 )
 @click.option("--batch-size", type=click.IntRange(min=1), default=64, show_default=True)
 @click.option(
@@ -41,6 +49,7 @@ from shardio.cli.inspect import DATASET, dataset_errors
 def bench_command(
     path: Path,
     max_workers: int | None,
+    min_seconds: float,
     max_samples: int | None,
     batch_size: int,
     modes: tuple[str, ...],
@@ -54,6 +63,8 @@ def bench_command(
             click.echo(
                 f"{row.mode:>6}  workers={row.num_workers}  {row.samples_per_s:>10,.0f} samples/s"
                 f"  {row.mb_per_s:>8.1f} MB/s  CPU {row.cpu_percent:>4.0f}%"
+                f"  ({row.samples:,} samples in {row.seconds:.2f} s"
+                f"{'' if row.measured else ', too short to measure'})"
             )
 
     with dataset_errors():
@@ -63,6 +74,7 @@ def bench_command(
         report = bench(
             path,
             max_workers=max_workers,
+            min_seconds=min_seconds,
             max_samples=max_samples,
             batch_size=batch_size,
             modes=modes or None,
@@ -71,9 +83,10 @@ def bench_command(
     if as_json:
         click.echo(json.dumps(report.to_json(), indent=1))
         return
+    workers = report.recommended_num_workers
     click.echo(
-        f"recommended: num_workers={report.recommended_num_workers}, "
-        f"shuffle_buffer={report.recommended_shuffle_buffer}"
+        f"recommended: num_workers={'none (too short to measure)' if workers is None else workers}"
+        f", shuffle_buffer={report.recommended_shuffle_buffer}"
     )
     for note in report.notes:
         click.echo(f"note: {note}")
