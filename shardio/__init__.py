@@ -4,14 +4,17 @@ Data flow: files → records → shards + manifest (``pack``, ``ShardWriter``) �
 stream → shuffle → split → decode → batch → device (``StreamingDataset``,
 ``IndexedDataset``, ``loader``, ``DevicePrefetcher``).
 
-``import shardio`` does not import torch: the torch-facing names below are
-loaded on first use, so packing and verifying work where torch is absent.
+``import shardio`` imports nothing heavy (no torch, numpy, zstandard, lmdb, Pillow):
+every name but the errors and the manifest is loaded on first use, so packing and
+verifying work where torch is absent and ``shardio --help`` starts at once.
 """
 
 from __future__ import annotations
 
 import importlib
-from typing import Any
+import sys
+import types
+from typing import TYPE_CHECKING, Any
 
 from shardio.errors import (
     BadInputError,
@@ -31,14 +34,31 @@ from shardio.errors import (
     UnsupportedVersionError,
 )
 from shardio.manifest import Manifest, ShardInfo, read_manifest
-from shardio.pack import PackSummary, pack, pack_imagefolder
-from shardio.reader import DatasetReader, open_dataset
-from shardio.unpack import unpack
-from shardio.verify import verify
 from shardio.version import __version__
-from shardio.writer import ShardWriter, WriteOptions
+
+if TYPE_CHECKING:
+    from shardio.batch import RecordBatch
+    from shardio.dataloader import loader
+    from shardio.dataset import IndexedDataset, StreamingDataset
+    from shardio.decode import pil_backend
+    from shardio.pack import PackSummary, pack, pack_imagefolder
+    from shardio.prefetch import DevicePrefetcher
+    from shardio.reader import DatasetReader, open_dataset
+    from shardio.state import merge_states
+    from shardio.unpack import unpack
+    from shardio.verify import verify
+    from shardio.writer import ShardWriter, WriteOptions
 
 _LAZY = {
+    "PackSummary": "shardio.pack",
+    "pack": "shardio.pack",
+    "pack_imagefolder": "shardio.pack",
+    "DatasetReader": "shardio.reader",
+    "open_dataset": "shardio.reader",
+    "unpack": "shardio.unpack",
+    "verify": "shardio.verify",
+    "ShardWriter": "shardio.writer",
+    "WriteOptions": "shardio.writer",
     "StreamingDataset": "shardio.dataset",
     "IndexedDataset": "shardio.dataset",
     "merge_states": "shardio.state",
@@ -94,3 +114,20 @@ def __getattr__(name: str) -> Any:
     value = getattr(importlib.import_module(module), name)
     globals()[name] = value
     return value
+
+
+class _Package(types.ModuleType):
+    """``shardio`` itself: ``pack``, ``unpack`` and ``verify`` stay the functions.
+
+    Importing a submodule sets it as an attribute of its package, so without this
+    ``import shardio.pack`` (done by the CLI, or any caller) would replace the
+    function ``shardio.pack`` with the module of the same name.
+    """
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name in _LAZY and isinstance(value, types.ModuleType):
+            return
+        super().__setattr__(name, value)
+
+
+sys.modules[__name__].__class__ = _Package

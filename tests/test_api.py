@@ -37,3 +37,27 @@ def test_import_shardio_does_not_import_torch() -> None:
         "assert 'torch' not in sys.modules, 'torch was imported'"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_import_shardio_imports_nothing_heavy() -> None:
+    code = (
+        "import sys, shardio; "
+        "heavy = sorted(m for m in sys.modules "
+        "if m.split('.')[0] in ('numpy', 'PIL', 'torch', 'lmdb', 'zstandard', 'tqdm')); "
+        "assert not heavy, heavy"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          check=False)
+    assert proc.returncode == 0, proc.stderr
+
+
+def test_submodule_imports_keep_the_public_functions() -> None:
+    code = (
+        "import shardio, shardio.pack, shardio.verify, shardio.unpack; "
+        "from shardio.pack import pack as pack_fn; "
+        "assert shardio.pack is pack_fn, shardio.pack; "
+        "assert callable(shardio.verify) and callable(shardio.unpack)"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          check=False)
+    assert proc.returncode == 0, proc.stderr

@@ -11,7 +11,7 @@ import pytest
 from click.testing import CliRunner
 
 from shardio import ShardWriter, WriteOptions, open_dataset, read_manifest
-from shardio.cli import main
+from shardio.cli import COMMANDS, load_command, main
 from shardio.pack import pack
 from shardio.synth import make_imagefolder
 
@@ -50,11 +50,57 @@ def invoke(*args: str) -> tuple[int, str, str, bytes]:
 
 
 def test_every_command_is_registered_and_has_help() -> None:
-    assert set(MY_COMMANDS) <= set(main.commands)
-    for name in main.commands:
+    assert set(MY_COMMANDS) <= set(COMMANDS)
+    for name, (_module, short_help) in COMMANDS.items():
         code, out, _err, _raw = invoke(name, "--help")
         assert code == 0, name
         assert f"Usage: main {name}" in out or f"Usage: shardio {name}" in out
+        # --help lists the commands from COMMANDS without importing them: same words
+        assert load_command(name).get_short_help_str(limit=1000) == short_help, name
+
+
+HEAVY = ("numpy", "PIL", "torch", "lmdb", "zstandard", "tqdm")
+
+
+def test_python_m_shardio_help_lists_every_command() -> None:
+    proc = subprocess.run([sys.executable, "-m", "shardio", "--help"], capture_output=True,
+                          text=True, check=False)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.startswith("Usage: shardio ")
+    assert all(f"  {name} " in proc.stdout for name in COMMANDS)
+
+
+def test_help_imports_nothing_heavy() -> None:
+    """``shardio --help`` must start at once: no torch, numpy, Pillow, lmdb, zstd or tqdm."""
+    code = (
+        "import runpy, sys\n"
+        "sys.argv = ['shardio', '--help']\n"
+        "try:\n"
+        "    runpy.run_module('shardio', run_name='__main__')\n"
+        "except SystemExit as exc:\n"
+        "    assert not exc.code, exc.code\n"
+        f"heavy = sorted(m for m in sys.modules if m.split('.')[0] in {HEAVY!r})\n"
+        "print('HEAVY', heavy)\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          check=False)
+    assert proc.returncode == 0, proc.stderr
+    assert "Commands:" in proc.stdout
+    assert proc.stdout.splitlines()[-1] == "HEAVY []"
+
+
+def test_a_command_imports_only_its_own_module() -> None:
+    code = (
+        "import sys\n"
+        "from click.testing import CliRunner\n"
+        "from shardio.cli import main\n"
+        "assert CliRunner().invoke(main, ['info', '--help']).exit_code == 0\n"
+        "print(sorted(m for m in sys.modules if m.startswith('shardio.cli.')))\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          check=False)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split() == ["['shardio.cli.inspect']"]
 
 
 def test_info_text(labelled: Path) -> None:

@@ -1,33 +1,60 @@
 """The ``shardio`` command line: one small module per command group, all calling the public API.
 
 Sizes like ``256MB`` are parsed here and nowhere else; the library takes bytes.
+A command's module is imported only when that command runs, so ``shardio --help``
+imports click and nothing heavy (no torch, numpy, zstandard, lmdb, Pillow, tqdm).
 """
 
 from __future__ import annotations
 
 import importlib
+from typing import Final
 
 import click
 
 from shardio.version import __version__
 
-COMMAND_MODULES = (
-    "pack",
-    "inspect",
-    "verify",
-    "unpack",
-    "demo",
-    "bench",
-)
-"""Modules under ``shardio.cli`` that each define click commands listed in their ``COMMANDS``."""
+COMMANDS: Final[dict[str, tuple[str, str]]] = {
+    "pack": ("pack", "Pack the files under SRC into shuffled, checksummed shards in OUT."),
+    "info": ("inspect", "Show what the manifest of dataset OUT says."),
+    "ls": ("inspect", "List the samples of dataset OUT: stored size, label and key."),
+    "cat": ("inspect", "Print the raw bytes of one field of sample KEY."),
+    "verify": ("verify", "Check every shard and record of dataset OUT."),
+    "unpack": ("unpack", "Restore the files of dataset OUT into DEST, byte for byte."),
+    "demo": ("demo", "Generate, pack, verify and stream a small demo dataset."),
+    "bench": ("bench", "Read dataset PATH with 0, 1, 2, … workers and recommend num_workers "
+                       "and shuffle_buffer."),
+}
+"""Command name -> (module under ``shardio.cli`` defining it in its ``COMMANDS``, short help).
+
+The short help is repeated here so that ``--help`` lists the commands without
+importing them; ``tests/test_cli.py`` checks it equals each command's own.
+"""
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+def load_command(name: str) -> click.Command:
+    """Import the module of command ``name`` and return the command."""
+    module = importlib.import_module(f"shardio.cli.{COMMANDS[name][0]}")
+    command: click.Command = next(c for c in module.COMMANDS if c.name == name)
+    return command
+
+
+class LazyGroup(click.Group):
+    """A group whose commands are imported when invoked, not when listed."""
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return list(COMMANDS)
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        return load_command(cmd_name) if cmd_name in COMMANDS else None
+
+    def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        with formatter.section("Commands"):
+            formatter.write_dl([(name, help_) for name, (_, help_) in COMMANDS.items()])
+
+
+@click.group(cls=LazyGroup,
+             context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
 @click.version_option(__version__, prog_name="shardio")
 def main() -> None:
     """Pack small files into shuffled, checksummed shards and stream them into PyTorch."""
-
-
-for _name in COMMAND_MODULES:
-    for _command in importlib.import_module(f"shardio.cli.{_name}").COMMANDS:
-        main.add_command(_command)
