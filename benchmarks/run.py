@@ -97,6 +97,15 @@ def expected_crcs(tree: Tree, path: Path) -> Path:
     return path
 
 
+def interpreter() -> str:
+    """The Python running the harness, relative to the repository (no machine path in results)."""
+    exe = Path(sys.executable).absolute()
+    try:
+        return exe.relative_to(REPO).as_posix()
+    except ValueError:
+        return exe.name
+
+
 def rotate(items: list[str], k: int) -> list[str]:
     """``items`` started at position ``k`` (interleaving order for repeat ``k``)."""
     k %= max(1, len(items))
@@ -259,7 +268,7 @@ def main(argv: list[str] | None = None) -> Path:
         tree = ensure_tree(kind, getattr(args, kind) or sizes[kind], seed=args.seed,
                            data_root=args.data_dir)
         raw[kind] = measure_tree(tree, args.systems, runner, args)
-    command = "benchmarks/.env/bin/python -m benchmarks.run" + (" --quick" if args.quick else "")
+    command = f"{interpreter()} -m benchmarks.run" + (" --quick" if args.quick else "")
     results = summarize(raw, meta={
         "schema": 1, "date": time.strftime("%Y-%m-%d %H:%M"), "command": command,
         "argv": sys.argv[1:] if argv is None else argv, "quick": args.quick,
