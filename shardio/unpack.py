@@ -3,10 +3,16 @@
 It owns the sample naming rules in reverse (an ImageFolder sample becomes
 ``DEST/<key>`` from its ``image`` field; a generic sample becomes one
 ``DEST/<key>.<field>`` per field, or ``DEST/<key>`` for the field ``""``) and
-the safety of DEST: every key is checked before the first byte is written,
-and a key that is absolute, has a drive, climbs with ``..`` or would land
-outside DEST through a symlink already there is refused. Reads through
-``shardio.reader``; torch-free.
+the safety of DEST. Keys and field names are checked twice: all of them,
+from the shards' key blocks and the manifest, before the first byte is
+written (so a bad dataset usually leaves DEST untouched); and each record's
+own ``__key__`` and fields again where its files are written, since those
+are the values acted on: a record that disagrees with its key block or the
+manifest is refused, and every final path must resolve inside DEST and is
+created afresh with ``O_NOFOLLOW | O_EXCL`` (never written through an
+existing link or file). A key that is absolute, has a drive, climbs with
+``..`` or would land outside DEST through a symlink already there is refused.
+Reads through ``shardio.reader``; torch-free.
 """
 
 from __future__ import annotations
@@ -24,16 +30,16 @@ from typing import Any, Final
 import numpy as np
 from tqdm import tqdm
 
-from shardio.errors import OutputExistsError, UnsafeKeyError
+from shardio.errors import OutputExistsError, ShardCorruptError, UnsafeKeyError
 from shardio.manifest import Manifest
-from shardio.reader import open_dataset
+from shardio.reader import DatasetReader, open_dataset
 from shardio.record import INDEX_FIELD, KEY_FIELD
 
 IMAGE_FIELD: Final = "image"
 RESERVED_FIELDS: Final = frozenset({KEY_FIELD, INDEX_FIELD})
 _SEPARATORS: Final = re.compile(r"[/\\]")
-_WRITE_FLAGS: Final = os.O_WRONLY | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0) | getattr(
-    os, "O_BINARY", 0
+_WRITE_FLAGS: Final = (
+    os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_BINARY", 0)
 )
 
 
@@ -74,6 +80,15 @@ def sample_files(sample: Mapping[str, Any], *, labelled: bool) -> Iterator[tuple
     for name, value in sample.items():
         if name not in RESERVED_FIELDS:
             yield (f"{key}.{name}" if name else key), value
+
+
+def check_field(name: str) -> str | None:
+    """Why field ``name`` is unsafe as a file-name suffix, or ``None`` if it is safe."""
+    if _SEPARATORS.search(name):
+        return "contains a path separator, so it would write into another folder"
+    if "\x00" in name:
+        return "contains a NUL character"
+    return None
 
 
 def check_key(key: str) -> str | None:
@@ -124,26 +139,121 @@ def unpack(
             for _ in planned:
                 pass
         root.mkdir(parents=True, exist_ok=True)
-        made: set[str] = set()
-        num_files = num_bytes = 0
-        flags = _WRITE_FLAGS | (os.O_TRUNC if overwrite else os.O_EXCL)
-        for sample in tqdm(reader, total=len(reader), disable=not progress, unit=" samples",
-                           desc="unpack", leave=False):
-            for rel, value in sample_files(sample, labelled=labelled):
-                parent = os.path.dirname(rel)
-                if parent and parent not in made:
-                    os.makedirs(root / parent, exist_ok=True)
-                    made.add(parent)
-                data = field_bytes(value)
-                target = root / rel
-                if overwrite and target.is_symlink():
-                    target.unlink()
-                fd = os.open(target, flags, 0o666)
-                with open(fd, "wb") as fh:
-                    fh.write(data)
-                num_files += 1
-                num_bytes += len(data)
-        return UnpackSummary(len(reader), num_files, num_bytes, time.perf_counter() - start)
+        files = _DestFiles(root, overwrite=overwrite)
+        num_bytes = 0
+        with tqdm(total=len(reader), disable=not progress, unit=" samples", desc="unpack",
+                  leave=False) as bar:
+            for sample, where in _checked_samples(reader, labelled=labelled):
+                for rel, value in sample_files(sample, labelled=labelled):
+                    num_bytes += files.write(rel, field_bytes(value), where)
+                bar.update(1)
+        return UnpackSummary(len(reader), files.count, num_bytes, time.perf_counter() - start)
+
+
+def _checked_samples(
+    reader: DatasetReader, *, labelled: bool
+) -> Iterator[tuple[dict[str, Any], str]]:
+    """Every sample with where it came from, once its own key and fields are checked.
+
+    The names planned before writing came from the key blocks and the
+    manifest; the files are named from each record, so the record must agree
+    with both, and its key and field names must be safe in their own right.
+    """
+    manifest = reader.manifest
+    fields = frozenset(manifest.fields) - RESERVED_FIELDS
+    for number in range(len(manifest.shards)):
+        shard = reader.shard(number)
+        keys = shard.keys()
+        for record, sample in enumerate(reader.iter_shard(number)):
+            key = sample.get(KEY_FIELD)
+            where = f"{shard.path}: record {record} (sample {sample[INDEX_FIELD]}, key {key!r})"
+            why = None
+            if key != keys[record]:
+                why = f"its key differs from the key block's {keys[record]!r}"
+            elif not isinstance(key, str) or check_key(key) is not None:
+                why = f"its key {check_key(key) if isinstance(key, str) else 'is not a str'}"
+            names = [name for name in sample if name not in RESERVED_FIELDS]
+            unknown = sorted(set(names) - fields)
+            if why is None and unknown:
+                why = f"it has field(s) {unknown} that the manifest does not list"
+            if why is None and labelled and IMAGE_FIELD not in sample:
+                why = f"it has no {IMAGE_FIELD!r} field although the dataset has classes"
+            for name in names:
+                if why is None and check_field(name) is not None:
+                    why = f"its field name {name!r} {check_field(name)}"
+            if why is not None:
+                raise ShardCorruptError(
+                    f"{where}: refusing to unpack: {why}. The shard disagrees with itself or "
+                    "its manifest, so the files it names cannot be trusted; files already "
+                    "written stay inside the destination. Run `shardio verify` on the dataset",
+                    path=shard.path, record=record,
+                )
+            yield sample, where
+        reader.close_shard(number)
+
+
+class _DestFiles:
+    """Creates files under DEST, checking each final path where it is written."""
+
+    def __init__(self, root: Path, *, overwrite: bool) -> None:
+        self.root = root
+        self.real_root = os.path.realpath(root)
+        self.overwrite = overwrite
+        self.count = 0
+        self._safe_dirs: set[str] = {""}
+        # O_EXCL finds two samples naming one file; replacing old files it cannot, so
+        # with overwrite the paths written so far are kept (about 100 bytes a file)
+        self._written: set[str] | None = set() if overwrite else None
+
+    def _inside(self, path: str | os.PathLike[str]) -> bool:
+        real = os.path.realpath(path)
+        return real == self.real_root or real.startswith(self.real_root.rstrip(os.sep) + os.sep)
+
+    def write(self, rel: str, data: bytes, where: str) -> int:
+        """Create ``DEST/rel`` holding ``data``; returns its size.
+
+        Raises:
+            UnsafeKeyError: ``rel`` would resolve outside DEST (``..``, an
+                absolute path, or a symlink already in DEST that points out).
+            OutputExistsError: the file exists (without ``overwrite``), for
+                example because two samples name the same file.
+        """
+        why = check_key(rel)
+        parent = os.path.dirname(rel)
+        if why is None and parent not in self._safe_dirs:
+            # realpath resolves the symlinks that exist and keeps the rest, which
+            # check_key has already cleared of "..", so "inside" is decided here
+            if not self._inside(self.root / parent):
+                why = "would be written through a symlink that points outside the destination"
+            else:
+                os.makedirs(self.root / parent, exist_ok=True)
+                if not self._inside(self.root / parent):
+                    why = "would be written through a symlink that points outside the destination"
+                else:
+                    self._safe_dirs.add(parent)
+        if why is not None:
+            raise UnsafeKeyError(
+                f"{where}: refusing to write {rel!r}, which {why}; nothing was written "
+                f"outside {self.root}",
+                path=self.root,
+            )
+        target = self.root / rel
+        if self._written is not None:
+            if rel not in self._written and os.path.lexists(target) and not target.is_dir():
+                target.unlink()  # replace the entry itself, never write through a link in DEST
+            self._written.add(rel)
+        try:
+            fd = os.open(target, _WRITE_FLAGS, 0o666)
+        except FileExistsError as exc:
+            raise OutputExistsError(
+                f"{where}: {target} already exists; it is a folder, or another sample of "
+                "this dataset names the same file. Files already written stay",
+                path=target,
+            ) from exc
+        with open(fd, "wb") as fh:
+            fh.write(data)
+        self.count += 1
+        return len(data)
 
 
 def _planned_paths(
@@ -152,11 +262,11 @@ def _planned_paths(
     """Every relative path unpack may write; raises on the first unsafe key or field."""
     fields = [f for f in manifest.fields if f not in RESERVED_FIELDS]
     for name in fields:
-        if _SEPARATORS.search(name) or "\x00" in name:
+        why = check_field(name)
+        if why is not None:
             raise UnsafeKeyError(
-                f"{dataset}: field name {name!r} contains a path separator, so it would "
-                "write into another folder; nothing was written. This dataset was not made "
-                "by `shardio pack`; read it with the Python API instead",
+                f"{dataset}: field name {name!r} {why}; nothing was written. This dataset "
+                "was not made by `shardio pack`; read it with the Python API instead",
                 path=dataset,
             )
     suffixes = [""] if labelled else [f".{f}" if f else "" for f in fields]

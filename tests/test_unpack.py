@@ -5,16 +5,28 @@ from __future__ import annotations
 import io
 import os
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
+from click.testing import CliRunner
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from shardio import OutputExistsError, ShardWriter, UnsafeKeyError, WriteOptions
+from shardio import (
+    OutputExistsError,
+    ShardCorruptError,
+    ShardWriter,
+    UnsafeKeyError,
+    WriteOptions,
+    read_manifest,
+)
+from shardio.cli import main
+from shardio.codecs import get_codec
 from shardio.pack import pack
+from shardio.record import encode_record
 from shardio.synth import make_photo
-from shardio.unpack import check_key, field_bytes, unpack
+from shardio.unpack import _DestFiles, check_key, field_bytes, unpack
 
 
 def make_tree(root: Path) -> None:
@@ -151,3 +163,101 @@ def test_accepted_keys_stay_inside_dest(key: str) -> None:
     if check_key(key) is None:
         target = os.path.normpath(os.path.join(root, key))
         assert target.startswith(root + os.sep)
+
+
+# --- records that disagree with their key block or manifest (hostile or tampered shards) ---
+
+
+def craft(out: Path, backend: str, records: list[dict[str, Any]]) -> None:
+    """A dataset whose key block says ``fine/<i>`` while record ``i`` holds ``records[i]``.
+
+    ``ShardWriter._write_encoded`` takes the key and fields as given, as a tampered
+    or hostile download can; the manifest lists the field ``txt`` only.
+    """
+    codec = get_codec("none")
+    with ShardWriter(out, WriteOptions(backend=backend, codec="none")) as writer:
+        for i, sample in enumerate(records):
+            writer._write_encoded(f"fine/{i}", encode_record(sample, codec), ["txt"])
+
+
+HOSTILE = {
+    "dotdot key": {"__key__": "../escaped", "txt": b"evil"},
+    "deep dotdot key": {"__key__": "fine/../../../escaped", "txt": b"evil"},
+    "absolute key": {"__key__": "{tmp}/absolute", "txt": b"evil"},
+    "field with slashes": {"__key__": "fine/1", "x/../../../escaped": b"evil"},
+    "unlisted field": {"__key__": "fine/1", "txt": b"ok", "extra": b"unlisted"},
+    "key of another record": {"__key__": "fine/0", "txt": b"again"},
+}
+
+
+def files_outside(tmp_path: Path, *inside: Path) -> list[str]:
+    return sorted(
+        p.relative_to(tmp_path).as_posix() for p in tmp_path.rglob("*")
+        if p.is_file() and not any(p.is_relative_to(d) for d in inside)
+    )
+
+
+@pytest.mark.parametrize("case", HOSTILE)
+def test_cli_refuses_records_that_disagree_with_key_block_or_manifest(
+    tmp_path: Path, backend: str, case: str
+) -> None:
+    out, dest = tmp_path / "ds", tmp_path / "dest"
+    hostile = {k: v.format(tmp=tmp_path) if isinstance(v, str) else v
+               for k, v in HOSTILE[case].items()}
+    craft(out, backend, [{"__key__": "fine/0", "txt": b"first"}, hostile,
+                         {"__key__": "fine/2", "txt": b"last"}])
+    shard = read_manifest(out).shards[0].name
+
+    result = CliRunner().invoke(main, ["unpack", str(out), str(dest / "inner")])
+    assert result.exit_code != 0, result.output
+    assert shard in result.output and "record 1" in result.output, result.output
+    assert files_outside(tmp_path, out, dest / "inner") == []
+    assert not (dest / "inner" / "fine" / "2.txt").exists(), "went on past the bad record"
+
+    result = CliRunner().invoke(main, ["verify", str(out)])
+    assert result.exit_code == 1, result.output
+    assert f"FAULT {shard} record 1:" in result.output, result.output
+
+
+def test_python_unpack_names_shard_and_record(tmp_path: Path, backend: str) -> None:
+    out = tmp_path / "ds"
+    craft(out, backend, [{"__key__": "fine/0", "txt": b"a"}, HOSTILE["dotdot key"]])
+    with pytest.raises(ShardCorruptError) as info:
+        unpack(out, tmp_path / "dest")
+    assert info.value.record == 1
+    assert str(info.value.path).endswith(read_manifest(out).shards[0].name)
+    assert "'../escaped'" in str(info.value)
+    assert not (tmp_path / "escaped.txt").exists()
+
+
+def test_final_paths_are_checked_where_they_are_written(tmp_path: Path) -> None:
+    """Whatever the planning pass missed, the write itself refuses to leave DEST."""
+    outside, dest = tmp_path / "outside", tmp_path / "dest"
+    outside.mkdir()
+    (dest / "real").mkdir(parents=True)
+    (dest / "link").symlink_to(outside, target_is_directory=True)
+    (dest / "file-link").symlink_to(outside / "precious")
+    (outside / "precious").write_bytes(b"precious")
+    files = _DestFiles(dest, overwrite=False)
+    for rel in ("link/x", "link/new/deeper/x", "../x", "/abs/x", "real/../../x"):
+        with pytest.raises(UnsafeKeyError, match="refusing to write"):
+            files.write(rel, b"evil", "test")
+    with pytest.raises(OutputExistsError):
+        files.write("file-link", b"evil", "test")  # O_EXCL | O_NOFOLLOW: never through a link
+    files = _DestFiles(dest, overwrite=True)
+    files.write("file-link", b"mine", "test")  # the link itself is replaced
+    assert (outside / "precious").read_bytes() == b"precious"
+    assert sorted(p.name for p in outside.iterdir()) == ["precious"]
+    assert (dest / "file-link").read_bytes() == b"mine" and not (dest / "file-link").is_symlink()
+
+
+@pytest.mark.parametrize("overwrite", [False, True])
+def test_two_samples_naming_one_file_are_refused(tmp_path: Path, overwrite: bool) -> None:
+    out, dest = tmp_path / "ds", tmp_path / "dest"
+    with ShardWriter(out) as writer:
+        writer.write({"__key__": "a", "txt": b"first"})
+        writer.write({"__key__": "a.txt", "": b"second"})
+    with pytest.raises(OutputExistsError, match="names the same file") as info:
+        unpack(out, dest, overwrite=overwrite)
+    assert info.value.path == str(dest / "a.txt")
+    assert (dest / "a.txt").read_bytes() == b"first", "the second sample overwrote the first"
