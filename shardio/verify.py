@@ -2,7 +2,10 @@
 
 It owns the *what is wrong with this dataset* question and answers it whole:
 a damaged dataset yields one ``VerifyFault`` per problem (the manifest, a
-missing or resized shard, a file checksum, each bad record) instead of
+missing or resized shard, a file checksum, a damaged header, index, key
+block or footer, each bad record, and each record that disagrees with its
+key block or the manifest: its key, fields the manifest does not list, a
+labelled record that is not ``{image, label}``, a key used twice) instead of
 stopping at the first. Parsing stays where it lives: shards are opened through
 ``shardio.reader.DatasetReader`` and records checked by
 ``shardio.record.decode_record``. Torch-free; nothing above the reader is imported.
@@ -12,7 +15,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -29,7 +32,7 @@ from shardio.manifest import (
     read_manifest,
 )
 from shardio.reader import DatasetReader
-from shardio.record import KEY_FIELD
+from shardio.record import INDEX_FIELD, KEY_FIELD
 
 
 @dataclass(frozen=True)
@@ -89,6 +92,7 @@ def verify(
     faults = list(_manifest_faults(manifest, root))
     num_bytes = 0
     num_records = 0
+    seen = _SeenKeys()
     total = manifest.num_bytes if quick else manifest.num_samples
     with (
         tqdm(total=total, unit="B" if quick else " records", unit_scale=quick,
@@ -103,10 +107,12 @@ def verify(
             num_bytes += hashed
             if quick or (file_faults and not hashed):
                 continue
-            checked, record_faults = _record_faults(reader, number, manifest, bar)
+            checked, record_faults = _record_faults(reader, number, manifest, bar, seen)
             num_records += checked
             faults.extend(record_faults)
             reader.close_shard(number)
+    if not quick and num_records == manifest.num_samples:
+        faults.extend(seen.manifest_faults(manifest, root))
     return VerifyReport(
         ok=not faults,
         num_shards=len(manifest.shards),
@@ -178,8 +184,58 @@ def _file_faults(
     return [], size
 
 
+class _SeenKeys:
+    """What the records of the whole dataset hold: keys (each used once) and field names."""
+
+    def __init__(self) -> None:
+        self.keys: set[str] = set()
+        self.fields: set[str] = set()
+
+    def add_keys(self, keys: Sequence[str], info: ShardInfo, path: str) -> Iterator[VerifyFault]:
+        """Note one shard's key block; a key some record already has is a fault."""
+        for record, key in enumerate(keys):
+            if key in self.keys:
+                yield VerifyFault(info.name, record, None,
+                                  f"{path}: record {record} has key {key!r}, which another "
+                                  "record already has; keys must be unique (readers and "
+                                  "unpack would confuse them): re-pack the dataset")
+            self.keys.add(key)
+
+    def manifest_faults(self, manifest: Manifest, root: Path) -> Iterator[VerifyFault]:
+        """Fields the manifest lists that no record holds (unlisted ones are record faults)."""
+        listed = set(manifest.fields) - {KEY_FIELD}
+        unused = sorted(listed - self.fields)
+        if unused and manifest.num_samples:
+            yield VerifyFault(MANIFEST_NAME, None, None,
+                              f"{root / MANIFEST_NAME}: fields lists {unused}, which no record "
+                              f"holds (records hold {sorted(self.fields)}); the manifest is "
+                              "damaged, re-pack the dataset")
+
+
+def _sample_fault(sample: dict[str, Any], manifest: Manifest, seen: _SeenKeys) -> str | None:
+    """What is wrong with a decoded record's fields against the manifest, or ``None``."""
+    names = sorted(n for n in sample if n not in (KEY_FIELD, INDEX_FIELD))
+    seen.fields.update(names)
+    if not isinstance(sample.get(KEY_FIELD), str):
+        return f"has key {sample.get(KEY_FIELD)!r}, not a str"
+    unlisted = [n for n in names if n not in manifest.fields]
+    if unlisted:
+        return (f"has field(s) {unlisted} that the manifest does not list (it lists "
+                f"{list(manifest.fields)})")
+    if manifest.classes is None:
+        return None
+    label, image = sample.get("label"), sample.get("image")
+    if names != ["image", "label"]:
+        return f"has fields {names}; a dataset with classes holds exactly ['image', 'label']"
+    if not isinstance(image, (bytes, memoryview)):
+        return f"has an image of type {type(image).__name__}, not bytes"
+    if type(label) is not int or not 0 <= label < len(manifest.classes):
+        return f"has label {label!r}, not an index into the {len(manifest.classes)} classes"
+    return None
+
+
 def _record_faults(
-    reader: DatasetReader, number: int, manifest: Manifest, bar: tqdm[Any]
+    reader: DatasetReader, number: int, manifest: Manifest, bar: tqdm[Any], seen: _SeenKeys
 ) -> tuple[int, list[VerifyFault]]:
     """Read every record of shard ``number``; returns ``(records read, faults)``."""
     info = manifest.shards[number]
@@ -194,6 +250,7 @@ def _record_faults(
         faults.append(VerifyFault(info.name, None, None,
                                   f"{shard.path}: key block lists {len(keys)} keys for "
                                   f"{shard.num_records} records; re-pack the dataset"))
+    faults.extend(seen.add_keys(keys, info, shard.path))
     checked = 0
     while True:
         try:
@@ -212,19 +269,12 @@ def _record_faults(
             faults.append(_fault(info.name, exc, note=f"; sample {info.first_index + record}"
                                  f"{key_note}"))
             continue
-        where = f"{shard.path}: record {record} at byte {shard.offset(record)}"
-        key = sample.get(KEY_FIELD)
-        if record < len(keys) and key != keys[record]:
+        why = _sample_fault(sample, manifest, seen)
+        if why is not None:
             faults.append(VerifyFault(info.name, record, shard.offset(record),
-                                      f"{where} has key {key!r} but the key block says "
-                                      f"{keys[record]!r}; re-pack the dataset"))
-        label = sample.get("label")
-        if manifest.classes is not None and not (
-            isinstance(label, int) and 0 <= label < len(manifest.classes)
-        ):
-            faults.append(VerifyFault(info.name, record, shard.offset(record),
-                                      f"{where} has label {label!r}, not an index into the "
-                                      f"{len(manifest.classes)} classes; re-pack the dataset"))
+                                      f"{shard.path}: record {record} at byte "
+                                      f"{shard.offset(record)} (key {sample.get(KEY_FIELD)!r}) "
+                                      f"{why}; re-pack the dataset"))
     if checked != info.num_samples:
         faults.append(VerifyFault(info.name, None, None,
                                   f"{shard.path}: read {checked} records but the manifest says "

@@ -4,15 +4,19 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
 
 from shardio import ShardWriter, WriteOptions, open_dataset, read_manifest
+from shardio.codecs import get_codec
 from shardio.manifest import file_checksum
+from shardio.record import encode_record
 from shardio.verify import VerifyReport, verify
 
 NUM_SAMPLES = 10
@@ -180,3 +184,111 @@ def test_package_functions_survive_submodule_import() -> None:
         "(shardio.verify, shardio.unpack)"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+# --- records that disagree with their key block or the manifest -------------------------
+
+
+def write_crafted(out: Path, backend: str, records: list[tuple[str, dict[str, Any]]],
+                  fields: list[str], classes: list[str] | None = None) -> None:
+    """Records framed as given, under the key-block keys given (as a tampered shard can be)."""
+    codec = get_codec("none")
+    with ShardWriter(out, WriteOptions(backend=backend, codec="none"), classes=classes) as w:
+        for key, sample in records:
+            w._write_encoded(key, encode_record(sample, codec), fields)
+
+
+@pytest.mark.parametrize(
+    ("record", "words"),
+    [
+        ({"__key__": "other", "txt": "x"}, "holds key 'other' but the shard's key block says 'b'"),
+        ({"__key__": "b", "txt": "x", "a/../b": b"x"}, r"field\(s\) \['a/\.\./b'\] that the "
+         r"manifest does not list"),
+        ({"__key__": "b"}, None),
+    ],
+)
+def test_record_disagreeing_with_key_block_or_manifest_is_named(
+    tmp_path: Path, backend: str, record: dict[str, Any], words: str | None
+) -> None:
+    out = tmp_path / "ds"
+    write_crafted(out, backend, [("a", {"__key__": "a", "txt": "x"}), ("b", record)], ["txt"])
+    report = verify(out)
+    shard = read_manifest(out).shards[0].name
+    if words is None:  # a record without some listed field is fine
+        assert report.ok, report.faults
+        return
+    assert not report.ok
+    assert [(f.shard, f.record) for f in report.faults] == [(shard, 1)]
+    assert re.search(words, report.faults[0].message), report.faults[0].message
+
+
+def test_manifest_field_no_record_holds_is_a_fault(tmp_path: Path) -> None:
+    out = tmp_path / "ds"
+    write_crafted(out, "records", [("a", {"__key__": "a", "txt": "x"})], ["txt", "jpg"])
+    report = verify(out)
+    assert [(f.shard, f.record) for f in report.faults] == [("manifest.json", None)]
+    assert "fields lists ['jpg'], which no record holds" in report.faults[0].message
+
+
+@pytest.mark.parametrize(
+    ("sample", "words"),
+    [
+        ({"image": b"x", "label": 2}, r"label 2, not an index into the 2 classes"),
+        ({"image": b"x", "label": 1, "txt": "x"}, r"field\(s\) \['txt'\] that the manifest"),
+        ({"image": "x", "label": 1}, "image of type str"),
+        ({"jpg": b"x", "label": 1}, r"field\(s\) \['jpg'\] that the manifest"),
+        ({"image": b"x"}, r"has fields \['image'\]; a dataset with classes holds exactly"),
+    ],
+)
+def test_labelled_record_its_readers_cannot_use_is_a_fault(
+    tmp_path: Path, sample: dict[str, Any], words: str
+) -> None:
+    out = tmp_path / "ds"
+    good = {"__key__": "a", "image": b"x", "label": 0}
+    write_crafted(out, "records", [("a", good), ("b", {"__key__": "b", **sample})],
+                  ["image", "label"], classes=["cat", "dog"])
+    report = verify(out)
+    assert [f.record for f in report.faults] == [1]
+    assert re.search(words, report.faults[0].message), report.faults[0].message
+
+
+def test_key_used_twice_is_a_fault(tmp_path: Path, backend: str) -> None:
+    out = tmp_path / "ds"
+    records = [(k, {"__key__": k, "txt": "x"}) for k in ("a", "b", "a")]
+    with ShardWriter(out, WriteOptions(backend=backend, max_shard_samples=2)) as writer:
+        codec = get_codec("zstd")
+        for key, sample in records:
+            writer._keys.discard(key)  # the public write refuses a duplicate key
+            writer._write_encoded(key, encode_record(sample, codec), ["txt"])
+    report = verify(out)
+    second = read_manifest(out).shards[1].name
+    assert [(f.shard, f.record) for f in report.faults] == [(second, 0)]
+    assert "key 'a', which another record already has" in report.faults[0].message
+
+
+@pytest.mark.parametrize(
+    ("where", "words"),
+    [
+        (lambda size: 12, "shard header flags"),
+        (lambda size: 3, "not a shardio shard"),
+        (lambda size: size - 14, "record index and key block .* fail their checksum"),
+        (lambda size: size - 41, "record index and key block .* fail their checksum"),
+        (lambda size: size - 30, "footer offsets are inconsistent"),
+    ],
+)
+def test_damaged_region_of_a_records_shard_is_named(
+    tmp_path: Path, where: Any, words: str
+) -> None:
+    out = tmp_path / "ds"
+    with ShardWriter(out, WriteOptions(codec="none")) as writer:
+        for i in range(3):
+            writer.write({"__key__": f"k{i}", "bin": blob(i)})
+    path = out / read_manifest(out).shards[0].name
+    data = bytearray(path.read_bytes())
+    data[where(len(data))] ^= 0x01
+    path.write_bytes(bytes(data))
+    report = verify(out)
+    messages = [f.message for f in report.faults]
+    assert len(messages) == 2, messages
+    assert "file checksum" in messages[0]
+    assert re.search(words, messages[1]), messages[1]

@@ -152,10 +152,13 @@ class RecordsShardReader:
         footer = unpack_footer(view, path=self.path)
         self.num_records = footer.num_records
         tail = view[footer.index_offset : size - FOOTER_SIZE]
+        # One CRC over the index and key block on open (they are a few bytes per record,
+        # next to the footer): a damaged offset could otherwise frame another intact record.
         if zlib.crc32(tail) != footer.index_crc32:
             raise ChecksumError(
-                f"{self.path}: the record index at byte {footer.index_offset} fails its "
-                "checksum; the shard is corrupt: restore it from a copy or re-pack",
+                f"{self.path}: the record index and key block (bytes {footer.index_offset}.."
+                f"{size - FOOTER_SIZE}) fail their checksum (or the footer's copy of it is "
+                "damaged); the shard is corrupt: restore it from a copy or re-pack",
                 path=self.path, offset=footer.index_offset,
             )
         self.offsets = np.frombuffer(view, dtype="<u8", count=footer.num_records + 1,
@@ -219,7 +222,21 @@ class RecordsShardReader:
         """Every record's ``__key__``, read from the key block on first use."""
         if self._keys is None:
             raw = self._view[self._keys_offset : self.size - FOOTER_SIZE]
-            self._keys = list(msgpack.unpackb(raw, raw=False))
+            try:
+                keys = msgpack.unpackb(raw, raw=False)
+            except Exception:  # msgpack raises several unrelated types on bad input
+                keys = None
+            # the block passed its CRC on open, so only a broken writer gets here
+            if not isinstance(keys, list) or len(keys) != self.num_records or not all(
+                isinstance(k, str) for k in keys
+            ):
+                raise ShardCorruptError(
+                    f"{self.path}: the key block at byte {self._keys_offset} is not a list of "
+                    f"{self.num_records} str keys; the shard was written by a broken writer: "
+                    "re-pack it",
+                    path=self.path, offset=self._keys_offset,
+                )
+            self._keys = keys
         return self._keys
 
     def close(self) -> None:
