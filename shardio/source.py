@@ -26,8 +26,8 @@ IMG_EXTENSIONS: Final = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif"
 
 RESERVED_FIELDS: Final = ("__key__", "__index__")
 
-__all__ = ["IMG_EXTENSIONS", "RESERVED_FIELDS", "Bad", "Source", "SourceSample",
-           "dataset_source", "display_path", "imagefolder_order", "scan_source"]
+__all__ = ["IMAGEFOLDER_RULES", "IMG_EXTENSIONS", "RESERVED_FIELDS", "Bad", "Source",
+           "SourceSample", "dataset_source", "display_path", "imagefolder_order", "scan_source"]
 
 
 class SourceSample(NamedTuple):
@@ -68,12 +68,38 @@ class Source:
     excluded: int = 0
 
 
+NOT_AN_IMAGE: Final = f"not an image: an ImageFolder holds only {' '.join(IMG_EXTENSIONS)} files"
+LOOSE_FILE: Final = "a loose file at the top of an ImageFolder, outside every class folder"
+IMAGEFOLDER_RULES: Final = (NOT_AN_IMAGE, LOOSE_FILE)
+"""Reasons a file is bad only because SRC is read as an ImageFolder (generic mode keeps it)."""
+
+
 def _looks_like_imagefolder(walker: Walker) -> bool:
-    """Every visible top-level entry is a folder holding an image, and nothing else is."""
+    """Class folders of images: every visible top-level entry is a folder holding an image,
+    there are no loose files, and no image shares its name stem with a non-image file.
+
+    ``a/b/x.jpg`` beside ``a/b/x.json`` is one generic sample with two fields (the
+    WebDataset rule); read as an ImageFolder, the JSON would be bad input, and
+    ``--skip-bad`` would drop it. A stray non-image file of its own (``notes.txt``)
+    does not make a tree generic: packing it without labels would be the silent
+    surprise, so it is reported as bad in ImageFolder mode instead.
+    """
     if not walker.top_dirs or walker.top_other:
         return False
-    with_images = {f[0].partition("/")[0] for f in walker.files
-                   if f[0][-5:].lower().endswith(IMG_EXTENSIONS)}
+    with_images: set[str] = set()
+    image_stems: set[str] = set()
+    other_stems: set[str] = set()
+    for f in walker.files:
+        rel = f[0]
+        dot = rel.find(".", rel.rfind("/") + 1)
+        stem = rel if dot < 0 else rel[:dot]
+        if rel[-5:].lower().endswith(IMG_EXTENSIONS):
+            with_images.add(rel.partition("/")[0])
+            image_stems.add(stem)
+        else:
+            other_stems.add(stem)
+    if not image_stems.isdisjoint(other_stems):
+        return False
     return all(d in with_images for d in walker.top_dirs)
 
 
@@ -107,7 +133,9 @@ def scan_source(
         src: the folder to pack.
         imagefolder: force ImageFolder (``True``) or generic (``False``) mode;
             ``None`` detects it: every visible top-level entry is a folder that
-            holds at least one image, and there are no loose files.
+            holds at least one image, there are no loose files, and no image has
+            a non-image sibling with the same name stem (``x.jpg`` + ``x.json``
+            make a generic sample).
         include: keep only files matching one of these globs (all when empty).
         exclude: drop files matching one of these globs.
         follow_symlinks: read the targets of symbolic links and enter linked folders.
@@ -219,9 +247,9 @@ def _imagefolder_samples(walker: Walker) -> _Built:
     for rel, path, size, mtime, reason in sorted(walker.files):
         top, slash, _ = rel.partition("/")
         if reason is None and not slash:
-            reason = "a loose file at the top of an ImageFolder, outside every class folder"
+            reason = LOOSE_FILE
         elif reason is None and not rel.lower().endswith(IMG_EXTENSIONS):
-            reason = f"not an image: an ImageFolder holds only {' '.join(IMG_EXTENSIONS)} files"
+            reason = NOT_AN_IMAGE
         rows.append((rel, path, size, mtime, reason))
         if reason is not None:
             bad.append((display_path(rel), reason))

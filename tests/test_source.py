@@ -100,6 +100,30 @@ def test_imagefolder_detection(imagefolder: Path, tmp_path: Path) -> None:
     assert scan_source(tmp_path, imagefolder=False).classes is None
 
 
+def test_images_with_non_image_stem_siblings_make_a_generic_tree(tmp_path: Path) -> None:
+    """README's generic example: a/b/x.jpg + a/b/x.json is one sample, not a one-class ImageFolder."""
+    for stem in ("x", "y"):
+        _touch(tmp_path / f"a/b/{stem}.jpg")
+        _touch(tmp_path / f"a/b/{stem}.json", b'{"caption": "a cat"}')
+    source = scan_source(tmp_path)
+    assert source.classes is None and source.bad == ()
+    assert [(s.key, s.fields) for s in source.samples] == [
+        ("a/b/x", ("jpg", "json")), ("a/b/y", ("jpg", "json"))]
+
+
+def test_a_stray_non_image_keeps_an_imagefolder_and_is_reported(tmp_path: Path) -> None:
+    _touch(tmp_path / "cat/1.jpg")
+    _touch(tmp_path / "cat/1.png")  # two images with one stem: both are images, both samples
+    _touch(tmp_path / "dog/2.jpg")
+    _touch(tmp_path / "dog/notes.txt")  # no image named notes.*: not a field of any sample
+    source = scan_source(tmp_path)
+    assert source.classes == ("cat", "dog")
+    assert [p for p, _ in source.bad] == ["dog/notes.txt"]
+    assert [s.key for s in source.samples] == ["cat/1.jpg", "cat/1.png", "dog/2.jpg"]
+    _touch(tmp_path / "dog/2.cls")  # now 2.jpg has a non-image sibling: generic
+    assert scan_source(tmp_path).classes is None
+
+
 def test_hidden_entries_are_ignored_and_counted(tmp_path: Path) -> None:
     _touch(tmp_path / "cat/1.jpg")
     _touch(tmp_path / "cat/._1.jpg")
