@@ -30,12 +30,13 @@ from typing import Any
 
 from shardio.errors import BadInputError, EmptySourceError, PackError
 from shardio.journal import JOURNAL_NAME, write_journal
+from shardio.location import local_path
 from shardio.manifest import write_manifest
 from shardio.packstate import journal_state, pack_manifest, resumable_shards
 from shardio.shardbuild import ShardFailure, ShardJob
 from shardio.shardplan import PLAN_VERSION, framed_bound, plan_shards
 from shardio.shardpool import build_shards, default_workers
-from shardio.source import Bad, Source, dataset_source, scan_source
+from shardio.source import IMAGEFOLDER_RULES, Bad, Source, dataset_source, scan_source
 from shardio.writer import WriteOptions, prepare_output
 
 
@@ -113,10 +114,18 @@ def _refuse_bad(source: Source) -> None:
     first = source.bad[0][0]
     listing = "".join(f"\n  {p}: {r}" for p, r in source.bad[:10])
     more = f"\n  … and {len(source.bad) - 10} more" if len(source.bad) > 10 else ""
+    generic = ""
+    if source.classes is not None and any(r in IMAGEFOLDER_RULES for _, r in source.bad):
+        # these files are bad only as ImageFolder input: --skip-bad alone would drop
+        # them, which is wrong when they are the other fields of their samples
+        generic = ("; or, if SRC is not an ImageFolder (say a/x.jpg comes with a/x.json), "
+                   "pass --no-imagefolder (imagefolder=False) to keep every file, grouped "
+                   "into generic samples by name stem, without labels")
     raise BadInputError(
         f"{os.path.join(source.root, first)}: {source.bad[0][1]}. {len(source.bad)} input(s) "
         f"in {source.root} cannot be packed:{listing}{more}\nFix or remove them, or pass "
-        "--skip-bad to pack without them (they are then listed in the summary and the manifest)",
+        "--skip-bad (skip_bad=True) to pack without them (they are then listed in the summary "
+        f"and the manifest){generic}",
         path=os.path.join(source.root, first),
     )
 
@@ -171,9 +180,11 @@ def pack(
         BadInputError: an input cannot be packed (and not ``skip_bad``); names the file.
         EmptySourceError: nothing to pack.
         OutputExistsError: ``out`` holds other files and neither ``overwrite`` nor ``resume``.
+        StorageError: ``src`` or ``out`` is a URL (``s3://…``): remote datasets are not
+            supported yet.
     """
     start = time.perf_counter()
-    _refuse_nested(Path(src), Path(out))
+    _refuse_nested(local_path(src, role="source"), local_path(out, role="output"))
     with _gc_paused():
         source = scan_source(src, imagefolder=imagefolder, include=include, exclude=exclude,
                              follow_symlinks=follow_symlinks)
@@ -218,6 +229,7 @@ def pack_imagefolder(
         return pack(dataset_or_root, out, imagefolder=True, follow_symlinks=follow_symlinks,
                     **common)
     start = time.perf_counter()
+    local_path(out, role="output")
     with _gc_paused():
         source = dataset_source(dataset_or_root, include=include, exclude=exclude)
         pack_options = {"imagefolder": True, "include": list(include), "exclude": list(exclude),

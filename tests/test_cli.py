@@ -95,12 +95,62 @@ def test_a_command_imports_only_its_own_module() -> None:
         "from click.testing import CliRunner\n"
         "from shardio.cli import main\n"
         "assert CliRunner().invoke(main, ['info', '--help']).exit_code == 0\n"
-        "print(sorted(m for m in sys.modules if m.startswith('shardio.cli.')))\n"
+        "print(*sorted(m for m in sys.modules if m.startswith('shardio.cli.')))\n"
     )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           check=False)
     assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.split() == ["['shardio.cli.inspect']"]
+    loaded = set(proc.stdout.split())
+    assert "shardio.cli.inspect" in loaded
+    assert not loaded & {f"shardio.cli.{m}" for m in ("pack", "verify", "unpack", "demo", "bench")}
+
+
+def test_readme_generic_example_packs_every_field(tmp_path: Path) -> None:
+    """README, Pack: ``a/b/x.jpg + a/b/x.json -> key a/b/x`` (it used to fail as an ImageFolder)."""
+    src = tmp_path / "anything"
+    (src / "a" / "b").mkdir(parents=True)
+    (src / "a" / "b" / "x.jpg").write_bytes(b"\xff\xd8\xff fake jpeg")
+    (src / "a" / "b" / "x.json").write_bytes(b'{"caption": "a cat"}')
+    out = tmp_path / "out" / "any"
+    code, text, err, _raw = invoke("pack", str(src), str(out), "--num-workers", "1")
+    assert code == 0, err
+    assert "(generic folder)" in text and "samples       1 (2 files)" in text
+    code, _text, err, raw = invoke("cat", str(out), "a/b/x", "json")
+    assert code == 0, err
+    assert raw == b'{"caption": "a cat"}'
+
+
+def test_imagefolder_error_names_skip_bad_and_no_imagefolder(tmp_path: Path, source: Path) -> None:
+    src = tmp_path / "train"
+    for path in sorted(source.rglob("*.jpg"))[:4]:
+        (src / path.parent.name).mkdir(parents=True, exist_ok=True)
+        (src / path.parent.name / path.name).write_bytes(path.read_bytes())
+    (src / "class_00" / "README.txt").write_bytes(b"where these came from")
+    code, _text, err, _raw = invoke("pack", str(src), str(tmp_path / "out"))
+    assert code == 1
+    assert "class_00/README.txt: not an image" in err
+    assert "--skip-bad" in err and "--no-imagefolder" in err
+    code, text, err, _raw = invoke("pack", str(src), str(tmp_path / "out"), "--no-imagefolder")
+    assert code == 0, err
+    assert "(generic folder)" in text and "samples       5 (5 files)" in text
+
+
+@pytest.mark.parametrize("args", [
+    ("pack", "{src}", "s3://bucket/x"),
+    ("pack", "gs://bucket/src", "{tmp}/out"),
+    ("info", "s3://bucket/x"), ("ls", "https://host/x"), ("cat", "s3://bucket/x", "k"),
+    ("verify", "hf://datasets/x"), ("unpack", "s3://bucket/x", "{tmp}/dest"),
+    ("unpack", "{src}", "s3://bucket/dest"), ("bench", "s3://bucket/x"),
+])
+def test_urls_are_refused_not_made_into_local_folders(
+    args: tuple[str, ...], tmp_path: Path, source: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    argv = [a.format(src=source, tmp=tmp_path) for a in args]
+    result = CliRunner().invoke(main, argv)
+    assert result.exit_code == 2, result.output
+    assert "remote datasets are not supported yet" in result.output
+    assert sorted(p.name for p in tmp_path.iterdir()) == []  # no folder named s3: or gs:
 
 
 def test_info_text(labelled: Path) -> None:

@@ -22,7 +22,13 @@ from PIL import Image
 
 from shardio import open_dataset, read_manifest, verify
 from shardio.cli import main
-from shardio.errors import BadInputError, EmptySourceError, OutputExistsError, PackError
+from shardio.errors import (
+    BadInputError,
+    EmptySourceError,
+    OutputExistsError,
+    PackError,
+    StorageError,
+)
 from shardio.manifest import MANIFEST_NAME
 from shardio.pack import PackSummary, pack, pack_imagefolder
 from shardio.synth import make_photo, make_tiny_tree
@@ -170,7 +176,35 @@ def test_bad_input_fails_naming_the_file_and_the_fix(imagefolder: Path, tmp_path
     message = str(info.value)
     assert "class_01-notes.txt" in message and "empty file" in message
     assert "--skip-bad" in message
+    assert "--no-imagefolder" not in message  # an empty file is bad whatever the mode
     assert not (tmp_path / "out" / MANIFEST_NAME).exists()
+
+
+def test_imagefolder_errors_offer_no_imagefolder_beside_skip_bad(tmp_path: Path) -> None:
+    src = tmp_path / "src"
+    (src / "cat").mkdir(parents=True)
+    (src / "cat" / "1.jpg").write_bytes(b"\xff\xd8\xff one")
+    (src / "cat" / "labels.csv").write_bytes(b"1,cat")
+    with pytest.raises(BadInputError) as info:
+        pack(src, tmp_path / "out", num_workers=1)
+    message = str(info.value)
+    assert "cat/labels.csv" in message and "not an image" in message
+    assert "--skip-bad" in message and "--no-imagefolder" in message
+    summary = pack(src, tmp_path / "out", imagefolder=False, num_workers=1)
+    assert not summary.imagefolder and summary.files == 2 and summary.skipped == ()
+
+
+def test_url_outputs_and_sources_are_refused(
+    tiny_tree: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(StorageError, match="remote datasets are not supported yet"):
+        pack(tiny_tree, "s3://bucket/x")
+    with pytest.raises(StorageError, match="s3://bucket/src: the source is a URL"):
+        pack("s3://bucket/src", tmp_path / "out")
+    with pytest.raises(StorageError, match="the output is a URL"):
+        pack_imagefolder(tiny_tree, "gs://bucket/x")
+    assert list(tmp_path.iterdir()) == []  # no local folder named s3: or gs:
 
 
 def test_skip_bad_lists_skipped_files_in_summary_and_manifest(

@@ -4,7 +4,8 @@ Each command reads through the public API (``read_manifest``,
 ``open_dataset``/``DatasetReader``, ``unpack.field_bytes``); this module only
 formats. It also holds the two small pieces every shardio command shares:
 ``format_size`` for human byte counts and ``dataset_errors``, which turns a
-``ShardioError`` into a one-line message and exit status 1.
+``ShardioError`` into a one-line message and exit status 1 (``DATASET``, the
+dataset argument, lives in ``options`` and is re-exported here).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from typing import Any, Final
 
 import click
 
+from shardio.cli.options import DATASET as DATASET  # re-exported: verify, unpack, bench use it
 from shardio.errors import ShardioError
 from shardio.manifest import Manifest, read_manifest
 from shardio.reader import open_dataset
@@ -26,8 +28,6 @@ from shardio.unpack import IMAGE_FIELD, RESERVED_FIELDS, field_bytes
 MAX_LISTED: Final = 10
 """Classes and shards beyond this many are abbreviated in ``info``."""
 
-DATASET = click.Path(path_type=Path)
-"""A dataset folder argument; a missing one is reported by ``read_manifest``, with the fix."""
 
 
 def format_size(num_bytes: float) -> str:

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import click
 
-from shardio.cli.options import SIZE
+from shardio.cli.options import SIZE, LocalPath
 from shardio.codecs import CODEC_NAMES
 from shardio.errors import ShardioError
 from shardio.manifest import BACKENDS
@@ -43,8 +43,8 @@ def format_summary(summary: PackSummary) -> str:
 
 
 @click.command("pack")
-@click.argument("src", type=click.Path(file_okay=False, path_type=Path))
-@click.argument("out", type=click.Path(file_okay=False, path_type=Path))
+@click.argument("src", type=LocalPath("source", file_okay=False))
+@click.argument("out", type=LocalPath("output", file_okay=False))
 @click.option("--backend", type=click.Choice(BACKENDS), default="records", show_default=True,
               help="Shard file format.")
 @click.option("--codec", type=click.Choice(CODEC_NAMES), default="zstd", show_default=True,
@@ -65,7 +65,8 @@ def format_summary(summary: PackSummary) -> str:
               help="Processes that read and encode [default: all cores].")
 @click.option("--imagefolder/--no-imagefolder", default=None,
               help="Treat SRC as an ImageFolder (class folders of images) or not "
-                   "[default: detect].")
+                   "[default: detect: class folders of images, none sharing its name stem "
+                   "with a non-image file such as x.jpg + x.json].")
 @click.option("--check-images", is_flag=True, help="Decode every image with Pillow first.")
 @click.option("--skip-bad", is_flag=True,
               help="Leave out bad inputs (listed in the summary and manifest) instead of failing.")

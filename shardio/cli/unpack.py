@@ -14,12 +14,13 @@ from pathlib import Path
 import click
 
 from shardio.cli.inspect import DATASET, dataset_errors, format_size
+from shardio.cli.options import LocalPath
 from shardio.unpack import unpack
 
 
 @click.command(name="unpack")
 @click.argument("out", type=DATASET)
-@click.argument("dest", type=click.Path(file_okay=False, path_type=Path))
+@click.argument("dest", type=LocalPath("destination", file_okay=False))
 @click.option("--overwrite", is_flag=True, help="Replace files that already exist in DEST.")
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
 def unpack_command(out: Path, dest: Path, overwrite: bool, as_json: bool) -> None:
