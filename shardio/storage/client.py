@@ -1,0 +1,112 @@
+"""Per-process fsspec clients: made lazily, shared by configuration, never carried across a fork.
+
+A client (an fsspec filesystem with its event loop, HTTP sessions, sockets
+and resolved credentials) belongs to the process that made it. ``client_for``
+keeps one per protocol and options in this process, so every store of one
+configuration resolves its credentials once (the ``AWS_*`` environment
+including ``AWS_ENDPOINT_URL``, profiles, ``GOOGLE_APPLICATION_CREDENTIALS``,
+or ``storage_options``), never per request. After a fork the child starts with
+no clients: the inherited ones are kept referenced and unused, so no finalizer
+closes the parent's connections from the child, and fsspec's IO loop, thread
+and lock are reset. fsspec's instance cache is never used
+(``skip_instance_cache``). Spawned and forkserver children start empty anyway.
+Imports fsspec only inside ``client_for``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import threading
+from collections.abc import Mapping
+from typing import Any
+
+from shardio.errors import MissingDependencyError
+from shardio.storage.retry import RetryPolicy
+
+HTTP_PROTOCOLS = ("http", "https")
+S3_PROTOCOLS = ("s3", "s3a")
+REMOTE_EXTRA = "pip install 'shardio[remote]'"
+
+_clients: dict[str, Any] = {}
+_clients_lock = threading.Lock()
+_inherited: list[Any] = []
+"""Clients a forked child inherited: kept referenced so that no finalizer closes the parent's
+sessions from the child; never used."""
+
+
+def _forget_clients_after_fork() -> None:
+    global _clients_lock
+    _clients_lock = threading.Lock()  # another thread may have held it at fork time
+    _inherited.extend(_clients.values())
+    _clients.clear()
+    asyn = sys.modules.get("fsspec.asyn")
+    if asyn is not None:
+        # fsspec's own after-fork hook (2025.7+) clears its loop and IO thread but not the lock
+        # that guards them, which a parent thread may have held at fork time; older releases
+        # have no hook at all. reset_lock() clears all three.
+        asyn.reset_lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_clients_after_fork)
+
+
+def missing_dependency(exc: ImportError, protocol: str) -> MissingDependencyError:
+    """The error for a remote URL whose fsspec implementation is not installed."""
+    return MissingDependencyError(
+        f"reading or writing {protocol}:// URLs needs fsspec and its {protocol} package "
+        f"({exc}); install them with {REMOTE_EXTRA} (gcsfs or adlfs for gs:// and az://)"
+    )
+
+
+def _new_client(protocol: str, options: Mapping[str, Any], policy: RetryPolicy) -> Any:
+    """A fresh fsspec filesystem for ``protocol``, with this layer's retry and timeout defaults."""
+    try:
+        import fsspec
+    except ImportError as exc:
+        raise missing_dependency(exc, protocol) from exc
+    opts = dict(options)
+    inner_retries = None
+    if protocol in S3_PROTOCOLS:
+        # retry_call owns retries (jittered, counted, resuming); s3fs's and botocore's own
+        # loops would multiply the attempts and sleep in lockstep across workers.
+        inner_retries = opts.pop("retries", 1)  # a class attribute of S3FileSystem, not a kwarg
+        config = dict(opts.get("config_kwargs") or {})
+        config.setdefault("retries", {"total_max_attempts": 1})
+        config.setdefault("connect_timeout", policy.connect_timeout_s)
+        config.setdefault("read_timeout", policy.read_timeout_s)
+        opts["config_kwargs"] = config
+    elif protocol in HTTP_PROTOCOLS:
+        import aiohttp
+
+        client = dict(opts.get("client_kwargs") or {})
+        client.setdefault("timeout", aiohttp.ClientTimeout(
+            total=None, sock_connect=policy.connect_timeout_s, sock_read=policy.read_timeout_s))
+        opts["client_kwargs"] = client
+    try:
+        fs = fsspec.filesystem(protocol, skip_instance_cache=True, **opts)
+    except ImportError as exc:
+        raise missing_dependency(exc, protocol) from exc
+    if inner_retries is not None:
+        fs.retries = inner_retries
+    return fs
+
+
+def client_for(protocol: str, options: Mapping[str, Any], policy: RetryPolicy) -> Any:
+    """This process's client for ``protocol`` and ``options``, made on first use.
+
+    Raises:
+        MissingDependencyError: fsspec or the protocol's package is not installed.
+    """
+    try:
+        key = json.dumps([protocol, options, policy.connect_timeout_s, policy.read_timeout_s],
+                         sort_keys=True)
+    except TypeError:  # options holding objects: a client of its own per options mapping
+        key = f"{protocol}:{id(options)}"
+    with _clients_lock:
+        client = _clients.get(key)
+        if client is None:
+            client = _clients[key] = _new_client(protocol, options, policy)
+        return client

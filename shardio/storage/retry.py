@@ -1,0 +1,164 @@
+"""Retries for remote stores: which errors are transient, and exponential backoff with jitter.
+
+Object stores fail transiently all the time: connections reset, timeouts,
+5xx, ``429`` and S3's ``503 SlowDown``, and responses cut mid-body. Every
+remote call goes through ``retry_call``, which retries those with "full
+jitter" backoff (a random wait up to ``base * 2**attempt``, capped), so that
+many workers hitting a throttled bucket spread out instead of retrying in
+lockstep. Anything else (missing object, access denied, a bad request) fails
+at once. Classification is by exception type *name*, status and error code
+along the cause chain, so this module imports neither botocore nor aiohttp.
+Imports only ``errors``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TypeVar
+
+from shardio.errors import StorageError
+
+T = TypeVar("T")
+
+TRANSIENT_TYPES = frozenset({
+    # aiohttp
+    "ClientPayloadError", "ClientConnectionError", "ClientOSError", "ServerDisconnectedError",
+    "ServerTimeoutError", "ClientConnectorError", "SocketTimeoutError", "ConnectionTimeoutError",
+    # botocore / aiobotocore
+    "IncompleteReadError", "ResponseStreamingError", "ReadTimeoutError", "ConnectTimeoutError",
+    "EndpointConnectionError", "ConnectionClosedError", "HTTPClientError", "ResponseParserError",
+    # fsspec, http.client, urllib3
+    "FSTimeoutError", "IncompleteRead", "RemoteDisconnected", "ProtocolError",
+})
+"""Exception classes (by name, anywhere in the MRO) that mean "the connection failed, try again"."""
+
+TRANSIENT_CODES = frozenset({
+    "SlowDown", "Throttling", "ThrottlingException", "TooManyRequests", "RequestLimitExceeded",
+    "RequestTimeout", "RequestTimeoutException", "InternalError", "ServiceUnavailable",
+    "503", "500", "502", "504",
+})
+"""Service error codes (S3 and friends) that ask the client to retry."""
+
+
+class IncompleteBodyError(ConnectionError):
+    """A response ended before the requested range did; the rest is requested again."""
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    """How often and how patiently remote calls are retried.
+
+    Attributes:
+        max_attempts: tries per call, the first included.
+        base_delay_s: the backoff scale: attempt ``n`` waits up to ``base * 2**n``.
+        max_delay_s: the cap of one wait.
+        connect_timeout_s: time allowed to open a connection.
+        read_timeout_s: time allowed between two reads of a response (a stalled body).
+    """
+
+    max_attempts: int = 8
+    base_delay_s: float = 0.1
+    max_delay_s: float = 10.0
+    connect_timeout_s: float = 10.0
+    read_timeout_s: float = 60.0
+
+    def __post_init__(self) -> None:
+        if self.max_attempts < 1:
+            raise ValueError(f"max_attempts must be at least 1, got {self.max_attempts}")
+        if self.base_delay_s < 0 or self.max_delay_s < 0:
+            raise ValueError("retry delays must not be negative")
+
+    def delay_s(self, attempt: int) -> float:
+        """The wait before retry number ``attempt`` (0-based): full jitter, capped."""
+        return random.uniform(0.0, min(self.max_delay_s, self.base_delay_s * 2.0**attempt))
+
+
+@dataclass
+class StoreStats:
+    """What a store did in this process; for tests, benchmarks and logs."""
+
+    requests: int = 0
+    retries: int = 0
+    resumed: int = 0
+    """Retries that continued a range after the bytes already received."""
+    bytes_read: int = 0
+
+
+def _status_and_code(exc: BaseException) -> tuple[int | None, str | None]:
+    """The HTTP status and service error code an exception carries, where it carries them."""
+    status = getattr(exc, "status", None)  # aiohttp.ClientResponseError
+    code = None
+    response = getattr(exc, "response", None)  # botocore.exceptions.ClientError
+    if isinstance(response, dict):
+        status = response.get("ResponseMetadata", {}).get("HTTPStatusCode", status)
+        code = response.get("Error", {}).get("Code")
+    return (status if isinstance(status, int) else None), (None if code is None else str(code))
+
+
+def is_transient(exc: BaseException) -> bool:
+    """Whether ``exc`` (or an error it was raised from) is worth retrying."""
+    permanent = (StorageError, FileNotFoundError, PermissionError, IsADirectoryError,
+                 NotADirectoryError)
+    if isinstance(exc, permanent):  # a StorageError already went through its own retries
+        return False
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        if isinstance(current, (ConnectionError, TimeoutError, asyncio.TimeoutError)):
+            return True
+        if any(cls.__name__ in TRANSIENT_TYPES for cls in type(current).__mro__):
+            return True
+        status, code = _status_and_code(current)
+        if status is not None and (status >= 500 or status in (408, 429)):
+            return True
+        if code in TRANSIENT_CODES:
+            return True
+        current = current.__cause__ or current.__context__
+    return False
+
+
+def retry_call(
+    call: Callable[[], T],
+    *,
+    policy: RetryPolicy,
+    what: str,
+    stats: StoreStats | None = None,
+    sleep: Callable[[float], object] = time.sleep,
+) -> T:
+    """``call()``, retried on transient errors with backoff; other errors pass through.
+
+    Args:
+        call: the request; it may keep progress between attempts (a resumed range).
+        policy: attempts and delays.
+        what: the object and operation, for the error message (``"s3://b/x: GET 0..16M"``).
+        stats: counters to update.
+        sleep: the wait function (tests pass a recorder).
+
+    Raises:
+        StorageError: every attempt failed transiently; the message names ``what`` and the
+            last error.
+    """
+    for attempt in range(policy.max_attempts):
+        if stats is not None:
+            stats.requests += 1
+        try:
+            return call()
+        except Exception as exc:
+            if not is_transient(exc):
+                raise
+            if attempt + 1 >= policy.max_attempts:
+                raise StorageError(
+                    f"{what}: failed {policy.max_attempts} times, last with {exc!r}; the store "
+                    "is unreachable, overloaded or cutting connections: check the endpoint "
+                    "and the network, or retry later (storage retry policy: max_attempts)",
+                    path=what,
+                ) from exc
+            if stats is not None:
+                stats.retries += 1
+            sleep(policy.delay_s(attempt))
+    raise AssertionError("unreachable: the loop returns or raises")
