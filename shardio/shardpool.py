@@ -90,27 +90,29 @@ def build_shards(
     ctx = multiprocessing.get_context(method)
     counters = ctx.Array("q", 2) if progress is not None else None
     todo = deque(numbers)
-    busy: dict[Connection, tuple[Any, int]] = {}
-    idle: list[tuple[Connection, Any]] = []
+    workers: dict[Connection, Any] = {}
+    """Every worker process, listed before it starts: the cleanup below must see them all."""
+    assigned: dict[Connection, int] = {}
+    """The shard each busy worker builds, recorded before the number is sent (see ``_assign``)."""
     try:
         for _ in range(min(num_workers, len(numbers))):
             conn, child = ctx.Pipe()
             process = ctx.Process(  # type: ignore[attr-defined]  # typeshed: only on subclasses
                 target=_serve, args=(job, child, conn, counters), daemon=True)
+            workers[conn] = process
             process.start()
             child.close()
-            conn.send(todo[0])
-            busy[conn] = (process, todo.popleft())
-        while busy:
-            sentinels = {process.sentinel: conn for conn, (process, _) in busy.items()}
-            ready = wait([*busy, *sentinels], timeout=POLL_S)
+            _assign(conn, todo, assigned)
+        while assigned:
+            sentinels = {workers[conn].sentinel: conn for conn in assigned}
+            ready = wait([*assigned, *sentinels], timeout=POLL_S)
             if progress is not None and counters is not None:
                 progress(counters[0], counters[1])
             for conn in [r for r in ready if isinstance(r, Connection)] + [
                     sentinels[r] for r in ready if isinstance(r, int)]:
-                if conn not in busy:
+                if conn not in assigned:
                     continue
-                process, number = busy[conn]
+                process, number = workers[conn], assigned[conn]
                 try:
                     outcome = conn.recv() if conn.poll() else None
                 except EOFError:
@@ -123,25 +125,42 @@ def build_shards(
                         path=job.out)
                 if isinstance(outcome, BaseException):
                     raise outcome
-                del busy[conn]
+                del assigned[conn]  # idle: its shard is on disk
                 yield outcome
                 if todo:
-                    conn.send(todo[0])
-                    busy[conn] = (process, todo.popleft())
-                else:
-                    idle.append((conn, process))
+                    _assign(conn, todo, assigned)
     finally:
-        for conn, _ in idle:
+        _stop(job, workers, assigned)
+
+
+def _assign(conn: Connection, todo: deque[int], assigned: dict[Connection, int]) -> None:
+    """Send the next shard number to ``conn``'s worker, recording it first.
+
+    Ctrl-C can raise ``KeyboardInterrupt`` anywhere, also right after the send;
+    recorded first, the shard is known to be in flight, so ``_stop`` kills its
+    worker and removes its temporary file (a test interrupts exactly there).
+    """
+    number = todo.popleft()
+    assigned[conn] = number
+    conn.send(number)
+
+
+def _stop(job: ShardJob, workers: dict[Connection, Any], assigned: dict[Connection, int]) -> None:
+    """Kill the workers building shards, remove their temporary files; let idle ones exit."""
+    started = {conn: p for conn, p in workers.items() if p.pid is not None}
+    for conn in workers.keys() - started.keys():
+        conn.close()
+    for conn, process in started.items():
+        if conn in assigned:
+            process.kill()
+        else:
             with contextlib.suppress(OSError):
                 conn.send(None)
-        for conn, (process, number) in busy.items():
-            process.kill()
-            process.join()
-            (job.out / f".{shard_name(job.backend, number)}.tmp").unlink(missing_ok=True)
-            conn.close()
-        for conn, process in idle:
-            process.join()
-            conn.close()
+    for conn, process in started.items():
+        process.join()
+        if conn in assigned:  # killed and joined: nothing writes the file any more
+            (job.out / f".{shard_name(job.backend, assigned[conn])}.tmp").unlink(missing_ok=True)
+        conn.close()
 
 
 def _build_here(

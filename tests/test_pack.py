@@ -369,7 +369,7 @@ STALLER = textwrap.dedent("""
     from shardio.writer import JOURNAL_NAME, WriteOptions
 
     src, out, marks = sys.argv[1], Path(sys.argv[2]), Path(sys.argv[3])
-    stall, workers, journaled, how = json.loads(sys.argv[4])
+    stall, workers, journaled, how, interrupt_after_sending = json.loads(sys.argv[4])
     append = RecordsShardWriter.append
 
     def stalling(self, key, framed):
@@ -391,9 +391,22 @@ STALLER = textwrap.dedent("""
                 os.kill(os.getpid(), getattr(signal, how))
                 return
 
+    def interrupt_right_after(self, obj):
+        # Ctrl-C just after the pack sent shard `interrupt_after_sending` to a worker
+        send(self, obj)
+        if os.getpid() == main and obj == interrupt_after_sending:
+            while len(os.listdir(marks)) < len(stall):  # every stalled shard is in flight
+                time.sleep(0.01)
+            raise KeyboardInterrupt
+
     RecordsShardWriter.append = stalling
     out.mkdir()
-    threading.Thread(target=stop_when_ready, daemon=True).start()
+    if interrupt_after_sending is None:
+        threading.Thread(target=stop_when_ready, daemon=True).start()
+    else:
+        from multiprocessing.connection import Connection
+        send, main = Connection.send, os.getpid()
+        Connection.send = interrupt_right_after
     pack(src, out, options=WriteOptions(max_shard_samples=5), num_workers=workers, seed=3)
 """)
 
@@ -408,10 +421,12 @@ def _gone(pid: int) -> bool:
 
 def _stop_with_shards_in_flight(
     src: Path, out: Path, tmp_path: Path, *, stall: list[int], workers: int, journaled: int,
-    how: str = "SIGKILL",
+    how: str = "SIGKILL", interrupt_after_sending: int | None = None,
 ) -> tuple[subprocess.CompletedProcess[bytes], list[int]]:
     """Pack with ``workers`` in a subprocess whose shards ``stall`` stop two samples in; stop it
-    with signal ``how`` once they all have and ``journaled`` shards are finished.
+    with signal ``how`` once they all have and ``journaled`` shards are finished, or with a
+    ``KeyboardInterrupt`` raised right after sending shard ``interrupt_after_sending`` to a
+    worker (once all of ``stall`` are in flight): Ctrl-C at the worst moment, every time.
 
     Returns the process and the shard numbers in the journal, after every worker is gone.
     """
@@ -419,7 +434,8 @@ def _stop_with_shards_in_flight(
     marks.mkdir()
     stopped = subprocess.run(
         [sys.executable, "-c", STALLER, str(src), str(out), str(marks),
-         json.dumps([stall, workers, journaled, how])], capture_output=True, timeout=60)
+         json.dumps([stall, workers, journaled, how, interrupt_after_sending])],
+        capture_output=True, timeout=60)
     pids = [int(m.name.split("-")[1]) for m in marks.iterdir()]
     for _ in range(1000):
         if all(_gone(pid) for pid in pids):
@@ -472,6 +488,23 @@ def test_ctrl_c_stops_every_worker_and_removes_shards_in_flight(
                    resume=True, num_workers=1)
     assert resumed.resumed_samples == 5 * len(finished) and resumed.samples == 48
     assert 9 not in finished, "the last shard, of 3 samples, waits behind the stalled ones"
+
+
+def test_ctrl_c_right_after_a_shard_is_sent_still_removes_it(
+    imagefolder: Path, tmp_path: Path
+) -> None:
+    """The flaky failure of the test above, made certain: shard 2's temporary file was left
+    when Ctrl-C came between sending it to a worker and recording it as in flight."""
+    out = tmp_path / "out"
+    stopped, finished = _stop_with_shards_in_flight(
+        imagefolder, out, tmp_path, stall=[1, 2], workers=2, journaled=0,
+        interrupt_after_sending=2)
+    assert stopped.returncode == -signal.SIGINT and b"KeyboardInterrupt" in stopped.stderr
+    assert not [n for n in os.listdir(out) if n.startswith(".shard-")]
+    assert finished == [0]
+    resumed = pack(imagefolder, out, options=WriteOptions(max_shard_samples=5), seed=3,
+                   resume=True, num_workers=1)
+    assert resumed.resumed_samples == 5 and resumed.samples == 48
 
 
 @pytest.mark.parametrize(("workers", "failure"), [(1, "raises"), (2, "raises"), (2, "dies")])
