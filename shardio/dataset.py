@@ -395,24 +395,47 @@ class IndexedDataset(Dataset[Any]):
         )
 
     def _reader_here(self) -> DatasetReader:
+        # A forked DataLoader worker inherits the parent's open maps and LMDB
+        # environments, which must not be shared: it opens its own.
         if self._pid != os.getpid():
             self._reader = DatasetReader(self.path, verify=self.verify)
             self._pid = os.getpid()
         return self._reader
 
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        """Unpickled in a ``spawn``/``forkserver`` worker: the reader arrives closed."""
+        self.__dict__.update(state)
+        self._pid = os.getpid()
+
     def __len__(self) -> int:
         return self.manifest.num_samples
 
+    def _normalise(self, index: int) -> int:
+        """``index`` counted from the end when negative, like a list.
+
+        Raises:
+            IndexError: ``index`` is outside ``-len(self)..len(self) - 1``.
+        """
+        size = len(self)
+        if not -size <= index < size:
+            raise IndexError(
+                f"{self.path}: sample {index} out of range for a dataset of {size} samples"
+            )
+        return index + size if index < 0 else index
+
     def __getitem__(self, index: int) -> Any:
-        if index < 0:
-            index += len(self)
-        return self.decoder(self._reader_here().get(index))
+        return self.decoder(self._reader_here().get(self._normalise(index)))
 
     def __getitems__(self, indices: Sequence[int]) -> list[Any]:
-        """Batched fetch for the DataLoader: read in storage order, returned in the order asked."""
+        """Batched fetch for the DataLoader: read in storage order, returned in the order asked.
+
+        Raises:
+            IndexError: an index is out of range (negative ones count from the end).
+        """
         reader = self._reader_here()
-        fetched = {i: reader.get(i) for i in sorted(set(indices))}
-        return [self.decoder(dict(fetched[i])) for i in indices]
+        wanted = [self._normalise(i) for i in indices]
+        fetched = {i: reader.get(i) for i in sorted(set(wanted))}
+        return [self.decoder(dict(fetched[i])) for i in wanted]
 
     def close(self) -> None:
         """Release the open shard files."""

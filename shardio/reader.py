@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import bisect
 import os
+import weakref
 from collections.abc import Iterator
 from pathlib import Path
 from types import TracebackType
@@ -20,6 +21,26 @@ from shardio.backends import ShardFileReader, open_shard
 from shardio.errors import ShardMissingError, TruncatedShardError
 from shardio.manifest import Manifest, ShardInfo, read_manifest
 from shardio.record import INDEX_FIELD, decode_record
+
+_LIVE: weakref.WeakSet[DatasetReader] = weakref.WeakSet()
+"""Every reader of this process, so that a forked child can let go of their open shards."""
+
+
+def _forget_inherited_shards() -> None:
+    """In a forked child: drop the parent's open shards held by every reader.
+
+    liblmdb forbids using an environment across ``fork``, and py-lmdb refuses
+    to open a file twice in one process, so a child that kept the parent's
+    environment alive (say a dataset's own reader) could not open that shard
+    again. Dropping the references closes the child's copies; each reader
+    reopens what it needs (records maps too, which keeps one rule for both).
+    """
+    for reader in list(_LIVE):
+        reader._open = {}
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_inherited_shards)
 
 
 class DatasetReader:
@@ -38,9 +59,26 @@ class DatasetReader:
         self.verify = verify
         self._firsts = [s.first_index for s in self.manifest.shards]
         self._open: dict[int, ShardFileReader] = {}
+        _LIVE.add(self)
 
     def __len__(self) -> int:
         return self.manifest.num_samples
+
+    def __getstate__(self) -> dict[str, Any]:
+        """Pickle without the open shards: maps and LMDB environments cannot cross processes.
+
+        A DataLoader with the ``spawn`` or ``forkserver`` start method pickles
+        the dataset, and with it this reader, after the parent may have used it.
+        """
+        state = dict(self.__dict__)
+        state["_open"] = {}
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        """Restore a pickled reader; its shards reopen on first use in this process."""
+        self.__dict__.update(state)
+        self._open = {}
+        _LIVE.add(self)
 
     def __enter__(self) -> DatasetReader:
         return self
