@@ -9,12 +9,19 @@ float, mean/std normalisation, channels_last), and handed over with
 ``wait_stream`` + ``record_stream`` so the caching allocator never reuses
 their memory while the consumer's stream still reads it. On CPU, or when
 CUDA is unavailable, batches pass through unchanged apart from the optional
-conversion. No threads are started. Imports torch.
+conversion.
+
+Every device runs the same one-batch look-ahead: batch N+1 is taken from the
+loader (and, on CUDA, its copy started) before batch N is handed over. So the
+loader's own ``state_dict()`` counts one batch the training loop has not seen;
+``DevicePrefetcher.state_dict()`` is the loader's state as it was right after
+the handed-over batch was taken, which is what a checkpoint in the loop must
+save. No threads are started. Imports torch.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Mapping, Sequence, Sized
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence, Sized
 from typing import Any, Generic, TypeVar, cast
 
 import torch
@@ -39,6 +46,9 @@ class DevicePrefetcher(Generic[T]):
     for the work already queued on the consumer's stream (safe, less overlap).
     Tensors the loader already put on the device are used as they are, so the
     loader must have finished writing them (synchronised its stream).
+
+    Checkpoint with ``prefetcher.state_dict()``, not the loader's (see the
+    module docstring); the state is that of the latest iteration.
     """
 
     def __init__(
@@ -85,6 +95,8 @@ class DevicePrefetcher(Generic[T]):
         self.channels_last = channels_last
         self._norm = None if mean is None or std is None else (tuple(mean), tuple(std))
         self._affine: dict[torch.device, tuple[torch.Tensor, torch.Tensor]] = {}
+        self._handed: Any = None
+        """The loader's state right after the batch last handed over was taken, or None."""
 
     def __len__(self) -> int:
         """The loader's length.
@@ -96,56 +108,103 @@ class DevicePrefetcher(Generic[T]):
             raise TypeError(f"{type(self.loader).__name__} has no len()")
         return len(self.loader)
 
+    def state_dict(self) -> Any:
+        """The loader's state with exactly the batches handed over so far counted.
+
+        Mid-epoch this is the snapshot taken when the batch last handed over
+        was pulled, so a resume continues with the batch after it, not after
+        the one already taken ahead. Before the first batch, after
+        ``load_state_dict`` and after a finished epoch, it is the loader's own.
+
+        Raises:
+            TypeError: the loader has no ``state_dict()``.
+        """
+        if self._handed is not None:
+            return self._handed
+        return self._loader_method("state_dict")()
+
+    def load_state_dict(self, state: Any) -> None:
+        """Pass ``state`` (from ``state_dict()``) to the loader; the next iteration resumes it.
+
+        Raises:
+            TypeError: the loader has no ``load_state_dict()``.
+        """
+        self._loader_method("load_state_dict")(state)
+        self._handed = None
+
+    def _loader_method(self, name: str) -> Any:
+        method = getattr(self.loader, name, None)
+        if not callable(method):
+            raise TypeError(
+                f"{type(self.loader).__name__} has no {name}(); wrap a resumable loader "
+                "(shardio.loader or torchdata's StatefulDataLoader) to checkpoint mid-epoch"
+            )
+        return method
+
     def __iter__(self) -> Iterator[T]:
+        """Batch N handed over while batch N+1 is already taken (and on CUDA, being copied)."""
+        self._handed = None
+        snapshot = getattr(self.loader, "state_dict", None)
+        if not callable(snapshot):
+            snapshot = _no_state
+        side = None
         if self.device.type == "cuda":
-            return self._iter_cuda()
-        return self._iter_sync()
-
-    def _iter_sync(self) -> Iterator[T]:
-        """CPU pass-through, or a blocking copy for a non-CUDA accelerator."""
-        move = self.device.type != "cpu"
-        touch = move or self.convert_float or self.channels_last
+            # torch.cuda.Stream.__new__ carries no annotations.
+            side = torch.cuda.Stream(device=self.device)  # type: ignore[no-untyped-call]
         batches = iter(self.loader)
         try:
-            for batch in batches:
-                if not touch:
-                    yield batch
-                else:
-                    yield cast(T, self._transfer(batch, move=move, non_blocking=False, pin=False))
-        finally:
-            _close(batches)
-
-    def _iter_cuda(self) -> Iterator[T]:
-        # torch.cuda.Stream.__new__ carries no annotations.
-        side = torch.cuda.Stream(device=self.device)  # type: ignore[no-untyped-call]
-        batches = iter(self.loader)
-        try:
-            ahead = self._preload(batches, side)
+            ahead = self._take(batches, snapshot, side)
             while ahead is not None:
-                batch, recorded = ahead
-                consumer = torch.cuda.current_stream(self.device)
-                consumer.wait_stream(side)
-                for tensor in recorded:
-                    tensor.record_stream(consumer)
-                if _has_opaque(batch):
-                    # Objects moved by their own .to() cannot be recorded: make the
-                    # next copy wait for the consumer instead of racing it.
-                    side.wait_stream(consumer)
-                ahead = self._preload(batches, side)
+                batch, recorded, state = ahead
+                self._hand_over(batch, recorded, side)
+                # Take the next batch now: on CUDA its copy overlaps this step.
+                ahead = self._take(batches, snapshot, side)
+                # Once the loader is exhausted, every batch it gave is handed over
+                # with this one, and its own state (the next epoch's start) is exact.
+                self._handed = state if ahead is not None else None
                 yield cast(T, batch)
         finally:
             _close(batches)
 
-    def _preload(
-        self, batches: Iterator[Any], side: torch.cuda.Stream
-    ) -> tuple[Any, list[torch.Tensor]] | None:
+    def _take(
+        self,
+        batches: Iterator[Any],
+        snapshot: Callable[[], Any],
+        side: torch.cuda.Stream | None,
+    ) -> tuple[Any, list[torch.Tensor], Any] | None:
+        """The next batch, staged for the device, with its CUDA tensors and the loader's state."""
         try:
             batch = next(batches)
         except StopIteration:
             return None
+        state = snapshot()
+        if side is None:
+            return self._stage_sync(batch), [], state
         with torch.cuda.stream(side):
             moved = self._transfer(batch, move=True, non_blocking=True, pin=True)
-        return moved, _device_tensors(moved)
+        return moved, _device_tensors(moved), state
+
+    def _stage_sync(self, batch: Any) -> Any:
+        """CPU pass-through, or a blocking copy for a non-CUDA accelerator."""
+        move = self.device.type != "cpu"
+        if not (move or self.convert_float or self.channels_last):
+            return batch
+        return self._transfer(batch, move=move, non_blocking=False, pin=False)
+
+    def _hand_over(
+        self, batch: Any, recorded: list[torch.Tensor], side: torch.cuda.Stream | None
+    ) -> None:
+        """On CUDA: make the consumer's stream wait for the copy and own its memory."""
+        if side is None:
+            return
+        consumer = torch.cuda.current_stream(self.device)
+        consumer.wait_stream(side)
+        for tensor in recorded:
+            tensor.record_stream(consumer)
+        if _has_opaque(batch):
+            # Objects moved by their own .to() cannot be recorded: make the
+            # next copy wait for the consumer instead of racing it.
+            side.wait_stream(consumer)
 
     def _transfer(self, x: Any, *, move: bool, non_blocking: bool, pin: bool) -> Any:
         if isinstance(x, torch.Tensor):
@@ -214,6 +273,11 @@ def _resolve(device: torch.device) -> torch.device:
         return torch.device("cpu")
     index = torch.cuda.current_device() if device.index is None else device.index
     return torch.device("cuda", index)
+
+
+def _no_state() -> None:
+    """The snapshot of a loader without ``state_dict()``: nothing to keep."""
+    return None
 
 
 def _close(batches: Iterator[Any]) -> None:

@@ -211,6 +211,109 @@ def test_breaking_early_out_of_a_worker_dataloader_leaves_no_workers() -> None:
     assert multiprocessing.active_children() == []
 
 
+class _Counting:
+    """A resumable loader of ints whose state is how many batches it has given out."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+        self.taken = 0
+        self.start = 0
+
+    def __iter__(self) -> Iterator[int]:
+        self.taken = self.start
+        for i in range(self.start, self.n):
+            self.taken = i + 1
+            yield i
+        self.start = 0
+
+    def state_dict(self) -> dict[str, int]:
+        return {"taken": self.taken}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        self.start = state["taken"]
+
+
+@pytest.mark.parametrize("convert_float", [False, True])
+def test_cpu_runs_one_ahead_and_its_state_counts_only_handed_over_batches(
+    convert_float: bool,
+) -> None:
+    loader = _Counting(5)
+    prefetcher = DevicePrefetcher(loader, "cpu", convert_float=convert_float)
+    assert prefetcher.state_dict() == {"taken": 0}
+    for i, batch in enumerate(prefetcher):
+        assert batch == i
+        # The same look-ahead as on CUDA: the next batch is already taken...
+        assert loader.taken == min(i + 2, 5)
+        # ...but a checkpoint counts only what the loop was handed.
+        assert prefetcher.state_dict() == {"taken": i + 1}
+    assert prefetcher.state_dict() == {"taken": 5}
+    prefetcher.load_state_dict({"taken": 3})
+    assert list(prefetcher) == [3, 4]
+
+
+def test_state_of_a_loader_without_one_is_refused_with_what_to_use() -> None:
+    prefetcher = DevicePrefetcher([1, 2], "cpu")
+    assert list(prefetcher) == [1, 2]
+    with pytest.raises(TypeError, match=r"has no state_dict\(\).*shardio.loader"):
+        prefetcher.state_dict()
+    with pytest.raises(TypeError, match="has no load_state_dict"):
+        prefetcher.load_state_dict({})
+
+
+@pytest.fixture(scope="module")
+def small_pack(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    from shardio import ShardWriter, WriteOptions
+
+    path = tmp_path_factory.mktemp("prefetch") / "ds"
+    with ShardWriter(path, WriteOptions(max_shard_samples=32)) as writer:
+        for i in range(90):
+            writer.write({"__key__": f"k/{i:03d}", "bin": i.to_bytes(2, "little")})
+    return path
+
+
+def _epochs(prefetcher: Any, until: int) -> list[list[str]]:
+    """Batches (as key lists) over as many ``iter()`` rounds as it takes to reach ``until``."""
+    out: list[list[str]] = []
+    for _ in range(3):
+        out += [list(batch.keys) for batch in prefetcher]
+        if len(out) >= until:
+            break
+    return out
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_checkpoint_in_the_prefetch_loop_resumes_exactly(small_pack: Any, num_workers: int) -> None:
+    import json
+
+    import shardio
+
+    def fresh() -> Any:
+        dataset = shardio.StreamingDataset(small_pack, decode="raw", seed=7)
+        batches = shardio.loader(dataset, batch_size=8, num_workers=num_workers)
+        return DevicePrefetcher(batches, "cpu")
+
+    prefetcher = fresh()  # the uninterrupted run: two epochs
+    epoch0 = [list(batch.keys) for batch in prefetcher]
+    reference = epoch0 + [list(batch.keys) for batch in prefetcher]
+    del prefetcher
+    n = len(epoch0)
+    assert sorted(k for b in epoch0 for k in b) == [f"k/{i:03d}" for i in range(90)]
+    for k in sorted({0, 1, n // 2, n - 1, n}):
+        prefetcher = fresh()
+        got: list[list[str]] = []
+        state = prefetcher.state_dict()  # k == 0: saved before the first step
+        for batch in prefetcher if k > 0 else ():
+            got.append(list(batch.keys))  # the step trains on the batch, then checkpoints
+            if len(got) == k:
+                state = prefetcher.state_dict()
+                break
+        del prefetcher  # the job dies; a new one loads the checkpoint
+        resumed = fresh()
+        resumed.load_state_dict(json.loads(json.dumps(state)))
+        got += _epochs(resumed, len(reference) - len(got))
+        assert got == reference, f"checkpoint after {k} of {n} batches"
+
+
 leaves = st.one_of(
     st.integers(),
     st.text(max_size=3),
