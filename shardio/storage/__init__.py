@@ -1,19 +1,30 @@
 """Storage: where a dataset's files live, below the backends and above nothing torch.
 
-A dataset path is a local folder or a URL; ``open_store`` turns it into a
-``Store`` (``store.py``) with whole and ranged reads, listing, size, deletion
-and atomic writes. ``LocalStore`` (``local.py``) reads files in place and is
-never cached; ``RemoteStore`` (``remote.py``) reaches any fsspec protocol with
-fork-safe, per-process clients and retries (``retry.py``). Remote bytes that
-readers need as files or long-lived maps go through the node cache
-(``cache.py``, space accounting in ``budget.py``): a directory shared by every
-process of a node, under a hard byte budget. fsspec and its protocol packages
-are imported only when a remote store is first used (``pip install
-'shardio[remote]'``); nothing here imports torch.
+A dataset path is a local folder or a URL; ``open_store`` (``url.py``) turns
+it into a ``Store`` (``store.py``) with whole and ranged reads, listing, size,
+deletion and atomic writes. ``LocalStore`` (``local.py``) reads files in place
+and is never cached; ``RemoteStore`` (``remote.py``) reaches any fsspec
+protocol with per-process, fork-safe clients (``client.py``), retries
+(``retry.py``) and streamed, resumable transfers (``transfer.py``). Remote
+bytes that readers need as files or maps go through the node cache
+(``cache.py``; space accounting in ``budget.py``, held ranges in
+``cachedrange.py``): a folder shared by every process of a node, under a hard
+byte budget. fsspec and its protocol packages are imported only when a remote
+store is first used (``pip install 'shardio[remote]'``); nothing here imports
+torch.
 """
 
 from __future__ import annotations
 
+from shardio.storage.budget import CacheUsage
+from shardio.storage.cache import (
+    CacheStats,
+    RangeCache,
+    RangeCheck,
+    dataset_namespace,
+    default_cache_dir,
+)
+from shardio.storage.cachedrange import CachedRange
 from shardio.storage.local import LocalStore
 from shardio.storage.remote import RemoteStore
 from shardio.storage.retry import RetryPolicy, StoreStats, is_transient
@@ -21,12 +32,19 @@ from shardio.storage.store import RangeWriter, Store
 from shardio.storage.url import is_remote, open_store, split_url
 
 __all__ = [
+    "CacheStats",
+    "CacheUsage",
+    "CachedRange",
     "LocalStore",
+    "RangeCache",
+    "RangeCheck",
     "RangeWriter",
     "RemoteStore",
     "RetryPolicy",
     "Store",
     "StoreStats",
+    "dataset_namespace",
+    "default_cache_dir",
     "is_remote",
     "is_transient",
     "open_store",

@@ -1,0 +1,74 @@
+"""``CachedRange``: one range of the node cache, held open by a reader.
+
+Holding it means holding a shared flock on its file, which is what keeps
+eviction (``budget.py``) away; closing it makes the range evictable again and
+tells the cache how many bytes this process no longer holds. Imports nothing
+from shardio.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import mmap
+import os
+from collections.abc import Callable
+from pathlib import Path
+from types import TracebackType
+
+
+class CachedRange:
+    """Bytes ``start..stop`` of object ``name`` as a cache file, held until ``close``.
+
+    Holding it (a shared flock on the file) keeps it from being evicted. Views
+    from ``view`` must not be used after ``close``: the file may then be evicted
+    (the map stays valid while views exist, but no longer counts in the budget).
+    """
+
+    def __init__(self, fd: int, path: Path, *, name: str, start: int, stop: int,
+                 release: Callable[[int], None]) -> None:
+        self.path = path
+        self.name = name
+        self.start = start
+        self.stop = stop
+        self._fd = fd
+        self._map: mmap.mmap | None = None
+        self._release = release
+
+    @property
+    def size(self) -> int:
+        """Bytes in the range."""
+        return self.stop - self.start
+
+    def view(self) -> memoryview:
+        """The range mapped read-only (offsets relative to ``start``)."""
+        if self._fd < 0:
+            raise ValueError(f"{self.path}: cached range used after close")
+        if self._map is None:
+            self._map = mmap.mmap(self._fd, self.size, access=mmap.ACCESS_READ)
+        return memoryview(self._map)
+
+    def read(self, offset: int = 0, length: int | None = None) -> bytes:
+        """``length`` bytes from ``offset`` (relative to ``start``) with one ``pread``."""
+        if self._fd < 0:
+            raise ValueError(f"{self.path}: cached range used after close")
+        length = self.size - offset if length is None else length
+        return os.pread(self._fd, length, offset)
+
+    def close(self) -> None:
+        """Release the file (and its lock); the range becomes evictable."""
+        if self._fd < 0:
+            return
+        if self._map is not None:
+            with contextlib.suppress(BufferError):  # views still exported: the map goes with them
+                self._map.close()
+            self._map = None
+        os.close(self._fd)
+        self._fd = -1
+        self._release(self.size)
+
+    def __enter__(self) -> CachedRange:
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.close()
