@@ -32,6 +32,10 @@ class ShardInfo:
     num_bytes: int
     checksum: str
     """``"crc32:<8 hex digits>"`` of the whole file."""
+    keys_crc32: int | None = None
+    """CRC-32 of the shard's key block (msgpack array of its keys, as both backends store it):
+    readers check it on open, so a shard file exchanged for another of the same size is
+    refused instead of read as the wrong samples. ``None`` in manifests written before it."""
 
 
 @dataclass(frozen=True)

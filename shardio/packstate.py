@@ -67,7 +67,7 @@ def pack_manifest(
         if result.num_samples:
             first = shards[-1].first_index + shards[-1].num_samples if shards else 0
             shards.append(ShardInfo(result.name, result.num_samples, first, result.num_bytes,
-                                    result.checksum))
+                                    result.checksum, result.keys_crc32))
             fields.update(dict.fromkeys(result.fields))
     num_samples = sum(s.num_samples for s in shards)
     if num_samples == 0:

@@ -17,8 +17,8 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-from shardio.backends import ShardFileReader, open_shard
-from shardio.errors import ShardMissingError, TruncatedShardError
+from shardio.backends import ShardFileReader, keys_crc32, open_shard
+from shardio.errors import ShardCorruptError, ShardMissingError, TruncatedShardError
 from shardio.manifest import Manifest, ShardInfo, read_manifest
 from shardio.record import INDEX_FIELD, decode_record
 
@@ -121,13 +121,25 @@ class DatasetReader:
                 path=path,
             )
         reader = open_shard(self.manifest.backend, path)
-        if reader.num_records != info.num_samples:
+        try:
+            if reader.num_records != info.num_samples:
+                raise TruncatedShardError(
+                    f"{path}: shard holds {reader.num_records} records but the manifest says "
+                    f"{info.num_samples}; re-pack the dataset",
+                    path=path,
+                )
+            # size and count can match another shard's (LMDB files grow by whole pages): the
+            # key block's CRC tells this shard's records from any other's, for one small read
+            if info.keys_crc32 is not None and keys_crc32(reader.keys()) != info.keys_crc32:
+                raise ShardCorruptError(
+                    f"{path}: the shard's key block does not match the manifest's "
+                    f"keys_crc32 {info.keys_crc32:08x}: the file holds another shard's records "
+                    "(shard files exchanged or replaced); restore it from a copy or re-pack",
+                    path=path,
+                )
+        except BaseException:
             reader.close()
-            raise TruncatedShardError(
-                f"{path}: shard holds {reader.num_records} records but the manifest says "
-                f"{info.num_samples}; re-pack the dataset",
-                path=path,
-            )
+            raise
         return reader
 
     def close_shard(self, shard: int) -> None:

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
 
-from shardio.backends import create_shard, shard_name
+from shardio.backends import create_shard, keys_crc32, shard_name
 from shardio.codecs import Codec, get_codec
 from shardio.errors import RecordEncodeError
 from shardio.manifest import fsync_dir
@@ -67,6 +67,8 @@ class ShardResult:
     """Stream positions of the samples left out because a file was bad when read."""
     skipped: tuple[Bad, ...] = ()
     """Their files, with the reasons."""
+    keys_crc32: int | None = None
+    """CRC-32 of the shard's key block (``ShardInfo.keys_crc32``); absent in older journals."""
 
     @classmethod
     def from_json(cls, entry: Mapping[str, Any]) -> ShardResult:
@@ -77,6 +79,7 @@ class ShardResult:
             checksum=str(entry["checksum"]), fields=tuple(entry["fields"]),
             left_out=tuple(entry["left_out"]),
             skipped=tuple((str(p), str(r)) for p, r in entry["skipped"]),
+            keys_crc32=entry.get("keys_crc32"),
         )
 
 
@@ -165,6 +168,7 @@ def build_shard(job: ShardJob, number: int, report: Report | None = None) -> Sha
     fields: dict[str, None] = dict.fromkeys(("image", "label")) if job.labelled else {}
     left_out: list[int] = []
     skipped: list[Bad] = []
+    keys: list[str] = []
     writer = create_shard(job.backend, tmp)
     files = nbytes = 0
     try:
@@ -173,6 +177,7 @@ def build_shard(job: ShardJob, number: int, report: Report | None = None) -> Sha
             framed, failed, reason = frame_sample(sample, codec, check)
             if framed is not None:
                 writer.append(sample.key, framed)
+                keys.append(sample.key)
                 if not job.labelled:
                     fields.update(dict.fromkeys(sample.fields))
             elif job.skip_bad:
@@ -201,4 +206,4 @@ def build_shard(job: ShardJob, number: int, report: Report | None = None) -> Sha
     if report is not None:
         report(files, nbytes)
     return ShardResult(number, name, count, size, checksum, tuple(fields) if count else (),
-                       tuple(left_out), tuple(skipped))
+                       tuple(left_out), tuple(skipped), keys_crc32(keys) if count else None)

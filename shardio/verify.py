@@ -23,6 +23,7 @@ from typing import Any
 from tqdm import tqdm
 
 from shardio.errors import ShardioError
+from shardio.format import CODEC_NONE, FRAME
 from shardio.manifest import (
     MANIFEST_NAME,
     Manifest,
@@ -270,6 +271,8 @@ def _record_faults(
                                  f"{key_note}"))
             continue
         why = _sample_fault(sample, manifest, seen)
+        if why is None and manifest.codec == "none" and FRAME.unpack_from(framed)[2] != CODEC_NONE:
+            why = "is stored compressed although the manifest's codec is 'none'"
         if why is not None:
             faults.append(VerifyFault(info.name, record, shard.offset(record),
                                       f"{shard.path}: record {record} at byte "

@@ -19,7 +19,14 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, Final
 
-from shardio.backends import SHARD_SUFFIX, ShardFileWriter, create_shard, open_shard, shard_name
+from shardio.backends import (
+    SHARD_SUFFIX,
+    ShardFileWriter,
+    create_shard,
+    keys_crc32,
+    open_shard,
+    shard_name,
+)
 from shardio.codecs import get_codec
 from shardio.errors import OutputExistsError, RecordEncodeError
 from shardio.journal import JOURNAL_NAME as JOURNAL_NAME  # where callers have always found it
@@ -180,6 +187,7 @@ class ShardWriter:
         self._keys: set[str] = set()
         self._current: ShardFileWriter | None = None
         self._current_tmp: Path | None = None
+        self._current_keys: list[str] = []
         self._current_count = 0
         self._current_bytes = 0
         self._num_samples = 0
@@ -277,6 +285,7 @@ class ShardWriter:
             self._current_tmp = self.out / f".{name}.tmp"
             self._current = create_shard(opts.backend, self._current_tmp)
         self._current.append(key, framed)
+        self._current_keys.append(key)
         self._current_count += 1
         self._current_bytes += len(framed)
         self._num_samples += 1
@@ -287,9 +296,11 @@ class ShardWriter:
         name = shard_name(self.options.backend, len(self._shards))
         os.replace(self._current_tmp, self.out / name)
         first = self._shards[-1].first_index + self._shards[-1].num_samples if self._shards else 0
-        self._shards.append(ShardInfo(name, self._current_count, first, size, checksum))
+        self._shards.append(ShardInfo(name, self._current_count, first, size, checksum,
+                                      keys_crc32(self._current_keys)))
         self._current = None
         self._current_tmp = None
+        self._current_keys = []
         self._current_count = 0
         self._current_bytes = 0
         fsync_dir(self.out)

@@ -13,10 +13,11 @@ from typing import Any
 import numpy as np
 import pytest
 
-from shardio import ShardWriter, WriteOptions, open_dataset, read_manifest
+from shardio import ShardCorruptError, ShardWriter, WriteOptions, open_dataset, read_manifest
 from shardio.codecs import get_codec
 from shardio.manifest import file_checksum
 from shardio.record import encode_record
+from shardio.stream import iter_samples
 from shardio.verify import VerifyReport, verify
 
 NUM_SAMPLES = 10
@@ -292,3 +293,56 @@ def test_damaged_region_of_a_records_shard_is_named(
     assert len(messages) == 2, messages
     assert "file checksum" in messages[0]
     assert re.search(words, messages[1]), messages[1]
+
+
+# --- shard files exchanged ----------------------------------------------------------------
+
+
+def exchange(a: Path, b: Path) -> None:
+    data = a.read_bytes()
+    a.write_bytes(b.read_bytes())
+    b.write_bytes(data)
+
+
+def test_exchanged_shards_of_equal_size_are_refused_by_every_reader(dataset: Path) -> None:
+    """Size and record count match (LMDB files grow by whole pages), so the key block decides."""
+    first, second = (dataset / s.name for s in read_manifest(dataset).shards[:2])
+    assert first.stat().st_size == second.stat().st_size
+    exchange(first, second)
+    with open_dataset(dataset) as reader:
+        for index in (0, 5):
+            with pytest.raises(ShardCorruptError, match="holds another shard's records"):
+                reader.get(index)
+        assert reader.get(9)["__key__"] == "k9", "the shard left alone still reads"
+    with open_dataset(dataset) as reader, pytest.raises(ShardCorruptError):
+        list(iter_samples(reader, np.arange(NUM_SAMPLES), window=4, max_run=2))
+    report = verify(dataset)
+    assert {f.shard for f in report.faults} == {first.name, second.name}
+
+
+def test_manifest_without_key_block_crcs_still_reads(dataset: Path) -> None:
+    """Manifests written before ``keys_crc32`` existed have none; nothing is checked then."""
+    path = dataset / "manifest.json"
+    data = json.loads(path.read_text())
+    assert all(isinstance(s["keys_crc32"], int) for s in data["shards"])
+    for shard in data["shards"]:
+        del shard["keys_crc32"]
+    path.write_text(json.dumps(data))
+    assert verify(dataset).ok
+    with open_dataset(dataset) as reader:
+        assert [s["__key__"] for s in reader] == [f"k{i}" for i in range(NUM_SAMPLES)]
+
+
+def test_pack_and_writer_record_each_shards_key_block_crc(tmp_path: Path, tiny_tree: Path,
+                                                         backend: str) -> None:
+    from shardio.backends import keys_crc32
+    from shardio.pack import pack
+
+    out = tmp_path / "packed"
+    pack(tiny_tree, out, options=WriteOptions(backend=backend, max_shard_samples=100),
+         num_workers=1)
+    manifest = read_manifest(out)
+    assert len(manifest.shards) == 3
+    with open_dataset(out) as reader:
+        for number, info in enumerate(manifest.shards):
+            assert info.keys_crc32 == keys_crc32(reader.shard(number).keys())

@@ -4,13 +4,18 @@ A backend stores *framed records* (see ``shardio.format``) and knows nothing of
 samples, codecs or manifests. ``records`` is a flat file read front to back
 with an offset index at its end; ``lmdb`` is one LMDB file keyed by the record's
 index in the shard. Both give O(1) access to record ``i`` and a sequential scan.
+Both store a shard's keys as one *key block*: the msgpack array of its record
+keys (``pack_keys``), whose CRC-32 the manifest keeps (``keys_crc32``).
 """
 
 from __future__ import annotations
 
+import zlib
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Protocol
+
+import msgpack
 
 
 class ShardFileWriter(Protocol):
@@ -65,6 +70,16 @@ class ShardFileReader(Protocol):
 
 
 SHARD_SUFFIX = {"records": ".rec", "lmdb": ".mdb"}
+
+
+def pack_keys(keys: Sequence[str]) -> bytes:
+    """A shard's key block: its record keys as one msgpack array of str."""
+    return msgpack.packb(list(keys), use_bin_type=True)  # type: ignore[no-any-return]
+
+
+def keys_crc32(keys: Sequence[str]) -> int:
+    """CRC-32 of the key block of a shard holding ``keys``: its fingerprint in the manifest."""
+    return zlib.crc32(pack_keys(keys))
 
 
 def shard_name(backend: str, number: int) -> str:

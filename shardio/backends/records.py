@@ -20,6 +20,7 @@ from typing import BinaryIO
 import msgpack
 import numpy as np
 
+from shardio.backends import pack_keys
 from shardio.errors import ChecksumError, ShardCorruptError, ShardMissingError
 from shardio.format import (
     FOOTER_SIZE,
@@ -100,7 +101,7 @@ class RecordsShardWriter:
         """Write index, keys and footer; fsync; return ``(bytes, checksum)``."""
         index_offset = self._size
         offsets = np.asarray([*self._offsets, index_offset], dtype="<u8").tobytes()
-        keys = msgpack.packb(self._keys, use_bin_type=True)
+        keys = pack_keys(self._keys)
         tail = offsets + keys
         self._write(tail)
         self._write(
