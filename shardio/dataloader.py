@@ -2,15 +2,17 @@
 
 Workers batch their own samples and hand over few, large objects (a
 ``RecordBatch`` of contiguous tensors for raw samples, stacked uint8 tensors
-for decoded ones). Workers are persistent, ``pin_memory`` is on only when CUDA
-is present, epochs advance by themselves, and the loader knows every worker's
-position, so ``state_dict()`` resumes mid-epoch exactly.
+for decoded ones). Workers take the rank's order in whole batches in turn, so
+batches arrive in that order, full but the last, and a position in it is all
+``state_dict()`` needs. Workers are persistent (and replaced when one dies),
+``pin_memory`` is on only when CUDA is present, and epochs advance by
+themselves unless ``set_epoch`` chose one.
 """
 
 from __future__ import annotations
 
+import multiprocessing
 import os
-from collections import defaultdict, deque
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -19,8 +21,6 @@ from torch.utils.data import DataLoader, default_collate
 
 from shardio.batch import RecordBatch
 from shardio.dataset import StreamingDataset
-from shardio.plan import Split, same_split
-from shardio.state import progress_from_state
 
 
 def collate_items(items: list[Any]) -> Any:
@@ -52,7 +52,12 @@ def collate_for(dataset: StreamingDataset) -> Callable[[list[Any]], Any]:
 class ShardLoader:
     """Iterates batches of a ``StreamingDataset`` epoch after epoch; resumable.
 
-    Each ``iter(loader)`` is one epoch; the next one starts at the next epoch.
+    Each ``iter(loader)`` is one epoch; the next one starts at the next epoch,
+    or at the epoch chosen with ``dataset.set_epoch`` or ``load_state_dict``
+    since. Workers take the rank's order in whole batches in turn, so batches
+    arrive in the rank's order, every one full but the epoch's last. If an
+    epoch stops with an error (a worker killed, a damaged record), the next
+    ``iter()`` starts fresh workers and continues after the last batch delivered.
     """
 
     def __init__(
@@ -66,97 +71,102 @@ class ShardLoader:
         prefetch_factor: int = 4,
         persistent_workers: bool = True,
         multiprocessing_context: str | None = None,
+        drop_last: bool = False,
     ) -> None:
         """See ``shardio.loader``."""
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
         self.dataset = dataset
         self.batch_size = batch_size
+        self.drop_last = drop_last
         self.num_workers = min(os.cpu_count() or 1, 8) if num_workers is None else num_workers
         collate = collate_fn or collate_for(dataset)
         self._view = dataset.batched(
-            batch_size, collate, zero_copy=collate is RecordBatch.from_samples
+            batch_size, collate, zero_copy=collate is RecordBatch.from_samples, drop_last=drop_last
         )
         workers = self.num_workers
-        self._loader = DataLoader(
-            self._view,
-            batch_size=None,
-            num_workers=workers,
-            pin_memory=torch.cuda.is_available() if pin_memory is None else pin_memory,
-            prefetch_factor=prefetch_factor if workers > 0 else None,
-            persistent_workers=persistent_workers and workers > 0,
-            multiprocessing_context=multiprocessing_context if workers > 0 else None,
-        )
+        self._persistent = persistent_workers and workers > 0
+        self._settings: dict[str, Any] = {
+            "num_workers": workers,
+            "pin_memory": torch.cuda.is_available() if pin_memory is None else pin_memory,
+            "prefetch_factor": prefetch_factor if workers > 0 else None,
+            "persistent_workers": self._persistent,
+            "multiprocessing_context": multiprocessing_context if workers > 0 else None,
+        }
+        self._loader = DataLoader(self._view, batch_size=None, **self._settings)
         self._epoch = dataset.epoch
-        self._fresh = True
-        """Whether the next ``iter()`` reads ``_epoch`` itself (start, or just resumed)."""
-        self._loaded: dict[str, Any] | None = None
-        self._positions: list[int] = [0] * max(1, workers)
+        self._generation: int | None = None
+        """The dataset's state generation this loader last set or followed; None: follow it."""
+        self._position = 0
         self._running = False
+        self._pids: set[int] = set()
 
     def __len__(self) -> int:
         """Batches this rank yields per epoch."""
-        split_sizes = self._worker_sizes()
-        return sum(-(-n // self.batch_size) for n in split_sizes)
+        samples = len(self.dataset)
+        if self.drop_last:
+            return samples // self.batch_size
+        return -(-samples // self.batch_size)
 
-    def _worker_sizes(self) -> list[int]:
-        ds = self.dataset
-        workers = max(1, self.num_workers)
-        return [
-            len(ds.worker_order(Split(ds.rank, ds.world_size, k, workers))[1])
-            for k in range(workers)
-        ]
-
-    def _start_positions(self) -> list[int]:
-        """Where each worker starts: non-zero only when resuming under the same split."""
-        workers = max(1, self.num_workers)
-        resume = self.dataset._shared.read().get("resume")
-        if resume is not None:
-            progress = progress_from_state(resume)
-            split = Split(self.dataset.rank, self.dataset.world_size, 0, workers)
-            if progress.epoch == self._epoch and same_split(progress, split):
-                counts = progress.consumed.get(self.dataset.rank)
-                if counts is not None:
-                    return list(counts)
-        return [0] * workers
-
-    def _schedule(self, starts: list[int]) -> Iterator[int]:
-        """Worker of each remaining batch, in the order a DataLoader takes them from the start.
-
-        A DataLoader takes batches from workers 0, 1, …, 0, 1, … skipping workers
-        that ran out; a resumed DataLoader starts again at worker 0, so the loader
-        re-orders batches to continue the interrupted round exactly.
-        """
-        sizes = self._worker_sizes()
-        totals = [-(-n // self.batch_size) for n in sizes]
-        done = [-(-p // self.batch_size) for p in starts]
-        for round_no in range(max(totals, default=0)):
-            for worker, total in enumerate(totals):
-                if done[worker] <= round_no < total:
-                    yield worker
+    def _next_epoch(self) -> None:
+        """Choose this iteration's epoch: the dataset's if set since, else the next one."""
+        generation = int(self.dataset._shared.read()["generation"])
+        if generation == self._generation:
+            self.dataset.set_epoch(self._epoch + 1)
+        self._epoch = self.dataset.epoch
+        self._generation = int(self.dataset._shared.read()["generation"])
 
     def __iter__(self) -> Iterator[Any]:
-        if not self._fresh:
-            self._epoch += 1
-        self._fresh = False
-        self._loaded = None
-        self.dataset.set_epoch(self._epoch)
-        self._positions = self._start_positions()
+        if self._persistent and self._lost_worker():
+            self._recover()
+        self._next_epoch()
+        self._position = int(self.dataset.start_state()["consumed"][str(self.dataset.rank)][0])
         self._running = True
-        schedule = self._schedule(self._positions)
-        pending: dict[int, deque[tuple[Any, int]]] = defaultdict(deque)
-        expected = next(schedule, None)
-        for batch, worker, position in self._loader:
-            pending[worker].append((batch, position))
-            while expected is not None and pending[expected]:
-                ready, self._positions[expected] = pending[expected].popleft()
-                yield ready
-                expected = next(schedule, None)
-        for worker in sorted(pending):
-            while pending[worker]:
-                ready, self._positions[worker] = pending[worker].popleft()
-                yield ready
+        try:
+            for batch, first, stop, pid in self._loader:
+                if first != self._position:
+                    raise RuntimeError(
+                        f"shardio.loader: a batch for positions {first}..{stop} arrived at "
+                        f"position {self._position} of epoch {self._epoch}; the DataLoader did "
+                        "not take batches from its workers in turn (in_order=False?)"
+                    )
+                if self.num_workers > 0:
+                    self._pids.add(pid)
+                self._position = stop
+                yield batch
+        except GeneratorExit:
+            # the loop stopped early; a worker killed meanwhile raised in the caller's code
+            if self._lost_worker():
+                self._recover()
+            raise
+        except BaseException as exc:
+            self._recover()
+            note = getattr(exc, "add_note", None)
+            if note is not None:
+                note(
+                    f"shardio.loader: the next iter() starts fresh workers and continues epoch "
+                    f"{self._epoch} after the last batch delivered (position {self._position})"
+                )
+            raise
         self._running = False
+
+    def _lost_worker(self) -> bool:
+        """Whether a worker that delivered batches of this loader is gone."""
+        if not self._pids:
+            return False
+        alive = {p.pid for p in multiprocessing.active_children()}
+        return not self._pids <= alive
+
+    def _recover(self) -> None:
+        """Replace the workers; the next ``iter()`` continues after the last batch delivered."""
+        state = self.state_dict()
+        broken = getattr(self._loader, "_iterator", None)
+        shutdown = getattr(broken, "_shutdown_workers", None)
+        if callable(shutdown):  # stop the survivors now, and unregister the dead pid's watch
+            shutdown()
+        self._loader = DataLoader(self._view, batch_size=None, **self._settings)
+        self._pids = set()
+        self.load_state_dict(state)
 
     @property
     def epoch(self) -> int:
@@ -164,26 +174,23 @@ class ShardLoader:
         return self._epoch
 
     def state_dict(self) -> dict[str, Any]:
-        """Resumable position of this rank: epoch and every worker's count.
+        """Resumable position of this rank: the epoch and the batches delivered.
 
         Mid-epoch (also after breaking out of the loop) it is the position
         reached; after a finished epoch it is the start of the next one.
         """
-        workers = max(1, self.num_workers)
+        current = int(self.dataset._shared.read()["generation"])
+        if current != self._generation:
+            return self.dataset.start_state()
         if self._running:
-            return self.dataset.progress_state(self._epoch, workers, self._positions)
-        if self._fresh and self._loaded is not None:
-            return dict(self._loaded)
-        epoch = self._epoch if self._fresh else self._epoch + 1
-        return self.dataset.progress_state(epoch, workers, [0] * workers)
+            return self.dataset.progress_state(self._epoch, 1, [self._position])
+        return self.dataset.progress_state(self._epoch + 1, 1, [0])
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continue from ``state_dict()``: the next ``iter()`` yields the rest of that epoch."""
         self.dataset.load_state_dict(state)
-        self._epoch = int(state["epoch"])
-        self._fresh = True
         self._running = False
-        self._loaded = dict(state)
+        self._generation = None
 
 
 def loader(
@@ -196,12 +203,13 @@ def loader(
     prefetch_factor: int = 4,
     persistent_workers: bool = True,
     multiprocessing_context: str | None = None,
+    drop_last: bool = False,
 ) -> ShardLoader:
     """A resumable DataLoader over ``dataset`` with defaults that work.
 
     Args:
         dataset: the ``StreamingDataset`` to read.
-        batch_size: samples per batch; each worker batches its own samples.
+        batch_size: samples per batch; every batch is full but the epoch's last.
         num_workers: worker processes (default: the core count, at most 8).
         collate_fn: override the batch format (default: ``RecordBatch`` for raw
             samples, stacked uint8 tensors for ``decode="tensor"``, default
@@ -209,8 +217,9 @@ def loader(
         pin_memory: default: only when CUDA is available.
         prefetch_factor: batches each worker keeps ready.
         persistent_workers: keep workers between epochs (they read the epoch
-            from shared memory).
+            from shared memory); a killed worker is replaced at the next ``iter()``.
         multiprocessing_context: e.g. ``"spawn"``; default: the platform's.
+        drop_last: leave out the epoch's last batch when it is short.
     """
     return ShardLoader(
         dataset,
@@ -221,4 +230,5 @@ def loader(
         prefetch_factor=prefetch_factor,
         persistent_workers=persistent_workers,
         multiprocessing_context=multiprocessing_context,
+        drop_last=drop_last,
     )

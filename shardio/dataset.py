@@ -11,24 +11,33 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any, Literal
 
-import numpy as np
 import torch
 from torch.utils.data import Dataset, IterableDataset, get_worker_info
 
+from shardio.errors import ResumeError
 from shardio.plan import (
+    IndexArray,
     PlanConfig,
     Progress,
     Split,
-    consumed_per_worker,
+    batch_span,
+    interleave_batches,
     same_split,
     samples_per_rank,
     stage_order,
 )
 from shardio.reader import DatasetReader
 from shardio.record import KEY_FIELD
-from shardio.state import SharedState, progress_from_state, progress_to_state
+from shardio.state import (
+    SharedState,
+    check_same_order,
+    order_settings,
+    progress_from_state,
+    progress_to_state,
+)
 from shardio.stream import iter_samples
 
 Decode = Literal["auto", "raw", "pil", "tensor"]
@@ -114,6 +123,26 @@ def resolve_decode(decode: str, labelled: bool, path: str) -> str:
     return decode
 
 
+@dataclass(frozen=True)
+class Stage:
+    """What one (rank, worker) reads of the current epoch, and where it starts.
+
+    ``order`` is this worker's part of the epoch (of a resumed epoch: of the
+    stage planned after the resume point); ``skip`` of its samples were already
+    consumed. By batches, ``order`` holds this worker's batches of the rank's
+    order from rank position ``offset`` on, ``count`` positions long in all.
+    """
+
+    epoch: int
+    generation: int
+    order: IndexArray
+    skip: int
+    offset: int
+    count: int
+    base: dict[str, Any] | None
+    """The resume state this stage was planned from (None: a fresh epoch)."""
+
+
 class StreamingDataset(IterableDataset[Any]):
     """Stream a shardio dataset: shuffled, split over ranks and workers, exactly resumable.
 
@@ -123,7 +152,10 @@ class StreamingDataset(IterableDataset[Any]):
     Each epoch's order is a pure function of ``(seed, epoch)`` and the split;
     every rank yields ``len(ds)`` samples per epoch (tail padded by repeating
     samples, or dropped with ``drop_last``), and with one rank every sample
-    arrives exactly once per epoch, whatever ``num_workers`` is.
+    arrives exactly once per epoch, whatever ``num_workers`` is. With
+    ``batch_size``, DataLoader workers take the rank's order in whole batches,
+    so a ``DataLoader(batch_size=batch_size)`` delivers that order, every batch
+    full but the last, and ``state_dict(num_batches=n)`` resumes it exactly.
     """
 
     def __init__(
@@ -137,6 +169,7 @@ class StreamingDataset(IterableDataset[Any]):
         seed: int = 0,
         shuffle_buffer: int | None = None,
         block_size: int | None = None,
+        batch_size: int | None = None,
         rank: int | None = None,
         world_size: int | None = None,
         drop_last: bool = False,
@@ -157,16 +190,27 @@ class StreamingDataset(IterableDataset[Any]):
             shuffle_buffer: samples per shuffle window (memory per worker is about
                 this many records); default: about 256 MB of records.
             block_size: records per contiguous read; default ``shuffle_buffer / 128``.
-            rank: this process's rank; default from ``torch.distributed``.
+            batch_size: the ``batch_size`` of the plain ``DataLoader`` that reads
+                this dataset: its workers then take whole batches in turn, so every
+                batch is full but the epoch's last, ``len(loader)`` is exact and the
+                order does not depend on ``num_workers``. Default: each worker takes
+                a contiguous part (its last batch may be short).
+            rank: this process's rank; default from ``torch.distributed``, read
+                when iterating (so the dataset may be built before
+                ``init_process_group``).
             world_size: number of ranks; default from ``torch.distributed``.
             drop_last: drop the tail instead of padding it so all ranks are equal.
             draft_size: decode JPEGs at reduced size no smaller than this ``(w, h)``.
             verify: check each record's CRC-32 as it is read.
         """
+        if (rank is None) != (world_size is None):
+            raise ValueError("pass both rank and world_size, or neither")
+        if batch_size is not None and batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
         self.reader = DatasetReader(path, verify=verify)
         self.path = str(self.reader.root)
         self.manifest = self.reader.manifest
-        self.rank, self.world_size = resolve_rank(rank, world_size)
+        self._rank_arg, self._world_arg = rank, world_size
         mode = resolve_decode(decode, self.manifest.is_labelled, self.path)
         self.decoder = SampleDecoder(
             mode, transform=transform, target_transform=target_transform, draft_size=draft_size
@@ -182,13 +226,37 @@ class StreamingDataset(IterableDataset[Any]):
             drop_last=drop_last,
         )
         self.verify = verify
-        self.batch_size: int | None = None
+        self.batch_size = batch_size
         self.collate: Callable[[list[Any]], Any] | None = None
         self.zero_copy = False
+        self.drop_last_batch = False
         self._shared = SharedState()
         self._worker_state: dict[str, Any] | None = None
         self._position = 0
-        self._split = Split(self.rank, self.world_size)
+        self._split = Split()
+        self._stage: Stage | None = None
+        """The stage the last iteration in this process read (with ``_position``)."""
+        self._stage_in_main = False
+
+    @property
+    def rank(self) -> int:
+        """This process's rank: ``rank=``, else torch.distributed's now, else 0."""
+        return resolve_rank(self._rank_arg, self._world_arg)[0]
+
+    @property
+    def world_size(self) -> int:
+        """Number of ranks: ``world_size=``, else torch.distributed's now, else 1."""
+        return resolve_rank(self._rank_arg, self._world_arg)[1]
+
+    def __getstate__(self) -> dict[str, Any]:
+        """Pickled (a ``spawn``/``forkserver`` DataLoader worker): with rank and world size as now.
+
+        Such a worker has no process group of its own, so it takes the rank
+        the parent has when iteration starts.
+        """
+        state = dict(self.__dict__)
+        state["_rank_arg"], state["_world_arg"] = resolve_rank(self._rank_arg, self._world_arg)
+        return state
 
     @property
     def epoch(self) -> int:
@@ -196,94 +264,131 @@ class StreamingDataset(IterableDataset[Any]):
         return int(self._shared.read()["epoch"])
 
     def set_epoch(self, epoch: int) -> None:
-        """Select the epoch (and so the order) of the next iteration, also in persistent workers."""
-        state = self._shared.read()
-        if state["epoch"] != epoch:
-            self._shared.write({"epoch": epoch, "resume": None})
+        """Select the epoch (and so the order) of the next iteration, also in persistent workers.
+
+        A resume loaded for this same epoch is kept; ``shardio.loader`` follows
+        the epoch set here instead of counting on by itself.
+        """
+        current = self._shared.read()
+        resume = current.get("resume") if int(current["epoch"]) == epoch else None
+        self._shared.write({"epoch": epoch, "resume": resume})
 
     def __len__(self) -> int:
         """Samples this rank yields per epoch."""
         return samples_per_rank(self.manifest.num_samples, self.world_size, self.config.drop_last)
 
     def batched(
-        self, batch_size: int, collate: Callable[[list[Any]], Any], *, zero_copy: bool = False
+        self,
+        batch_size: int,
+        collate: Callable[[list[Any]], Any],
+        *,
+        zero_copy: bool = False,
+        drop_last: bool = False,
     ) -> StreamingDataset:
-        """A view that yields ``(batch, worker, position)`` for ``shardio.loader``.
+        """A view for ``shardio.loader`` that yields ``(batch, first, stop, pid)``.
 
-        ``zero_copy``: raw samples' large bytes values may be views of the blocks
-        read, because the collate (``RecordBatch``) holds them only as long as
-        the batch lives and joins them when the batch crosses to another process.
+        Workers take the rank's order in whole batches in turn; ``first`` and
+        ``stop`` are the batch's positions in the rank's order, ``pid`` the
+        worker's process. ``zero_copy``: raw samples' large bytes values may be
+        views of the blocks read, because the collate (``RecordBatch``) holds them
+        only as long as the batch lives and joins them when the batch crosses to
+        another process. ``drop_last``: leave out the epoch's last batch if short.
         """
         view = object.__new__(StreamingDataset)
         view.__dict__.update(self.__dict__)
         view.batch_size = batch_size
         view.collate = collate
         view.zero_copy = zero_copy
+        view.drop_last_batch = drop_last
         return view
 
     def _current_split(self) -> Split:
+        rank, world_size = resolve_rank(self._rank_arg, self._world_arg)
         info = get_worker_info()
         if info is None:
-            return Split(self.rank, self.world_size)
-        return Split(self.rank, self.world_size, info.id, info.num_workers)
+            return Split(rank, world_size)
+        return Split(rank, world_size, info.id, info.num_workers)
 
-    def worker_order(self, split: Split | None = None) -> tuple[int, np.ndarray, int]:
-        """``(epoch, order, skip)`` the given (default: current) split reads next."""
+    def plan_stage(self, split: Split | None = None) -> Stage:
+        """What the given (default: current) split reads next, and where it starts."""
         split = split or self._current_split()
-        state = self._shared.read()
-        epoch = int(state["epoch"])
-        resume = state.get("resume")
-        skip = 0
-        prior = None
-        if resume is not None:
-            progress = progress_from_state(resume)
-            if same_split(progress, split) and split.rank in progress.consumed:
-                skip = progress.consumed[split.rank][split.worker]
-                prior = progress.prior
+        current = self._shared.read()
+        epoch, base = int(current["epoch"]), current.get("resume")
+        local = self._worker_state
+        here = [split.rank, split.world_size, split.worker, split.num_workers]
+        own = local is not None and local.get("epoch") == epoch and local.get("split") == here
+        if own and local is not None and "base" in local:
+            base = local["base"]  # a worker's position counts within the stage it read
+        by_batches = self.batch_size is not None
+        unit = Split(split.rank, split.world_size) if by_batches else split
+        start, prior = 0, None
+        if base is not None and int(base["epoch"]) == epoch:
+            progress = progress_from_state(base)
+            if same_split(progress, unit) and split.rank in progress.consumed:
+                start, prior = progress.consumed[split.rank][unit.worker], progress.prior
             else:
                 prior = progress
-        local = self._worker_state
-        if (
-            local is not None
-            and local.get("epoch") == epoch
-            and local.get("split")
-            == [split.rank, split.world_size, split.worker, split.num_workers]
-        ):
+        full = stage_order(self.config, epoch, unit, prior)
+        if self.batch_size is not None:
+            order = interleave_batches(
+                full[start:], self.batch_size, split.worker, split.num_workers
+            )
+            skip, offset = 0, start
+        else:
+            order, skip, offset = full, start, 0
+        if own and local is not None:
             skip = int(local["position"])
-        return epoch, stage_order(self.config, epoch, split, prior), skip
+        return Stage(epoch, int(current["generation"]), order, skip, offset, len(full), base)
 
     def __iter__(self) -> Iterator[Any]:
         split = self._current_split()
-        self._split = split
-        epoch, order, skip = self.worker_order(split)
+        stage = self.plan_stage(split)
+        info = get_worker_info()
+        if info is not None:
+            self._shared.mark_workers(stage.generation, info.num_workers)
         self._worker_state = None
+        self._split, self._stage, self._stage_in_main = split, stage, info is None
+        self._position = stage.skip
         reader = DatasetReader(self.path, verify=self.verify)
-        decoder = self.decoder
-        self._position = skip
-        self._epoch_running = epoch
         try:
             samples = iter_samples(
-                reader, order, window=self.config.window, max_run=self.config.block_size,
-                skip=skip, zero_copy=self.zero_copy,
+                reader, stage.order, window=self.config.window, max_run=self.config.block_size,
+                skip=stage.skip, zero_copy=self.zero_copy,
             )
-            if self.batch_size is None:
+            if self.collate is None:
                 for sample in samples:
                     self._position += 1
-                    yield decoder(sample)
-                return
-            assert self.collate is not None
-            batch: list[Any] = []
-            for sample in samples:
-                batch.append(decoder(sample))
-                if len(batch) == self.batch_size:
-                    self._position += len(batch)
-                    yield self.collate(batch), split.worker, self._position
-                    batch = []
-            if batch:
-                self._position += len(batch)
-                yield self.collate(batch), split.worker, self._position
+                    yield self.decoder(sample)
+            else:
+                yield from self._batches(samples, split, stage)
         finally:
             reader.close()
+
+    def _batches(
+        self, samples: Iterator[dict[str, Any]], split: Split, stage: Stage
+    ) -> Iterator[tuple[Any, int, int, int]]:
+        """The view's collated batches, with their positions in the rank's order."""
+        assert self.batch_size is not None and self.collate is not None
+        size, pid = self.batch_size, os.getpid()
+        batch: list[Any] = []
+        for sample in samples:
+            batch.append(self.decoder(sample))
+            if len(batch) < size:
+                continue
+            lo, hi = batch_span(
+                stage.count - stage.offset, size, split.worker, split.num_workers,
+                self._position // size,
+            )
+            self._position += len(batch)
+            yield self.collate(batch), stage.offset + lo, stage.offset + hi, pid
+            batch = []
+        if batch and not self.drop_last_batch:
+            lo, hi = batch_span(
+                stage.count - stage.offset, size, split.worker, split.num_workers,
+                self._position // size,
+            )
+            self._position += len(batch)
+            yield self.collate(batch), stage.offset + lo, stage.offset + hi, pid
 
     def state_dict(
         self,
@@ -297,31 +402,66 @@ class StreamingDataset(IterableDataset[Any]):
         Inside a DataLoader worker (as torchdata's ``StatefulDataLoader`` calls
         it) this is that worker's position. In the main process after iterating
         without workers, it is the main process's position. After a plain
-        ``DataLoader`` with workers, pass how many batches the training loop
-        consumed and the loader's ``batch_size`` and ``num_workers``: the
-        DataLoader takes batches from its workers in turn, so that fixes every
-        worker's position. ``shardio.loader`` tracks all of this for you.
+        ``DataLoader`` with workers, the main process cannot see how far the
+        workers got: pass ``num_batches``, the batches the training loop took
+        from the loader since it started (or resumed) this epoch. That fixes the
+        position exactly when the dataset has ``batch_size`` (the loader's) or
+        the loader had at most one worker, also after earlier resumes.
+
+        Raises:
+            ResumeError: the position cannot be known exactly: after a
+                DataLoader with workers and no ``num_batches``, or with several
+                workers and no ``batch_size`` on the dataset. The message says
+                what to use instead.
         """
-        epoch = getattr(self, "_epoch_running", self.epoch)
         if get_worker_info() is not None:
-            split = self._split
+            split, stage = self._split, self._stage
             return {
-                "epoch": epoch,
+                "epoch": stage.epoch if stage is not None else self.epoch,
                 "split": [split.rank, split.world_size, split.worker, split.num_workers],
                 "position": self._position,
+                "base": stage.base if stage is not None else None,
             }
+        generation = int(self._shared.read()["generation"])
+        workers = self._shared.workers_read(generation)
         if num_batches is None:
-            return self.progress_state(epoch, 1, [self._position])
-        if batch_size is None or num_workers is None:
-            raise ValueError("pass batch_size and num_workers together with num_batches")
-        workers = max(1, num_workers)
-        sizes = [
-            len(self.worker_order(Split(self.rank, self.world_size, k, workers))[1])
-            for k in range(workers)
-        ]
-        return self.progress_state(
-            epoch, workers, consumed_per_worker(num_batches, batch_size, sizes)
-        )
+            if workers:
+                raise ResumeError(
+                    f"{self.path}: {workers} DataLoader worker(s) read this epoch, so the main "
+                    "process cannot see how far they got: pass num_batches= (the batches your "
+                    "loop took this epoch) with StreamingDataset(batch_size=...), or iterate "
+                    "with shardio.loader or torchdata's StatefulDataLoader, which track it"
+                )
+            stage = self._stage
+            if stage is not None and self._stage_in_main and stage.generation == generation:
+                return self.progress_state(stage.epoch, 1, [stage.offset + self._position])
+            return self.start_state()
+        size = self.batch_size
+        if size is not None and batch_size not in (None, size):
+            raise ResumeError(
+                f"{self.path}: batch_size={batch_size} but the dataset splits work in batches "
+                f"of {size}: give the DataLoader and StreamingDataset the same batch_size"
+            )
+        size = size or batch_size
+        if size is None:
+            raise ResumeError("pass batch_size= (the DataLoader's) together with num_batches")
+        used = max(workers, num_workers or 0)
+        if self.batch_size is None and used > 1:
+            raise ResumeError(
+                f"{self.path}: a plain DataLoader with {used} workers takes their batches in "
+                "turn and restarts at worker 0 when resumed, so num_batches cannot fix each "
+                f"worker's position: build the dataset with StreamingDataset(..., "
+                f"batch_size={size}) (workers then take whole batches in turn and any resume "
+                "is exact), or use shardio.loader or torchdata's StatefulDataLoader"
+            )
+        stage = self.plan_stage(Split(self.rank, self.world_size))
+        position = min(stage.offset + stage.skip + num_batches * size, stage.count)
+        return self.progress_state(stage.epoch, 1, [position])
+
+    def start_state(self) -> dict[str, Any]:
+        """Where the next iteration of this rank starts: a loaded state, or the epoch's start."""
+        stage = self.plan_stage(Split(self.rank, self.world_size))
+        return self.progress_state(stage.epoch, 1, [stage.offset + stage.skip])
 
     def progress_state(
         self, epoch: int, num_workers: int, consumed: Sequence[int]
@@ -329,42 +469,56 @@ class StreamingDataset(IterableDataset[Any]):
         """The resumable state of this rank after its workers consumed ``consumed`` samples.
 
         ``consumed[k]`` counts from the start of worker ``k``'s order in this
-        epoch (samples skipped by an exact resume included).
+        epoch (samples skipped by an exact resume included); by batches, and
+        with one worker, it is the position in the rank's order.
         """
+        rank, world_size = self.rank, self.world_size
         prior = None
         resume = self._shared.read().get("resume")
         if resume is not None:
             progress = progress_from_state(resume)
             if progress.epoch == epoch:
-                split = Split(self.rank, self.world_size, 0, num_workers)
-                exact = same_split(progress, split) and self.rank in progress.consumed
+                split = Split(rank, world_size, 0, num_workers)
+                exact = same_split(progress, split) and rank in progress.consumed
                 prior = progress.prior if exact else progress
         progress = Progress(
             epoch=epoch,
-            world_size=self.world_size,
+            world_size=world_size,
             num_workers=num_workers,
-            consumed={self.rank: tuple(int(c) for c in consumed)},
+            consumed={rank: tuple(int(c) for c in consumed)},
             prior=prior,
         )
-        return {"shardio": 1, "seed": self.config.seed, **progress_to_state(progress)}
+        return {
+            "shardio": 1,
+            "seed": self.config.seed,
+            "order": order_settings(self.config),
+            **progress_to_state(progress),
+        }
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Resume from ``state_dict()``: the next iteration yields the rest of that epoch.
 
         A worker-local state (from ``StatefulDataLoader``) applies to that worker.
         A rank state resumes this rank exactly when world size and worker count
-        are unchanged; under another split, pass the merged states of all ranks
-        (``shardio.merge_states``) and each unseen sample arrives exactly once.
+        are unchanged (by batches: whatever the worker count); under another
+        split, pass the merged states of all ranks (``shardio.merge_states``)
+        and each unseen sample arrives exactly once.
+
+        Raises:
+            ResumeError: the state was saved with another seed or order
+                settings, or under another world size without every rank's part.
         """
         if "position" in state:
             self._worker_state = dict(state)
             return
-        if int(state.get("seed", self.config.seed)) != self.config.seed:
-            raise ValueError(
-                f"state was saved with seed {state['seed']}, this dataset uses "
-                f"{self.config.seed}; the resumed order would not match"
-            )
+        check_same_order(state, self.config.seed, order_settings(self.config))
         progress = progress_from_state(state)
+        if progress.world_size != self.world_size and not progress.complete:
+            raise ResumeError(
+                f"{self.path}: the state was saved by rank(s) {sorted(progress.consumed)} of "
+                f"{progress.world_size}; to resume under world size {self.world_size}, gather "
+                "every rank's state_dict() and load shardio.merge_states(states) on every rank"
+            )
         self._shared.write({"epoch": progress.epoch, "resume": progress_to_state(progress)})
 
 

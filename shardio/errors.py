@@ -18,6 +18,7 @@ Each class also subclasses the builtin a caller would naturally catch, so
     │   ├── EmptySourceError(ValueError)      nothing to pack
     │   └── OutputExistsError(FileExistsError)
     ├── UnsafeKeyError(ValueError)            unpack refused a key that escapes DEST
+    ├── ResumeError(ValueError)               a state cannot resume this dataset, or cannot be known
     ├── StorageError(OSError)                 a remote store failed after retries, or refused
     ├── CacheBudgetError(ValueError)          max_cache_bytes is below what must be in flight
     └── MissingDependencyError(ImportError)   an optional extra (shardio[remote]) is missing
@@ -114,6 +115,10 @@ class OutputExistsError(PackError, FileExistsError):
 
 class UnsafeKeyError(ShardioError, ValueError):
     """Unpacking refused a sample key that would write outside the destination."""
+
+
+class ResumeError(ShardioError, ValueError):
+    """A saved state does not fit this dataset, or a position cannot be known exactly."""
 
 
 class StorageError(ShardioError, OSError):

@@ -12,19 +12,28 @@ The plan for an epoch:
    one sequential read, and mixing does not depend on the number of shards.
 2. The stream is split into ``world_size`` contiguous, equal parts (the tail
    padded by wrapping around to the stream's start, or dropped with
-   ``drop_last``), then each rank's part into ``num_workers`` contiguous parts
-   that differ by at most one sample: splitting is at sample granularity.
-3. A worker's part is cut into *windows* of ``window`` samples (the shuffle
-   buffer); each window is permuted with ``(seed, epoch, rank, worker, n)``.
-   A window holds about ``window / block_size`` blocks from random places in
-   the dataset, which is what mixes classes within a batch.
+   ``drop_last``).
+3. A part is cut into *windows* of ``window`` samples (the shuffle buffer);
+   each window is permuted with ``(seed, epoch, rank, worker, n)``. A window
+   holds about ``window / block_size`` blocks from random places in the
+   dataset, which is what mixes classes within a batch.
+4. The rank's samples go to its ``num_workers`` DataLoader workers in one of
+   two ways. *By batches* (``interleave_batches``): the rank's order is planned
+   as one worker's, and worker ``k`` takes its batches ``k, k + W, k + 2W, …``;
+   a DataLoader takes one batch from each worker in turn, so it delivers the
+   rank's order itself, every batch full but the last, whatever ``W`` is, and
+   a position in that order is all a resume needs. *By samples*
+   (``plan_epoch`` with a worker split): each worker takes a contiguous part
+   that differs from the others by at most one sample and shuffles it in its
+   own windows; reads stay more sequential, but each worker's last batch may
+   be short and the DataLoader's order depends on ``W``.
 
 With ``shuffle=False`` neither blocks nor windows are permuted.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import numpy as np
@@ -149,6 +158,9 @@ def plan_epoch(config: PlanConfig, epoch: int, split: Split) -> IndexArray:
 class Progress:
     """How far an interrupted epoch got: samples consumed per (rank, worker) of its split.
 
+    A rank whose workers split its order by batches (``interleave_batches``)
+    records one count, its position in that order, as ``num_workers=1``.
+
     ``prior`` is set when that epoch was itself resumed under another split:
     its order then came from ``plan_resume(config, prior, split)``.
     """
@@ -231,23 +243,30 @@ def plan_resume(config: PlanConfig, progress: Progress, split: Split) -> IndexAr
     return shuffle_windows(remaining[positions], config, progress.epoch, split, salt=_RESUME)
 
 
-def consumed_per_worker(
-    num_batches: int, batch_size: int, worker_sizes: Sequence[int]
-) -> list[int]:
-    """Samples each worker had delivered after ``num_batches`` batches of a DataLoader.
+def interleave_batches(
+    order: IndexArray, batch_size: int, worker: int, num_workers: int
+) -> IndexArray:
+    """Worker ``worker``'s share of ``order``: its batches ``worker, worker + W, …``.
 
-    A ``torch.utils.data.DataLoader`` over an iterable dataset takes batches from
-    its workers in turn (0, 1, …, 0, 1, …), skipping workers that ran out; each
-    worker batches its own samples, so its last batch may be short.
+    A DataLoader over an iterable dataset takes one batch from each worker in
+    turn (0, 1, …, W-1, 0, …, skipping workers that ran out), so with this split
+    it delivers ``order`` itself, cut into batches of ``batch_size``: only the
+    last batch can be short, and ``len(order) / batch_size`` rounded up is the
+    number of batches whatever ``num_workers`` is.
     """
-    batches = [-(-n // batch_size) for n in worker_sizes]
-    taken = [0] * len(worker_sizes)
-    remaining = num_batches
-    round_no = 0
-    while remaining > 0 and any(taken[k] < batches[k] for k in range(len(batches))):
-        for k in range(len(batches)):
-            if remaining and batches[k] > round_no:
-                taken[k] += 1
-                remaining -= 1
-        round_no += 1
-    return [min(t * batch_size, n) for t, n in zip(taken, worker_sizes, strict=True)]
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+    if not 0 <= worker < num_workers:
+        raise ValueError(f"worker {worker} is not one of {num_workers} workers")
+    firsts = np.arange(worker * batch_size, len(order), num_workers * batch_size, dtype=np.int64)
+    positions = (firsts[:, None] + np.arange(batch_size, dtype=np.int64)).ravel()
+    share: IndexArray = order[positions[positions < len(order)]]
+    return share
+
+
+def batch_span(
+    count: int, batch_size: int, worker: int, num_workers: int, batch: int
+) -> tuple[int, int]:
+    """Positions ``[lo, hi)`` in the interleaved order of ``worker``'s ``batch``-th batch."""
+    lo = (worker + batch * num_workers) * batch_size
+    return min(lo, count), min(lo + batch_size, count)

@@ -16,7 +16,7 @@ from shardio import ShardWriter, WriteOptions
 from shardio.batch import RecordBatch
 from shardio.dataloader import loader
 from shardio.dataset import IndexedDataset, StreamingDataset
-from shardio.errors import ChecksumError, ManifestNotFoundError, ShardMissingError
+from shardio.errors import ChecksumError, ManifestNotFoundError, ResumeError, ShardMissingError
 from shardio.state import merge_states
 
 NUM_SAMPLES = 301
@@ -175,19 +175,30 @@ def test_resume_under_another_world_size(dataset_dir: Path) -> None:
 
 
 def test_plain_dataloader_resume_via_batch_count(dataset_dir: Path) -> None:
-    ds = StreamingDataset(dataset_dir, shuffle_buffer=40)
-    seen = []
-    for k, batch in enumerate(DataLoader(ds, batch_size=10, num_workers=2)):
-        seen += batch["__index__"].tolist()
+    def make() -> tuple[StreamingDataset, DataLoader[Any]]:
+        ds = StreamingDataset(dataset_dir, shuffle_buffer=40, batch_size=10)
+        return ds, DataLoader(ds, batch_size=10, num_workers=2)
+
+    full = [b["__index__"].tolist() for b in make()[1]]
+    assert len(full) == len(make()[1]) == 31 and [len(b) for b in full[-2:]] == [10, 1]
+    ds, dl = make()
+    for k, _batch in enumerate(dl):
         if k == 8:
             break
-    state = ds.state_dict(num_batches=9, batch_size=10, num_workers=2)
-    again = StreamingDataset(dataset_dir, shuffle_buffer=40)
-    again.load_state_dict(state)
-    rest = [
-        i for b in DataLoader(again, batch_size=10, num_workers=2) for i in b["__index__"].tolist()
-    ]
-    assert sorted(seen + rest) == list(range(NUM_SAMPLES))
+    with pytest.raises(ResumeError, match=r"num_batches=.*shardio\.loader"):
+        ds.state_dict()  # workers read the epoch: the main process cannot know where they are
+    again, dl = make()
+    again.load_state_dict(ds.state_dict(num_batches=9))
+    assert [b["__index__"].tolist() for b in dl] == full[9:]
+
+
+def test_plain_dataloader_without_batch_size_refuses_a_guess(dataset_dir: Path) -> None:
+    ds = StreamingDataset(dataset_dir, shuffle_buffer=40)
+    for k, _batch in enumerate(DataLoader(ds, batch_size=10, num_workers=2)):
+        if k == 8:
+            break
+    with pytest.raises(ResumeError, match=r"StreamingDataset\(\.\.\., batch_size=10\)"):
+        ds.state_dict(num_batches=9, batch_size=10, num_workers=2)
 
 
 def test_record_batch_carries_contiguous_fields(dataset_dir: Path) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import collections
 
 import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -12,7 +13,8 @@ from shardio.plan import (
     PlanConfig,
     Progress,
     Split,
-    consumed_per_worker,
+    batch_span,
+    interleave_batches,
     plan_epoch,
     plan_resume,
     samples_per_rank,
@@ -162,9 +164,46 @@ def test_resume_under_another_split_yields_each_unseen_sample_once(
     assert sorted(tail) == sorted(rest)
 
 
-def test_consumed_per_worker_follows_round_robin() -> None:
-    # worker sizes 100, 100, 30 with batches of 16: 7, 7 and 2 batches
-    assert consumed_per_worker(0, 16, [100, 100, 30]) == [0, 0, 0]
-    assert consumed_per_worker(4, 16, [100, 100, 30]) == [32, 16, 16]
-    assert consumed_per_worker(7, 16, [100, 100, 30]) == [48, 32, 30]
-    assert consumed_per_worker(16, 16, [100, 100, 30]) == [100, 100, 30]
+def round_robin(shares: list[list[int]], batch_size: int) -> list[list[int]]:
+    """What a DataLoader delivers: one batch from each worker in turn, skipping finished ones."""
+    batches = [[s[i : i + batch_size] for i in range(0, len(s), batch_size)] for s in shares]
+    out = []
+    for n in range(max((len(b) for b in batches), default=0)):
+        out += [b[n] for b in batches if n < len(b)]
+    return out
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    config=configs,
+    epoch=st.integers(0, 3),
+    world=st.integers(1, 3),
+    workers=st.integers(1, 5),
+    batch_size=st.integers(1, 20),
+    data=st.data(),
+)
+def test_batches_in_turn_deliver_the_rank_order_whatever_the_workers(
+    config: PlanConfig, epoch: int, world: int, workers: int, batch_size: int, data: st.DataObject
+) -> None:
+    rank = data.draw(st.integers(0, world - 1))
+    order = plan_epoch(config, epoch, Split(rank, world))
+    start = data.draw(st.integers(0, len(order)))  # a resume point: the rest splits afresh
+    rest = order[start:]
+    shares = [interleave_batches(rest, batch_size, k, workers).tolist() for k in range(workers)]
+    delivered = round_robin(shares, batch_size)
+    assert [i for b in delivered for i in b] == rest.tolist()
+    assert len(delivered) == -(-len(rest) // batch_size)  # what len(DataLoader) says
+    assert all(len(b) == batch_size for b in delivered[:-1])
+    for k, share in enumerate(shares):
+        for n in range(-(-len(share) // batch_size)):
+            lo, hi = batch_span(len(rest), batch_size, k, workers, n)
+            assert share[n * batch_size : (n + 1) * batch_size] == rest[lo:hi].tolist()
+
+
+def test_interleave_batches_refuses_bad_arguments() -> None:
+    order = np.arange(10, dtype=np.int64)
+    assert interleave_batches(order, 3, 1, 2).tolist() == [3, 4, 5, 9]
+    with pytest.raises(ValueError, match="batch_size"):
+        interleave_batches(order, 0, 0, 1)
+    with pytest.raises(ValueError, match="worker 2"):
+        interleave_batches(order, 3, 2, 2)
