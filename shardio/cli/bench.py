@@ -22,6 +22,8 @@ from shardio.cli.inspect import DATASET, dataset_errors
     "--max-workers",
     type=click.IntRange(min=0),
     default=None,
+    envvar="SHARDIO_BENCH_MAX_WORKERS",
+    show_envvar=True,
     help="Highest num_workers to try (default: the core count).",
 )
 @click.option(
@@ -29,6 +31,8 @@ from shardio.cli.inspect import DATASET, dataset_errors
     type=click.FloatRange(min=0),
     default=2.0,
     show_default=True,
+    envvar="SHARDIO_BENCH_MIN_SECONDS",
+    show_envvar=True,
     help="Time each setting for at least this long (epochs repeat on small datasets).",
 )
 @click.option(
