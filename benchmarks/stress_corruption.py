@@ -1,0 +1,529 @@
+"""Stress: does any damage to a dataset get past shardio, return wrong bytes, or kill it?
+
+The question: for every kind of damage a dataset meets (single-bit flips anywhere in
+a shard, truncation at a random length, a zeroed 4 KB page, two shard files exchanged,
+one manifest field changed), does ``verify`` report a fault, does every reader either
+raise a ``ShardioError`` or return exactly the original bytes, and does no process die
+by a signal or hang?
+
+Each case damages a working copy of a small labelled dataset (both backends, both
+codecs), then, in a child process, runs ``verify``, ``unpack``, and reads every sample
+through ``DatasetReader.get``, the streaming path (``shardio.stream.iter_samples``, in
+a shuffled order) and, with ``--torch``, ``IndexedDataset``; then restores the copy.
+Children run many cases each and report one JSON line per case; a child that dies by
+a signal or stops making progress for ``--case-timeout`` seconds is a crash of the case
+it was running, the copy is restored and a fresh child goes on with the next case.
+
+Outcomes per case: ``found`` (verify reported a fault), per reader ``exact`` (every
+sample equal to the original), ``raised`` (a ``ShardioError``, and every sample returned
+before it exact) or ``wrong`` (a sample that differs, one too many or one missing,
+without an error); ``untyped`` (an exception that is not a ``ShardioError``) and
+``crash``. The guarantee holds when every case is found and no case is wrong, untyped
+or a crash.
+
+    python -m benchmarks.stress_corruption      # writes benchmarks/results/corruption.json
+    python -m benchmarks.stress_corruption --flips 200 --out /tmp/c.json    # a quick run
+
+``tests/test_corruption_fuzz.py`` runs the same cases, fewer of them, in the suite.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections import Counter
+from collections.abc import Callable, Iterator
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Final
+
+import numpy as np
+
+REPO: Final = Path(__file__).resolve().parent.parent
+RESULT: Final = REPO / "benchmarks" / "results" / "corruption.json"
+PAGE_BYTES: Final = 4096
+READERS: Final = ("get", "stream", "indexed")
+Case = dict[str, Any]
+"""One damage, as JSON: ``{"kind": "flip", "file": "shard-00001.rec", "bit": 8123}`` and
+the like (kinds: flip, truncate, zero, swap, manifest)."""
+
+
+# --- the dataset ------------------------------------------------------------------------
+
+
+def make_dataset(root: Path, *, backend: str, codec: str, num_samples: int = 24,
+                 per_shard: int = 6, seed: int = 0) -> None:
+    """A labelled dataset: half JPEG-like images (stored raw), half compressible ones."""
+    from shardio import ShardWriter, WriteOptions
+
+    rng = np.random.default_rng(seed)
+    classes = ["ant", "bee", "cat"]
+    options = WriteOptions(backend=backend, codec=codec, max_shard_samples=per_shard)
+    with ShardWriter(root, options, classes=classes) as writer:
+        for i in range(num_samples):
+            size = int(rng.integers(200, 1500))
+            if i % 2:
+                image = b"\xff\xd8\xff\xe0" + rng.integers(0, 256, size, np.uint8).tobytes()
+            else:
+                image = (f"image {i} of class {i % 3} " * (size // 20)).encode()
+            writer.write({"__key__": f"{classes[i % 3]}/{i:04d}.jpg", "image": image,
+                          "label": i % 3})
+
+
+def shard_files(root: Path) -> list[str]:
+    """The shard file names of the dataset at ``root``, in manifest order."""
+    manifest = json.loads((root / "manifest.json").read_text())
+    return [s["name"] for s in manifest["shards"]]
+
+
+# --- the cases --------------------------------------------------------------------------
+
+
+def flip_cases(root: Path, num: int, rng: np.random.Generator) -> list[Case]:
+    """``num`` single-bit flips, each at a uniformly random bit of the dataset's shards."""
+    names = shard_files(root)
+    sizes = np.array([(root / n).stat().st_size for n in names])
+    bits = rng.integers(0, int(sizes.sum()) * 8, num)
+    ends = np.cumsum(sizes) * 8
+    out = []
+    for bit in bits.tolist():
+        i = int(np.searchsorted(ends, bit, side="right"))
+        out.append({"kind": "flip", "file": names[i], "bit": bit - int(ends[i] - sizes[i] * 8)})
+    return out
+
+
+def truncate_cases(root: Path, num: int, rng: np.random.Generator) -> list[Case]:
+    """A shard cut at a random length (0 to one byte short)."""
+    names = shard_files(root)
+    out = []
+    for _ in range(num):
+        name = names[int(rng.integers(len(names)))]
+        size = (root / name).stat().st_size
+        out.append({"kind": "truncate", "file": name, "size": int(rng.integers(0, size))})
+    return out
+
+
+def zero_cases(root: Path) -> list[Case]:
+    """Every 4 KB page of every shard, zeroed in turn (a lost or unwritten page)."""
+    return [{"kind": "zero", "file": name, "page": page}
+            for name in shard_files(root)
+            for page in range(-(-(root / name).stat().st_size // PAGE_BYTES))]
+
+
+def swap_cases(root: Path) -> list[Case]:
+    """Every pair of shard files exchanged (a copy or rename gone wrong)."""
+    names = shard_files(root)
+    return [{"kind": "swap", "files": [a, b]} for i, a in enumerate(names) for b in names[i + 1:]]
+
+
+def manifest_cases(root: Path) -> list[Case]:
+    """One manifest field changed per case: counts, sizes, checksums, names, classes…"""
+    m = json.loads((root / "manifest.json").read_text())
+    n = len(m["shards"])
+    classes = m["classes"]
+    edits: list[tuple[list[Any], Any]] = [
+        (["num_samples"], m["num_samples"] + 1), (["num_samples"], m["num_samples"] - 1),
+        (["num_bytes"], m["num_bytes"] + 1), (["fields"], ["image"]),
+        (["fields"], [*m["fields"], "extra"]), (["classes"], [classes[0] + "x", *classes[1:]]),
+        (["classes"], classes[:-1]), (["classes"], classes[::-1]),
+        (["class_to_idx", classes[0]], 1), (["version"], 2), (["format"], "other"),
+        (["backend"], "lmdb" if m["backend"] == "records" else "records"),
+    ]
+    if m["codec"] == "zstd":  # "none" -> "zstd" changes nothing a reader or verify can see
+        edits.append((["codec"], "none"))
+    for s in (0, n - 1):
+        shard = m["shards"][s]
+        other = m["shards"][(s + 1) % n]["name"]
+        digit = shard["checksum"][-1]
+        edits += [
+            (["shards", s, "num_samples"], shard["num_samples"] + 1),
+            (["shards", s, "num_samples"], shard["num_samples"] - 1),
+            (["shards", s, "first_index"], shard["first_index"] + 1),
+            (["shards", s, "num_bytes"], shard["num_bytes"] - 1),
+            (["shards", s, "checksum"], shard["checksum"][:-1] + ("0" if digit != "0" else "1")),
+            (["shards", s, "name"], other),
+            (["shards", s, "name"], "shard-99999" + Path(shard["name"]).suffix),
+        ]
+    return [{"kind": "manifest", "path": path, "value": value} for path, value in edits]
+
+
+# --- damaging and restoring a working copy ----------------------------------------------
+
+
+def apply_case(root: Path, case: Case) -> None:
+    """Damage the dataset at ``root`` as ``case`` says."""
+    kind = case["kind"]
+    if kind == "flip":
+        path = root / case["file"]
+        data = bytearray(path.read_bytes())
+        data[case["bit"] // 8] ^= 1 << (case["bit"] % 8)
+        path.write_bytes(bytes(data))
+    elif kind == "truncate":
+        os.truncate(root / case["file"], case["size"])
+    elif kind == "zero":
+        path = root / case["file"]
+        data = bytearray(path.read_bytes())
+        start = case["page"] * PAGE_BYTES
+        data[start : start + PAGE_BYTES] = bytes(len(data[start : start + PAGE_BYTES]))
+        path.write_bytes(bytes(data))
+    elif kind == "swap":
+        a, b = (root / f for f in case["files"])
+        data_a = a.read_bytes()
+        a.write_bytes(b.read_bytes())
+        b.write_bytes(data_a)
+    elif kind == "selftest":  # the harness's own test: a child that dies or hangs here
+        if case["do"] == "sigbus":
+            os.kill(os.getpid(), signal.SIGBUS)
+        time.sleep(3600)
+    elif kind == "manifest":
+        path = root / "manifest.json"
+        m = json.loads(path.read_text())
+        node = m
+        for step in case["path"][:-1]:
+            node = node[step]
+        node[case["path"][-1]] = case["value"]
+        path.write_text(json.dumps(m))
+    else:
+        raise ValueError(f"unknown case kind {kind!r}")
+
+
+def touched(case: Case) -> list[str]:
+    """The files ``case`` changes."""
+    if case["kind"] == "swap":
+        return list(case["files"])
+    if case["kind"] == "selftest":
+        return []
+    return ["manifest.json"] if case["kind"] == "manifest" else [case["file"]]
+
+
+def restore(work: Path, pristine: Path, names: list[str] | None = None) -> None:
+    """Make ``work`` an exact copy of ``pristine`` again (only ``names``, when given)."""
+    for name in names if names is not None else os.listdir(pristine):
+        shutil.copyfile(pristine / name, work / name)
+    for extra in set(os.listdir(work)) - set(os.listdir(pristine)):
+        path = work / extra
+        shutil.rmtree(path) if path.is_dir() else path.unlink()
+
+
+# --- checking one damaged dataset (in the child) ----------------------------------------
+
+
+def _plain(sample: dict[str, Any]) -> dict[str, Any]:
+    return {k: bytes(v) if isinstance(v, memoryview) else v
+            for k, v in sample.items() if k != "__index__"}
+
+
+Read = Callable[[], Iterator[tuple[int, "dict[str, Any] | None"]]]
+"""A reader run: ``(index, sample)`` per sample, ``None`` for one that raised a ShardioError."""
+
+
+def _read_outcome(read: Read, clean: list[dict[str, Any]]) -> str:
+    """``exact``, ``raised``, ``wrong`` or ``untyped`` for one reader over every sample."""
+    from shardio.errors import ShardioError
+
+    count = 0
+    raised = False
+    try:
+        for index, sample in read():
+            count += 1
+            if sample is None:
+                raised = True
+            elif not 0 <= index < len(clean) or _plain(sample) != clean[index]:
+                return "wrong"
+    except ShardioError:
+        return "raised"
+    except Exception:  # any other type is exactly what this counts
+        return "untyped"
+    if count != len(clean):
+        return "wrong"  # a sample missing or one too many, and no error said so
+    return "raised" if raised else "exact"
+
+
+def check_dataset(root: Path, clean: list[dict[str, Any]], *, torch: bool, unpack_to: Path | None
+                  ) -> dict[str, Any]:
+    """Run verify, every reader and (into ``unpack_to``) unpack over the dataset at ``root``."""
+    from shardio.errors import ShardioError
+    from shardio.reader import DatasetReader
+    from shardio.stream import iter_samples
+    from shardio.unpack import unpack
+    from shardio.verify import verify
+
+    out: dict[str, Any] = {}
+    try:
+        report = verify(root)
+        out["found"] = not report.ok
+        out["fault"] = report.faults[0].message[-160:] if report.faults else ""
+    except Exception as exc:  # verify must report, never raise
+        out["found"], out["fault"] = False, f"verify raised {type(exc).__name__}: {exc}"
+        out["untyped"] = True
+
+    def by_get() -> Iterator[tuple[int, dict[str, Any] | None]]:
+        with DatasetReader(root) as reader:  # each sample on its own: one bad one stops nothing
+            for i in range(max(len(reader), len(clean))):
+                try:
+                    yield i, reader.get(i)
+                except IndexError:
+                    return
+                except ShardioError:
+                    yield i, None
+
+    def by_stream() -> Iterator[tuple[int, dict[str, Any] | None]]:
+        with DatasetReader(root) as reader:
+            order = np.random.default_rng(len(clean)).permutation(len(reader))
+            for sample in iter_samples(reader, order, window=8, max_run=4):
+                yield sample["__index__"], sample
+
+    def by_indexed() -> Iterator[tuple[int, dict[str, Any] | None]]:
+        from shardio.dataset import IndexedDataset
+
+        dataset = IndexedDataset(root, decode="raw")
+        try:
+            for i in range(len(dataset)):
+                try:
+                    yield i, dataset[i]
+                except ShardioError:
+                    yield i, None
+        finally:
+            dataset.close()
+
+    readers: dict[str, Read] = {"get": by_get, "stream": by_stream, "indexed": by_indexed}
+    for name in READERS if torch else READERS[:2]:
+        out[name] = _read_outcome(readers[name], clean)
+    if unpack_to is None:
+        return out
+    try:
+        unpack(root, unpack_to)
+        out["unpack"] = "ok"
+    except (ShardioError, OSError):
+        out["unpack"] = "raised"
+    except Exception:  # an untyped error is what this counts
+        out["unpack"] = "untyped"
+    shutil.rmtree(unpack_to, ignore_errors=True)
+    return out
+
+
+def child_main(job_path: str) -> None:
+    """Run the cases of a job file from ``start``, one JSON line each; see ``run_cases``."""
+    from shardio.reader import DatasetReader
+
+    job = json.loads(Path(job_path).read_text())
+    work, pristine, scratch = Path(job["work"]), Path(job["pristine"]), Path(job["scratch"])
+    with DatasetReader(pristine) as reader:
+        clean = [_plain(sample) for sample in reader]
+    with open(job["progress"], "a") as progress, open(job["results"], "a") as results:
+        for n in range(job["start"], len(job["cases"])):
+            case = job["cases"][n]
+            progress.write(f"{n}\n")
+            progress.flush()
+            apply_case(work, case)
+            outcome = check_dataset(work, clean, torch=job["torch"],
+                                    unpack_to=scratch / "unpacked" if job["unpack"] else None)
+            restore(work, pristine, touched(case))
+            results.write(json.dumps({"n": n, **outcome}) + "\n")
+            results.flush()
+
+
+# --- running cases in children (in the parent) ------------------------------------------
+
+
+def run_cases(pristine: Path, cases: list[Case], *, torch: bool = False, unpack: bool = True,
+              case_timeout_s: float = 30.0) -> list[dict[str, Any]]:
+    """Every case's outcome, in order; a child killed by a signal or stuck is a ``crash``.
+
+    ``pristine`` is never changed: cases damage a copy, restored after each.
+    """
+    with tempfile.TemporaryDirectory(prefix="shardio-stress-") as tmp:
+        base = Path(tmp)
+        work, scratch = base / "work", base / "scratch"
+        shutil.copytree(pristine, work)
+        scratch.mkdir()
+        progress, results = base / "progress", base / "results"
+        progress.touch()
+        results.touch()
+        outcomes: dict[int, dict[str, Any]] = {}
+        start = 0
+        while start < len(cases):
+            job = base / "job.json"
+            job.write_text(json.dumps({
+                "work": str(work), "pristine": str(pristine), "scratch": str(scratch),
+                "progress": str(progress), "results": str(results), "cases": cases,
+                "start": start, "torch": torch, "unpack": unpack,
+            }))
+            returncode = _run_child(job, progress, base / "stderr", case_timeout_s)
+            for line in results.read_text().splitlines():
+                record = json.loads(line)
+                outcomes[record.pop("n")] = record
+            if returncode == 0:
+                break
+            started = [int(x) for x in progress.read_text().split()]
+            if not started or started[-1] in outcomes:
+                tail = (base / "stderr").read_text(errors="replace")[-3000:]
+                raise RuntimeError(f"stress child failed outside a case (exit {returncode}):\n"
+                                   f"{tail}")
+            dead = started[-1]
+            outcomes[dead] = {"found": None, "crash": True,
+                              "fault": f"child exit {returncode}" if returncode is not None
+                              else f"no progress in {case_timeout_s} s"}
+            restore(work, pristine)
+            start = dead + 1
+    return [outcomes[n] for n in range(len(cases))]
+
+
+def _run_child(job: Path, progress: Path, stderr: Path, case_timeout_s: float) -> int | None:
+    """Run one child over ``job``; its exit status, or ``None`` when it hung and was killed."""
+    with open(stderr, "ab") as err:
+        child = subprocess.Popen(
+            [sys.executable, "-m", "benchmarks.stress_corruption", "--child", str(job)],
+            cwd=REPO, stdout=subprocess.DEVNULL, stderr=err,
+        )
+    seen, since = -1, time.monotonic()
+    while True:
+        try:
+            return child.wait(timeout=0.1)
+        except subprocess.TimeoutExpired:
+            now = len(progress.read_text().split())
+            if now != seen:
+                seen, since = now, time.monotonic()
+            elif time.monotonic() - since > case_timeout_s:
+                child.kill()
+                child.wait()
+                return None
+
+
+# --- summary and report -----------------------------------------------------------------
+
+
+def summarize(cases: list[Case], outcomes: list[dict[str, Any]]) -> dict[str, Any]:
+    """Counts per damage kind: tried, found by verify, each reader's outcomes, crashes."""
+    kinds: dict[str, Counter[str]] = {}
+    misses: list[dict[str, Any]] = []
+    for case, out in zip(cases, outcomes, strict=True):
+        c = kinds.setdefault(case["kind"], Counter())
+        c["tried"] += 1
+        c["found"] += bool(out.get("found"))
+        c["crashes"] += bool(out.get("crash"))
+        outcomes_read = [out.get(r) for r in READERS if r in out]
+        c["wrong_bytes"] += "wrong" in outcomes_read
+        c["untyped_errors"] += "untyped" in outcomes_read or out.get("unpack") == "untyped" or (
+            bool(out.get("untyped")))
+        c["readers_raised"] += "raised" in outcomes_read
+        c["readers_exact"] += bool(outcomes_read) and all(o == "exact" for o in outcomes_read)
+        bad = (not out.get("found") or out.get("crash") or "wrong" in outcomes_read
+               or "untyped" in outcomes_read or out.get("unpack") == "untyped")
+        if bad and len(misses) < 20:
+            misses.append({"case": case, "outcome": out})
+    fields = ("tried", "found", "readers_raised", "readers_exact", "wrong_bytes",
+              "untyped_errors", "crashes")
+    by_kind = {k: {f: int(c[f]) for f in fields} for k, c in kinds.items()}
+    total = {f: sum(v[f] for v in by_kind.values()) for f in fields}
+    return {"total": total, "by_kind": by_kind, "misses": misses}
+
+
+def all_cases(root: Path, *, flips: int, truncations: int, rng: np.random.Generator
+              ) -> list[Case]:
+    """Every case for one dataset: flips, truncations, zeroed pages, swaps, manifest edits."""
+    return (flip_cases(root, flips, rng) + truncate_cases(root, truncations, rng)
+            + zero_cases(root) + swap_cases(root) + manifest_cases(root))
+
+
+def run(*, flips: int, truncations: int, seed: int, torch: bool,
+        case_timeout_s: float) -> dict[str, Any]:
+    """Every backend × codec: build the dataset, run its cases, summarize."""
+    from benchmarks.machine import describe_machine, library_versions
+
+    started = time.perf_counter()
+    configs: dict[str, dict[str, Any]] = {}
+    with tempfile.TemporaryDirectory(prefix="shardio-stress-data-") as tmp:
+        for backend in ("records", "lmdb"):
+            for codec in ("zstd", "none"):
+                root = Path(tmp) / f"{backend}-{codec}"
+                make_dataset(root, backend=backend, codec=codec, seed=seed)
+                rng = np.random.default_rng([seed, len(configs)])
+                cases = all_cases(root, flips=flips, truncations=truncations, rng=rng)
+                outcomes = run_cases(root, cases, torch=torch, case_timeout_s=case_timeout_s)
+                configs[f"{backend}/{codec}"] = summarize(cases, outcomes)
+                print(f"{backend}/{codec}: {configs[f'{backend}/{codec}']['total']}",
+                      file=sys.stderr)
+        machine = describe_machine(Path(tmp))
+    fields = next(iter(configs.values()))["total"].keys()
+    return {
+        "question": "does any damage get past verify, make a reader return wrong bytes, "
+                    "or kill a process by a signal or hang?",
+        "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "command": "python -m benchmarks.stress_corruption " + " ".join(sys.argv[1:]),
+        "seed": seed,
+        "readers": [*(READERS if torch else READERS[:2]), "verify", "unpack"],
+        "dataset": "24 labelled samples, 4 shards of 6; half JPEG-like (stored raw), half "
+                   "compressible (zstd); one per backend x codec",
+        "seconds": round(time.perf_counter() - started, 1),
+        "machine": machine,
+        "libraries": {k: v for k, v in library_versions().items() if k in ("shardio", "lmdb",
+                      "numpy", "torch")},
+        "python": platform.python_version(),
+        "total": {f: sum(c["total"][f] for c in configs.values()) for f in fields},
+        "configs": configs,
+    }
+
+
+def render_guarantees(results: dict[str, Any]) -> str:
+    """The README's table of what the stress run tried and what it found."""
+    rows = ["| damage | tried | found by verify | readers raised | readers exact "
+            "| wrong bytes | crashes |", "|---|---:|---:|---:|---:|---:|---:|"]
+    names = {"flip": "single-bit flip", "truncate": "truncation", "zero": "zeroed 4 KB page",
+             "swap": "two shards exchanged", "manifest": "one manifest field changed"}
+    for kind, name in names.items():
+        c = Counter[str]()
+        for config in results["configs"].values():
+            c.update(config["by_kind"].get(kind, {}))
+        if c["tried"]:
+            rows.append(f"| {name} | {c['tried']:,} | {c['found']:,} | {c['readers_raised']:,} "
+                        f"| {c['readers_exact']:,} | {c['wrong_bytes'] + c['untyped_errors']:,} "
+                        f"| {c['crashes']:,} |")
+    t = results["total"]
+    return "\n".join(rows) + (
+        f"\n\n{t['tried']:,} damaged datasets ({', '.join(results['configs'])}; "
+        f"{results['dataset']}), seed {results['seed']}, {results['date'][:10]}; readers: "
+        f"{', '.join(results['readers'])}. *Readers exact*: the damage did not touch what "
+        "they read (verify still reports it). Reproduce: "
+        f"`{results['command'].strip()}`.\n"
+    )
+
+
+def guarantees_block() -> str:
+    """The README block rendered from ``benchmarks/results/corruption.json``."""
+    return render_guarantees(json.loads(RESULT.read_text()))
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Run the stress and write its results file (or, with ``--child``, be a child)."""
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--flips", type=int, default=1500, help="bit flips per backend x codec")
+    p.add_argument("--truncations", type=int, default=100, help="truncations per backend x codec")
+    p.add_argument("--seed", type=int, default=7)
+    p.add_argument("--no-torch", dest="torch", action="store_false",
+                   help="skip IndexedDataset (no torch import in the children)")
+    p.add_argument("--case-timeout", type=float, default=30.0, help="seconds without progress "
+                   "after which a child counts as hung")
+    p.add_argument("--out", type=Path, default=RESULT)
+    p.add_argument("--child", help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    if args.child:
+        child_main(args.child)
+        return
+    results = run(flips=args.flips, truncations=args.truncations, seed=args.seed,
+                  torch=args.torch, case_timeout_s=args.case_timeout)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(results, indent=1) + "\n")
+    print(render_guarantees(results))
+
+
+if __name__ == "__main__":
+    main()
