@@ -16,6 +16,7 @@ from __future__ import annotations
 import http.client
 import logging
 import os
+import random
 import socket
 import threading
 import time
@@ -23,6 +24,12 @@ from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
+
+from shardio.storage import RetryPolicy
+
+FAST_RETRY = RetryPolicy(max_attempts=6, base_delay_s=0.002, max_delay_s=0.02,
+                         connect_timeout_s=5.0, read_timeout_s=10.0)
+"""Retries as the default policy makes them, with waits short enough for tests."""
 
 HOP_BY_HOP = frozenset({
     "connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te", "trailer",
@@ -36,15 +43,21 @@ SLOWDOWN_XML = (
 
 @dataclass
 class FaultPlan:
-    """Which requests the proxy breaks; deterministic by request count. 0 turns a fault off."""
+    """Which requests the proxy breaks, drawn from a seeded generator. 0 turns a fault off.
+
+    Faults are drawn at random rather than every n-th request: a client whose
+    one call makes two requests (HEAD, then LIST) would otherwise fail in lockstep.
+    """
 
     slowdown_every: int = 0
-    """Every n-th request of any kind is answered 503 SlowDown and never forwarded."""
+    """One request in n, of any kind, is answered 503 SlowDown and never forwarded."""
     cut_every: int = 0
-    """Every n-th ranged GET sends half of its body, then the connection is closed."""
+    """One ranged GET in n sends half of its body, then the connection is closed."""
     stall_every: int = 0
-    """Every n-th ranged GET sends half of its body, waits ``stall_s``, then the rest."""
+    """One ranged GET in n sends half of its body, waits ``stall_s``, then the rest."""
     stall_s: float = 0.0
+    slowdown_match: str = ""
+    """Every request whose ``"METHOD /path?query"`` contains this is answered 503 SlowDown."""
     latency_s: float = 0.0
     """Added before every request is forwarded."""
     requests: int = 0
@@ -52,45 +65,69 @@ class FaultPlan:
     slowdowns: int = 0
     cuts: int = 0
     stalls: int = 0
+    body_bytes: int = 0
+    """Bytes of ranged GET bodies the proxy sent (cut bodies count what was sent)."""
+    seed: int = 0
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+    _rng: random.Random = field(default_factory=random.Random, repr=False)
 
     def reset(self, **settings: Any) -> FaultPlan:
         """Clear counters and faults, then apply ``settings``; returns the plan."""
         with self._lock:
             for name in ("slowdown_every", "cut_every", "stall_every", "requests", "ranged_gets",
-                         "slowdowns", "cuts", "stalls"):
+                         "slowdowns", "cuts", "stalls", "body_bytes"):
                 setattr(self, name, 0)
             self.stall_s = self.latency_s = 0.0
+            self.seed = 0
+            self.slowdown_match = ""
             for name, value in settings.items():
                 setattr(self, name, value)
+            self._rng = random.Random(self.seed)
         return self
 
-    def decide(self, method: str, ranged: bool) -> str:
+    def _draw(self, every: int) -> bool:
+        return every == 1 or (every > 1 and self._rng.randrange(every) == 0)
+
+    def decide(self, method: str, path: str, ranged: bool) -> str:
         """``"slowdown"``, ``"cut"``, ``"stall"`` or ``"pass"`` for the next request."""
         with self._lock:
             self.requests += 1
-            if self.slowdown_every and self.requests % self.slowdown_every == 0:
+            matched = bool(self.slowdown_match) and self.slowdown_match in f"{method} {path}"
+            if matched or self._draw(self.slowdown_every):
                 self.slowdowns += 1
                 return "slowdown"
             if method != "GET" or not ranged:
                 return "pass"
             self.ranged_gets += 1
-            if self.cut_every and self.ranged_gets % self.cut_every == 0:
+            if self._draw(self.cut_every):
                 self.cuts += 1
                 return "cut"
-            if self.stall_every and self.ranged_gets % self.stall_every == 0:
+            if self._draw(self.stall_every):
                 self.stalls += 1
                 return "stall"
             return "pass"
+
+    def sent(self, num_bytes: int) -> None:
+        """Count ``num_bytes`` of a ranged GET body as sent."""
+        with self._lock:
+            self.body_bytes += num_bytes
 
 
 class _Server(ThreadingHTTPServer):
     daemon_threads = True
     allow_reuse_address = True
 
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        """Stay quiet about clients that went away (cut, killed or timed out on purpose)."""
+        import sys
+
+        if not isinstance(sys.exc_info()[1], (ConnectionError, TimeoutError)):
+            super().handle_error(request, client_address)
+
 
 def _serve(server: _Server, name: str) -> threading.Thread:
-    thread = threading.Thread(target=server.serve_forever, name=name, daemon=True)
+    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05},
+                              name=name, daemon=True)
     thread.start()
     return thread
 
@@ -118,7 +155,7 @@ class _ProxyHandler(BaseHTTPRequestHandler):
     def _relay(self) -> None:
         plan = self.server.plan
         body = self._request_body()
-        decision = plan.decide(self.command, "Range" in self.headers)
+        decision = plan.decide(self.command, self.path, "Range" in self.headers)
         if plan.latency_s:
             time.sleep(plan.latency_s)
         if decision == "slowdown":
@@ -147,19 +184,25 @@ class _ProxyHandler(BaseHTTPRequestHandler):
         self.end_headers()
         if self.command == "HEAD":
             return
+        ranged = self.command == "GET" and "Range" in self.headers
         half = len(data) // 2
         if decision == "cut" and half:
             self.wfile.write(data[:half])
             self.wfile.flush()
+            plan.sent(half)
+            time.sleep(0.05)  # let the client take the half before it sees the close
             self.close_connection = True
             self.connection.shutdown(socket.SHUT_RDWR)
             return
         if decision == "stall" and half:
             self.wfile.write(data[:half])
             self.wfile.flush()
+            plan.sent(half)
             time.sleep(plan.stall_s)
             data = data[half:]
         self.wfile.write(data)
+        if ranged:
+            plan.sent(len(data))
 
     do_GET = do_PUT = do_POST = do_DELETE = do_HEAD = _relay
 
@@ -286,3 +329,24 @@ class MotoS3:
     def close(self) -> None:
         """Stop the server."""
         self._server.stop()
+
+
+@dataclass(frozen=True)
+class S3Endpoint:
+    """A fresh bucket prefix reached through the fault proxy."""
+
+    url: str
+    """``s3://<fresh bucket>/data``."""
+    bucket: str
+    plan: FaultPlan
+    moto: MotoS3
+    proxy: FaultProxy
+
+
+@dataclass(frozen=True)
+class HttpEndpoint:
+    """A folder served read-only with Range support, behind its own fault proxy."""
+
+    root: Path
+    url: str
+    plan: FaultPlan

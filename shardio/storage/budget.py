@@ -242,6 +242,8 @@ class Budget:
     def commit(self, reservation: Reservation, key: str) -> Path:
         """Move a finished download into ``ranges/`` and keep it locked shared for the caller."""
         final = self.range_path(key)
+        now = time.time_ns()  # the fine clock: LRU order within one coarse fs tick
+        os.utime(reservation.fd, ns=(now, now))
         with self.locked():
             os.rename(reservation.path, final)
             # flock converts EX -> SH by dropping and re-taking; under the budget lock no

@@ -28,11 +28,13 @@ import mmap
 import os
 import re
 import threading
+import time
 import urllib.parse
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from shardio.errors import CacheBudgetError, ShardCorruptError
 from shardio.storage.budget import Budget, CacheUsage, Reservation
@@ -112,6 +114,14 @@ class RangeCache:
 
     def __repr__(self) -> str:
         return f"RangeCache({str(self.root)!r}, max_cache_bytes={self.max_cache_bytes})"
+
+    def __getstate__(self) -> dict[str, object]:
+        """What a spawned worker needs: the folder and the budget; it holds nothing yet."""
+        return {"root": self.root, "max_cache_bytes": self.max_cache_bytes, "wait_s": self.wait_s}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__init__(state["root"], max_cache_bytes=state["max_cache_bytes"],  # type: ignore[misc]
+                      wait_s=state["wait_s"])
 
     @property
     def evictions(self) -> int:
@@ -208,7 +218,8 @@ class RangeCache:
                 os.close(fd)
                 self._budget.discard(key)
                 return None
-            os.utime(fd)  # last use, for LRU
+            now = time.time_ns()  # last use, for LRU; the fine clock, not the fs's coarse one
+            os.utime(fd, ns=(now, now))
         except BaseException:
             os.close(fd)
             raise

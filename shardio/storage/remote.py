@@ -91,11 +91,13 @@ class RemoteStore:
     def _path(self, name: str) -> str:
         return f"{self.url}/{check_name(name)}"
 
-    def _call(self, path: str, op: str, call: Callable[[], T]) -> T:
+    def _call(self, path: str, op: str, call: Callable[[], T],
+              progress: Callable[[], int] | None = None) -> T:
         """``call`` (operation ``op`` on ``path``) with retries, its errors translated."""
         what = f"{path}: {op}"
         try:
-            return retry_call(call, policy=self.retry, what=what, stats=self.stats)
+            return retry_call(call, policy=self.retry, what=what, stats=self.stats,
+                              progress=progress)
         except (StorageError, MissingDependencyError):
             raise
         except FileNotFoundError as exc:
@@ -154,7 +156,7 @@ class RemoteStore:
                 raise IncompleteBodyError(
                     f"{path}: the response ended at byte {pos} of range {start}..{stop}")
 
-        self._call(path, f"GET bytes {start}..{stop}", attempt)
+        self._call(path, f"GET bytes {start}..{stop}", attempt, progress=lambda: pos)
 
     def size(self, name: str) -> int:
         """Size of ``name`` (a HEAD request)."""

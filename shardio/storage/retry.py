@@ -128,6 +128,7 @@ def retry_call(
     policy: RetryPolicy,
     what: str,
     stats: StoreStats | None = None,
+    progress: Callable[[], int] | None = None,
     sleep: Callable[[float], object] = time.sleep,
 ) -> T:
     """``call()``, retried on transient errors with backoff; other errors pass through.
@@ -137,28 +138,33 @@ def retry_call(
         policy: attempts and delays.
         what: the object and operation, for the error message (``"s3://b/x: GET 0..16M"``).
         stats: counters to update.
+        progress: bytes received so far; an attempt that moved it forward before failing
+            does not use up an attempt (a slow, often cut transfer still finishes).
         sleep: the wait function (tests pass a recorder).
 
     Raises:
-        StorageError: every attempt failed transiently; the message names ``what`` and the
-            last error.
+        StorageError: ``max_attempts`` attempts in a row failed transiently without
+            progress; the message names ``what`` and the last error.
     """
-    for attempt in range(policy.max_attempts):
+    failures = 0
+    while True:
         if stats is not None:
             stats.requests += 1
+        before = progress() if progress is not None else 0
         try:
             return call()
         except Exception as exc:
             if not is_transient(exc):
                 raise
-            if attempt + 1 >= policy.max_attempts:
+            moved = progress is not None and progress() > before
+            failures = 0 if moved else failures + 1
+            if failures >= policy.max_attempts:
                 raise StorageError(
-                    f"{what}: failed {policy.max_attempts} times, last with {exc!r}; the store "
-                    "is unreachable, overloaded or cutting connections: check the endpoint "
-                    "and the network, or retry later (storage retry policy: max_attempts)",
+                    f"{what}: failed {policy.max_attempts} times in a row, last with {exc!r}; "
+                    "the store is unreachable, overloaded or cutting connections: check the "
+                    "endpoint and the network, or retry later (retry policy: max_attempts)",
                     path=what,
                 ) from exc
             if stats is not None:
                 stats.retries += 1
-            sleep(policy.delay_s(attempt))
-    raise AssertionError("unreachable: the loop returns or raises")
+            sleep(policy.delay_s(max(failures - 1, 0)))
