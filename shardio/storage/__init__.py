@@ -9,9 +9,9 @@ protocol with per-process, fork-safe clients (``client.py``), retries
 bytes that readers need as files or maps go through the node cache
 (``cache.py``; space accounting in ``budget.py``, held ranges in
 ``cachedrange.py``): a folder shared by every process of a node, under a hard
-byte budget. fsspec and its protocol packages are imported only when a remote
-store is first used (``pip install 'shardio[remote]'``); nothing here imports
-torch.
+byte budget; ``fetch.py`` keeps a few planned ranges downloading ahead. fsspec
+and its protocol packages are imported only when a remote store is first used
+(``pip install 'shardio[remote]'``); nothing here imports torch.
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ from shardio.storage.cache import (
     default_cache_dir,
 )
 from shardio.storage.cachedrange import CachedRange
+from shardio.storage.fetch import RangePrefetcher, RangeRequest, min_cache_bytes
 from shardio.storage.local import LocalStore
 from shardio.storage.remote import RemoteStore
 from shardio.storage.retry import RetryPolicy, StoreStats, is_transient
@@ -38,6 +39,8 @@ __all__ = [
     "LocalStore",
     "RangeCache",
     "RangeCheck",
+    "RangePrefetcher",
+    "RangeRequest",
     "RangeWriter",
     "RemoteStore",
     "RetryPolicy",
@@ -47,6 +50,7 @@ __all__ = [
     "default_cache_dir",
     "is_remote",
     "is_transient",
+    "min_cache_bytes",
     "open_store",
     "split_url",
 ]

@@ -133,6 +133,11 @@ class RangeCache:
         """Partial downloads of dead processes this process deleted."""
         return self._budget.reclaimed
 
+    @property
+    def held_bytes(self) -> int:
+        """Bytes of ranges this process holds open or is downloading (they cannot be evicted)."""
+        return self._own_bytes()
+
     def usage(self) -> CacheUsage:
         """What the folder holds now, as the budget counts it."""
         return self._budget.usage()

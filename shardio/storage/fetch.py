@@ -1,0 +1,107 @@
+"""Ranges in flight: open the planned ranges a few ahead of the reader, in background threads.
+
+A remote reader knows its order of ranges in advance (the plan). While it
+decodes one range, the next ``max_in_flight`` are downloaded into the node
+cache (or found there), so the first batch waits for one range and later
+ones for none, as long as the network keeps up. Ranges come back in the
+planned order; the caller closes each when done with it. A process holds at
+most ``max_in_flight + 1`` ranges at once, which is what ``min_cache_bytes``
+says the budget must cover. Threads, not processes: downloads wait on the
+network with the GIL released. Imports only the storage modules.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Iterable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from types import TracebackType
+
+from shardio.storage.cache import RangeCache, RangeCheck
+from shardio.storage.cachedrange import CachedRange
+from shardio.storage.store import Store
+
+DEFAULT_IN_FLIGHT = 3
+
+
+@dataclass(frozen=True)
+class RangeRequest:
+    """Bytes ``start..stop`` of object ``name``, with the check a fresh download must pass."""
+
+    name: str
+    start: int
+    stop: int
+    check: RangeCheck | None = None
+
+
+def min_cache_bytes(max_range_bytes: int, *, max_in_flight: int = DEFAULT_IN_FLIGHT,
+                    num_processes: int = 1) -> int:
+    """The budget that ``num_processes`` readers on a node need at least: each holds the range
+    it reads plus ``max_in_flight`` downloading."""
+    return num_processes * (max_in_flight + 1) * max_range_bytes
+
+
+class RangePrefetcher:
+    """Iterate ``CachedRange`` objects in request order, keeping a few downloads ahead.
+
+    Example::
+
+        with RangePrefetcher(cache, store, requests, version=checksum) as ranges:
+            for cached in ranges:
+                with cached:
+                    use(cached.view())
+    """
+
+    def __init__(self, cache: RangeCache, store: Store, requests: Iterable[RangeRequest], *,
+                 version: str, max_in_flight: int = DEFAULT_IN_FLIGHT) -> None:
+        if max_in_flight < 1:
+            raise ValueError(f"max_in_flight must be at least 1, got {max_in_flight}")
+        self._cache = cache
+        self._store = store
+        self._requests = iter(requests)
+        self._version = version
+        self._max = max_in_flight
+        self._pending: deque[Future[CachedRange]] = deque()
+        self._pool: ThreadPoolExecutor | None = None
+
+    def _submit(self) -> bool:
+        request = next(self._requests, None)
+        if request is None:
+            return False
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(self._max, thread_name_prefix="shardio-fetch")
+        self._pending.append(self._pool.submit(
+            self._cache.open_range, self._store, request.name, request.start, request.stop,
+            version=self._version, check=request.check))
+        return True
+
+    def __iter__(self) -> Iterator[CachedRange]:
+        try:
+            while len(self._pending) < self._max and self._submit():
+                pass
+            while self._pending:
+                cached = self._pending.popleft().result()  # a failed download raises here
+                self._submit()
+                yield cached
+        finally:
+            self.close()
+
+    def close(self) -> None:
+        """Cancel what has not started, wait for what has, and release ranges never handed out."""
+        for future in self._pending:
+            future.cancel()
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
+            self._pool = None
+        while self._pending:
+            future = self._pending.popleft()
+            if not future.cancelled() and future.exception() is None:
+                future.result().close()
+
+    def __enter__(self) -> RangePrefetcher:
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.close()
