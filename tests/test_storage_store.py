@@ -195,9 +195,29 @@ def test_s3_ranged_reads_survive_slowdowns_cuts_and_latency(s3: S3Endpoint) -> N
     # ...so the proxy sent hardly more than was asked (a restart would resend each half)
 
 
+def test_a_stalled_body_times_out_and_resumes(s3: S3Endpoint) -> None:
+    impatient = RetryPolicy(max_attempts=3, base_delay_s=0.001, read_timeout_s=0.3)
+    store = open_store(s3.url, retry=impatient)
+    store.put_bytes("shard-00000.rec", DATA)
+    s3.plan.reset(stall_every=1, stall_s=1.0)  # the first attempt stalls halfway...
+    got = bytearray()
+
+    def take(offset: int, chunk: memoryview) -> None:
+        assert offset == len(got)
+        got.extend(chunk)
+        s3.plan.stall_every = 0  # ...the resumed request does not
+
+    store.read_range_into("shard-00000.rec", 0, MB, take)
+    assert got == DATA[:MB] and s3.plan.stalls == 1
+    assert isinstance(store, RemoteStore) and store.stats.resumed == 1
+
+
 def test_s3_put_list_delete_and_errors(s3: S3Endpoint) -> None:
     store = open_store(s3.url, retry=FAST_RETRY)
     assert store.list_names() == []
+    other = open_store(s3.url.rsplit("/", 1)[0] + "/elsewhere", retry=FAST_RETRY)
+    assert isinstance(store, RemoteStore) and isinstance(other, RemoteStore)
+    assert other._fs() is store._fs()  # one client, so credentials resolved once per process
     s3.plan.reset(slowdown_every=2, seed=1)
     store.put_bytes("manifest.json", b'{"format": "shardio"}')
     store.put_bytes(".shardio-pack.json", b"{}")

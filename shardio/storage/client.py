@@ -29,7 +29,8 @@ HTTP_PROTOCOLS = ("http", "https")
 S3_PROTOCOLS = ("s3", "s3a")
 REMOTE_EXTRA = "pip install 'shardio[remote]'"
 
-_clients: dict[str, Any] = {}
+_clients: dict[str, tuple[Mapping[str, Any], Any]] = {}
+"""Key -> (the options it was made from, kept alive so that an id() key is never reused; client)."""
 _clients_lock = threading.Lock()
 _inherited: list[Any] = []
 """Clients a forked child inherited: kept referenced so that no finalizer closes the parent's
@@ -39,7 +40,7 @@ sessions from the child; never used."""
 def _forget_clients_after_fork() -> None:
     global _clients_lock
     _clients_lock = threading.Lock()  # another thread may have held it at fork time
-    _inherited.extend(_clients.values())
+    _inherited.extend(client for _options, client in _clients.values())
     _clients.clear()
     asyn = sys.modules.get("fsspec.asyn")
     if asyn is not None:
@@ -106,7 +107,7 @@ def client_for(protocol: str, options: Mapping[str, Any], policy: RetryPolicy) -
     except TypeError:  # options holding objects: a client of its own per options mapping
         key = f"{protocol}:{id(options)}"
     with _clients_lock:
-        client = _clients.get(key)
-        if client is None:
-            client = _clients[key] = _new_client(protocol, options, policy)
-        return client
+        entry = _clients.get(key)
+        if entry is None:
+            entry = _clients[key] = (options, _new_client(protocol, options, policy))
+        return entry[1]
