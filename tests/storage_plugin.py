@@ -60,6 +60,6 @@ def http(tmp_path: Path) -> Iterator[HttpEndpoint]:
     root.mkdir()
     server = RangeHTTPServer(root)
     proxy = FaultProxy(server.address)
-    yield HttpEndpoint(root, proxy.url, proxy.plan)
+    yield HttpEndpoint(root, proxy.url, proxy.plan, server)
     proxy.close()
     server.close()

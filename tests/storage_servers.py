@@ -258,7 +258,7 @@ class _RangeHandler(BaseHTTPRequestHandler):
             self._reply(404, {"Content-Length": "0"}, b"")
             return
         size = path.stat().st_size
-        spec = self.headers.get("Range")
+        spec = None if self.server.ignore_range else self.headers.get("Range")
         if spec is None:
             data = path.read_bytes()
             self._reply(200, {"Content-Length": str(size), "Accept-Ranges": "bytes"}, data)
@@ -287,10 +287,11 @@ class _RangeHandler(BaseHTTPRequestHandler):
 
 class _RangeServer(_Server):
     root: Path
+    ignore_range = False
 
 
 class RangeHTTPServer:
-    """Serves ``root`` read-only on 127.0.0.1 (GET and HEAD, with Range)."""
+    """Serves ``root`` read-only on 127.0.0.1 (GET and HEAD, with Range unless told not to)."""
 
     def __init__(self, root: Path) -> None:
         self._server = _RangeServer(("127.0.0.1", 0), _RangeHandler)
@@ -298,6 +299,15 @@ class RangeHTTPServer:
         self.address = ("127.0.0.1", self._server.server_address[1])
         self.url = f"http://127.0.0.1:{self.address[1]}"
         self._thread = _serve(self._server, "range-http")
+
+    @property
+    def ignore_range(self) -> bool:
+        """Whether GET answers 200 with the whole file whatever ``Range`` asks (some servers do)."""
+        return self._server.ignore_range
+
+    @ignore_range.setter
+    def ignore_range(self, value: bool) -> None:
+        self._server.ignore_range = value
 
     def close(self) -> None:
         """Stop serving."""
@@ -350,3 +360,4 @@ class HttpEndpoint:
     root: Path
     url: str
     plan: FaultPlan
+    server: RangeHTTPServer

@@ -291,3 +291,6 @@ def test_http_server_with_range_reads_through_faults(http: HttpEndpoint) -> None
         store.list_names()
     with pytest.raises(StorageError, match="read-only"):
         store.put_bytes("x", b"y")
+    http.plan.reset()
+    http.server.ignore_range = True  # a server that answers every GET with the whole file
+    assert store.read_range("shard-00000.rec", MB + 3, 2 * MB) == DATA[MB + 3 : 2 * MB]

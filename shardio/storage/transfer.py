@@ -51,7 +51,9 @@ async def _stream_http(fs: Any, url: str, start: int, stop: int,
                        deliver: Callable[[bytes], None]) -> None:
     session = await fs.set_session()
     kw = dict(fs.kwargs)
-    headers = {**(kw.pop("headers", None) or {}), "Range": f"bytes={start}-{stop - 1}"}
+    # identity: a compressed body would not be the byte range asked for
+    headers = {**(kw.pop("headers", None) or {}), "Range": f"bytes={start}-{stop - 1}",
+               "Accept-Encoding": "identity"}
     async with session.get(fs.encode_url(url), headers=headers, **kw) as resp:
         if resp.status == 404:
             raise FileNotFoundError(errno.ENOENT, "no such object", url)
