@@ -1,233 +1,29 @@
-"""Servers the storage tests run on loopback: moto's S3, a fault-injecting proxy, a Range server.
+"""Servers the storage tests run on loopback: moto's S3 and a read-only Range server.
 
-* ``start_moto()``: moto's threaded S3 server on 127.0.0.1, port chosen by the OS.
-* ``FaultProxy``: a small HTTP reverse proxy of our own in front of any of them. Its
-  ``FaultPlan`` answers some requests ``503 SlowDown`` without forwarding them, cuts
-  some ranged GETs after half of the body (the connection closes), stalls others
-  mid-body, and adds latency; it counts what it did, so tests can check that
-  faults really happened.
+* ``MotoS3``: moto's threaded S3 server on 127.0.0.1, port chosen by the OS.
 * ``RangeHTTPServer``: serves a folder read-only over HTTP/1.1 and honours ``Range``.
+* ``S3Endpoint`` / ``HttpEndpoint``: what the fixtures (``storage_plugin``) hand a
+  test; each sits behind a ``storage_proxy.FaultProxy``.
 
 Nothing here reaches beyond 127.0.0.1. Every server thread is a daemon.
 """
 
 from __future__ import annotations
 
-import http.client
 import logging
 import os
-import random
-import socket
-import threading
-import time
-from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from dataclasses import dataclass
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from typing import Any
+
+from storage_proxy import FaultPlan, FaultProxy, Server, serve
 
 from shardio.storage import RetryPolicy
 
 FAST_RETRY = RetryPolicy(max_attempts=6, base_delay_s=0.002, max_delay_s=0.02,
                          connect_timeout_s=5.0, read_timeout_s=10.0)
 """Retries as the default policy makes them, with waits short enough for tests."""
-
-HOP_BY_HOP = frozenset({
-    "connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te", "trailer",
-    "transfer-encoding", "upgrade", "expect", "content-length",
-})
-SLOWDOWN_XML = (
-    b'<?xml version="1.0" encoding="UTF-8"?>\n<Error><Code>SlowDown</Code>'
-    b"<Message>Please reduce your request rate.</Message><RequestId>fault</RequestId></Error>"
-)
-
-
-@dataclass
-class FaultPlan:
-    """Which requests the proxy breaks, drawn from a seeded generator. 0 turns a fault off.
-
-    Faults are drawn at random rather than every n-th request: a client whose
-    one call makes two requests (HEAD, then LIST) would otherwise fail in lockstep.
-    """
-
-    slowdown_every: int = 0
-    """One request in n, of any kind, is answered 503 SlowDown and never forwarded."""
-    cut_every: int = 0
-    """One ranged GET in n sends half of its body, then the connection is closed."""
-    stall_every: int = 0
-    """One ranged GET in n sends half of its body, waits ``stall_s``, then the rest."""
-    stall_s: float = 0.0
-    slowdown_match: str = ""
-    """Every request whose ``"METHOD /path?query"`` contains this is answered 503 SlowDown."""
-    latency_s: float = 0.0
-    """Added before every request is forwarded."""
-    requests: int = 0
-    ranged_gets: int = 0
-    slowdowns: int = 0
-    cuts: int = 0
-    stalls: int = 0
-    body_bytes: int = 0
-    """Bytes of ranged GET bodies the proxy sent (cut bodies count what was sent)."""
-    seed: int = 0
-    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
-    _rng: random.Random = field(default_factory=random.Random, repr=False)
-
-    def reset(self, **settings: Any) -> FaultPlan:
-        """Clear counters and faults, then apply ``settings``; returns the plan."""
-        with self._lock:
-            for name in ("slowdown_every", "cut_every", "stall_every", "requests", "ranged_gets",
-                         "slowdowns", "cuts", "stalls", "body_bytes"):
-                setattr(self, name, 0)
-            self.stall_s = self.latency_s = 0.0
-            self.seed = 0
-            self.slowdown_match = ""
-            for name, value in settings.items():
-                setattr(self, name, value)
-            self._rng = random.Random(self.seed)
-        return self
-
-    def _draw(self, every: int) -> bool:
-        return every == 1 or (every > 1 and self._rng.randrange(every) == 0)
-
-    def decide(self, method: str, path: str, ranged: bool) -> str:
-        """``"slowdown"``, ``"cut"``, ``"stall"`` or ``"pass"`` for the next request."""
-        with self._lock:
-            self.requests += 1
-            matched = bool(self.slowdown_match) and self.slowdown_match in f"{method} {path}"
-            if matched or self._draw(self.slowdown_every):
-                self.slowdowns += 1
-                return "slowdown"
-            if method != "GET" or not ranged:
-                return "pass"
-            self.ranged_gets += 1
-            if self._draw(self.cut_every):
-                self.cuts += 1
-                return "cut"
-            if self._draw(self.stall_every):
-                self.stalls += 1
-                return "stall"
-            return "pass"
-
-    def sent(self, num_bytes: int) -> None:
-        """Count ``num_bytes`` of a ranged GET body as sent."""
-        with self._lock:
-            self.body_bytes += num_bytes
-
-
-class _Server(ThreadingHTTPServer):
-    daemon_threads = True
-    allow_reuse_address = True
-
-    def handle_error(self, request: Any, client_address: Any) -> None:
-        """Stay quiet about clients that went away (cut, killed or timed out on purpose)."""
-        import sys
-
-        if not isinstance(sys.exc_info()[1], (ConnectionError, TimeoutError)):
-            super().handle_error(request, client_address)
-
-
-def _serve(server: _Server, name: str) -> threading.Thread:
-    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05},
-                              name=name, daemon=True)
-    thread.start()
-    return thread
-
-
-class _ProxyHandler(BaseHTTPRequestHandler):
-    protocol_version = "HTTP/1.1"
-    server: _ProxyServer
-
-    def log_message(self, format: str, *args: Any) -> None:
-        pass
-
-    def _request_body(self) -> bytes:
-        if self.headers.get("Transfer-Encoding", "").lower() == "chunked":
-            parts = []
-            while True:
-                size = int(self.rfile.readline().split(b";")[0].strip(), 16)
-                if size == 0:
-                    while self.rfile.readline() not in (b"\r\n", b"\n", b""):
-                        pass
-                    return b"".join(parts)
-                parts.append(self.rfile.read(size))
-                self.rfile.readline()
-        return self.rfile.read(int(self.headers.get("Content-Length") or 0))
-
-    def _relay(self) -> None:
-        plan = self.server.plan
-        body = self._request_body()
-        decision = plan.decide(self.command, self.path, "Range" in self.headers)
-        if plan.latency_s:
-            time.sleep(plan.latency_s)
-        if decision == "slowdown":
-            self.send_response(503, "Slow Down")
-            self.send_header("Content-Type", "application/xml")
-            self.send_header("Content-Length", str(len(SLOWDOWN_XML)))
-            self.end_headers()
-            if self.command != "HEAD":
-                self.wfile.write(SLOWDOWN_XML)
-            return
-        headers = {k: v for k, v in self.headers.items() if k.lower() not in HOP_BY_HOP}
-        conn = http.client.HTTPConnection(*self.server.upstream, timeout=60)
-        try:
-            conn.request(self.command, self.path, body=body, headers=headers)
-            resp = conn.getresponse()
-            data = resp.read()
-            reply_headers = resp.getheaders()
-        finally:
-            conn.close()
-        self.send_response(resp.status, resp.reason)
-        for key, value in reply_headers:
-            if key.lower() not in HOP_BY_HOP:
-                self.send_header(key, value)
-        length = resp.getheader("Content-Length") if self.command == "HEAD" else None
-        self.send_header("Content-Length", length or str(len(data)))
-        self.end_headers()
-        if self.command == "HEAD":
-            return
-        ranged = self.command == "GET" and "Range" in self.headers
-        half = len(data) // 2
-        if decision == "cut" and half:
-            self.wfile.write(data[:half])
-            self.wfile.flush()
-            plan.sent(half)
-            time.sleep(0.05)  # let the client take the half before it sees the close
-            self.close_connection = True
-            self.connection.shutdown(socket.SHUT_RDWR)
-            return
-        if decision == "stall" and half:
-            self.wfile.write(data[:half])
-            self.wfile.flush()
-            plan.sent(half)
-            time.sleep(plan.stall_s)
-            data = data[half:]
-        self.wfile.write(data)
-        if ranged:
-            plan.sent(len(data))
-
-    do_GET = do_PUT = do_POST = do_DELETE = do_HEAD = _relay
-
-
-class _ProxyServer(_Server):
-    plan: FaultPlan
-    upstream: tuple[str, int]
-
-
-class FaultProxy:
-    """A reverse proxy on 127.0.0.1 that breaks requests to ``upstream`` as ``plan`` says."""
-
-    def __init__(self, upstream: tuple[str, int], plan: FaultPlan | None = None) -> None:
-        self.plan = plan or FaultPlan()
-        self._server = _ProxyServer(("127.0.0.1", 0), _ProxyHandler)
-        self._server.plan = self.plan
-        self._server.upstream = upstream
-        self.url = f"http://127.0.0.1:{self._server.server_address[1]}"
-        self._thread = _serve(self._server, "fault-proxy")
-
-    def close(self) -> None:
-        """Stop serving (requests in flight finish on their daemon threads)."""
-        self._server.shutdown()
-        self._server.server_close()
-        self._thread.join(timeout=5)
 
 
 class _RangeHandler(BaseHTTPRequestHandler):
@@ -285,7 +81,7 @@ class _RangeHandler(BaseHTTPRequestHandler):
                           "Accept-Ranges": "bytes"}, b"")
 
 
-class _RangeServer(_Server):
+class _RangeServer(Server):
     root: Path
     ignore_range = False
 
@@ -298,7 +94,7 @@ class RangeHTTPServer:
         self._server.root = Path(root).resolve()
         self.address = ("127.0.0.1", self._server.server_address[1])
         self.url = f"http://127.0.0.1:{self.address[1]}"
-        self._thread = _serve(self._server, "range-http")
+        self._thread = serve(self._server, "range-http")
 
     @property
     def ignore_range(self) -> bool:
