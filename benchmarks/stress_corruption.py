@@ -10,7 +10,9 @@ Each case damages a working copy of a small labelled dataset (both backends, bot
 codecs), then, in a child process, runs ``verify``, ``unpack``, and reads every sample
 through ``DatasetReader.get``, the streaming path (``shardio.stream.iter_samples``, in
 a shuffled order) and, with ``--torch``, ``IndexedDataset``; then restores the copy.
-Children run many cases each and report one JSON line per case; a child that dies by
+Children run many cases each (with the repository as working directory, so they import
+the ``shardio`` beside this script: run it from a clean checkout to measure committed
+code) and report one JSON line per case; a child that dies by
 a signal or stops making progress for ``--case-timeout`` seconds is a crash of the case
 it was running, the copy is restored and a fresh child goes on with the next case.
 
@@ -437,7 +439,7 @@ def all_cases(root: Path, *, flips: int, truncations: int, rng: np.random.Genera
 def run(*, flips: int, truncations: int, seed: int, torch: bool,
         case_timeout_s: float) -> dict[str, Any]:
     """Every backend × codec: build the dataset, run its cases, summarize."""
-    from benchmarks.machine import describe_machine, library_versions
+    from benchmarks.machine import describe_machine, library_versions, source_id
 
     started = time.perf_counter()
     configs: dict[str, dict[str, Any]] = {}
@@ -468,6 +470,7 @@ def run(*, flips: int, truncations: int, seed: int, torch: bool,
         "libraries": {k: v for k, v in library_versions().items() if k in ("shardio", "lmdb",
                       "numpy", "torch")},
         "python": platform.python_version(),
+        "shardio_source": source_id(REPO / "shardio"),
         "total": {f: sum(c["total"][f] for c in configs.values()) for f in fields},
         "configs": configs,
     }

@@ -1,0 +1,214 @@
+"""What do issue 7's read-time integrity checks cost, on a cold and a warm epoch?
+
+The checks: on each shard open, the key block is loaded and its CRC-32 compared with
+the manifest's ``keys_crc32`` (a shard file exchanged for another is refused) and the
+header flags are checked; on each record, its own ``__key__`` is compared with the key
+block and the frame length with the index. This times the same reads with the
+``shardio`` package of ``--current REV`` (default HEAD) and of ``--baseline REV`` (before
+the checks), both extracted from git, in interleaved rounds, each read in a fresh
+process, on a dataset of many small records (the worst case: most keys per byte). Two
+reads per setting: a full shuffled epoch through the streaming path
+(``shardio.stream.iter_samples``) and ``--gets`` random ``DatasetReader.get`` calls
+(``IndexedDataset``'s path, where every shard open is paid for a few records), and the
+open of every shard with one record read (best of 5, warm: the per-open cost). Cold
+reads evict the shard files from the page cache first (``benchmarks.probe.evict``,
+checked with ``fincore``).
+
+    python -m benchmarks.bench_integrity_checks --baseline 52cf71d~1
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Final
+
+HERE: Final = Path(__file__).resolve().parent
+RESULT: Final = HERE / "results" / "integrity-checks.json"
+
+CHILD = r"""
+import json, sys, time
+import numpy as np
+import shardio
+from shardio.reader import DatasetReader
+from shardio.stream import iter_samples
+root, gets, kind = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+if kind == "opens":  # every shard opened and one record read, best of 5 fresh readers
+    best = float("inf")
+    for _ in range(5):
+        start = time.perf_counter()
+        with DatasetReader(root) as reader:
+            for s in reader.manifest.shards:
+                reader.get(s.first_index)
+        best = min(best, time.perf_counter() - start)
+    print(json.dumps({"seconds": best, "count": len(reader.manifest.shards),
+                      "module": shardio.__file__}))
+    sys.exit()
+start = time.perf_counter()
+with DatasetReader(root) as reader:
+    n = len(reader)
+    if kind == "epoch":
+        order = np.random.default_rng(0).permutation(n)
+        count = sum(1 for _ in iter_samples(reader, order, window=8192, max_run=64))
+    else:
+        count = sum(len(reader.get(int(i))) > 0
+                    for i in np.random.default_rng(1).integers(0, n, gets))
+seconds = time.perf_counter() - start
+print(json.dumps({"seconds": seconds, "count": count, "module": shardio.__file__}))
+"""
+
+
+def extract_revision(rev: str, work: Path) -> Path:
+    """A folder holding the ``shardio`` package of git revision ``rev`` (imports nothing)."""
+    target = work / f"rev-{rev}"
+    target.mkdir(parents=True)
+    archive = subprocess.run(["git", "-C", str(HERE.parent), "archive", rev, "shardio"],
+                             check=True, capture_output=True).stdout
+    subprocess.run(["tar", "-x", "-C", str(target)], input=archive, check=True)
+    return target
+
+
+def make_dataset(root: Path, *, backend: str, num_samples: int, per_shard: int) -> None:
+    """Small text-like records (about 600 bytes, zstd), ``per_shard`` to a shard."""
+    import numpy as np
+
+    from shardio import ShardWriter, WriteOptions
+
+    rng = np.random.default_rng(0)
+    words = [f"w{i}".encode() for i in range(500)]
+    options = WriteOptions(backend=backend, codec="zstd", max_shard_samples=per_shard)
+    with ShardWriter(root, options) as writer:
+        for i in range(num_samples):
+            text = b" ".join(words[j] for j in rng.integers(0, 500, 150))
+            writer.write({"__key__": f"part{i % 97:02d}/sample-{i:08d}.txt", "txt": text,
+                          "cls": int(i % 10)})
+
+
+def baseline_copy(root: Path, dest: Path) -> None:
+    """``root``'s shards (hard links: one page cache) with a manifest old readers accept."""
+    dest.mkdir()
+    manifest = json.loads((root / "manifest.json").read_text())
+    for shard in manifest["shards"]:
+        os.link(root / shard["name"], dest / shard["name"])
+        shard.pop("keys_crc32", None)
+    (dest / "manifest.json").write_text(json.dumps(manifest))
+
+
+def time_read(root: Path, source: Path, *, kind: str, gets: int, cold: bool) -> dict[str, Any]:
+    """One read of ``kind`` in a fresh process importing the ``shardio`` under ``source``."""
+    from benchmarks.probe import evict, resident_fraction
+
+    shards = [p for p in root.iterdir() if p.name.startswith("shard-")]
+    resident = None
+    if cold:
+        evict(shards)
+        resident = resident_fraction(shards)
+    env = {**os.environ, "PYTHONPATH": str(source)}
+    out = subprocess.run([sys.executable, "-c", CHILD, str(root), str(gets), kind], env=env,
+                         cwd=source, check=True, capture_output=True, text=True).stdout
+    result: dict[str, Any] = json.loads(out)
+    if Path(result.pop("module")).parent != source / "shardio":
+        raise RuntimeError(f"the child did not import the shardio under {source}")
+    return {**result, "resident_before": resident}
+
+
+def key_check_ns(root: Path) -> dict[str, float]:
+    """Per record, decoding a block with and without the key check (best of 7, in-process)."""
+    import timeit
+    from functools import partial
+
+    from shardio.reader import DatasetReader
+    from shardio.record import decode_frames
+
+    with DatasetReader(root) as reader:
+        shard = reader.shard(0)
+        frames, keys = shard.read_frames(0, shard.num_records), shard.keys()
+
+        def decode(with_keys: bool) -> None:
+            decode_frames(frames, path=shard.path, first_record=0, offset_of=shard.offset,
+                          keys=keys if with_keys else None)
+
+        best = {False: float("inf"), True: float("inf")}
+        for _ in range(15):  # interleaved, so a busy moment of the machine hits both
+            for with_keys in best:
+                best[with_keys] = min(best[with_keys], *timeit.repeat(
+                    partial(decode, with_keys), number=1, repeat=1))
+    return {"without": 1e9 * best[False] / len(frames), "with": 1e9 * best[True] / len(frames)}
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Time both versions in interleaved rounds; write the results file and print a table."""
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--baseline", required=True, metavar="REV",
+                   help="git revision before the checks")
+    p.add_argument("--current", default="HEAD", metavar="REV", help="git revision with them")
+    p.add_argument("--samples", type=int, default=200_000)
+    p.add_argument("--per-shard", type=int, default=20_000)
+    p.add_argument("--gets", type=int, default=2_000)
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--out", type=Path, default=RESULT)
+    args = p.parse_args(argv)
+    from benchmarks.machine import describe_machine
+
+    revs = {name: subprocess.run(["git", "-C", str(HERE.parent), "rev-parse", "--short", rev],
+                                 check=True, capture_output=True, text=True).stdout.strip()
+            for name, rev in (("current", args.current), ("baseline", args.baseline))}
+    rows: dict[str, list[float]] = {}
+    micro: dict[str, dict[str, float]] = {}
+    with tempfile.TemporaryDirectory(prefix="shardio-integrity-") as tmp:
+        work = Path(tmp)
+        current = extract_revision(revs["current"], work)
+        baseline = extract_revision(revs["baseline"], work)
+        sys.path.insert(0, str(current))  # the dataset is written by the current revision
+        import shardio
+
+        assert Path(shardio.__file__).parent == current / "shardio", shardio.__file__
+        for backend in ("records", "lmdb"):
+            new_root, old_root = work / f"{backend}-new", work / f"{backend}-old"
+            make_dataset(new_root, backend=backend, num_samples=args.samples,
+                         per_shard=args.per_shard)
+            baseline_copy(new_root, old_root)
+            for repeat in range(args.repeats):
+                versions = [("new", new_root, current), ("old", old_root, baseline)]
+                for name, root, src in versions[:: 1 if repeat % 2 == 0 else -1]:
+                    for kind in ("epoch", "gets", "opens"):
+                        for cold in (True, False) if kind != "opens" else (False,):
+                            r = time_read(root, src, kind=kind, gets=args.gets, cold=cold)
+                            key = f"{backend}/{kind}/{'cold' if cold else 'warm'}/{name}"
+                            rows.setdefault(key, []).append(r["seconds"])
+            micro[backend] = key_check_ns(new_root)
+        machine = describe_machine(work)
+    medians = {k: statistics.median(v) for k, v in rows.items()}
+    table = ["| backend | read | cache | before (ms) | with checks (ms) | change |",
+             "|---|---|---|---:|---:|---:|"]
+    for key in sorted({k.rsplit("/", 1)[0] for k in medians}):
+        old, new = medians[f"{key}/old"], medians[f"{key}/new"]
+        backend, kind, cache = key.split("/")
+        table.append(f"| {backend} | {kind} | {cache} | {1e3 * old:.1f} | {1e3 * new:.1f} | "
+                     f"{100 * (new / old - 1):+.1f}% |")
+    table += [f"\n{b}: decode per record {m['without']:.0f} ns, with the key check "
+              f"{m['with']:.0f} ns" for b, m in micro.items()]
+    results = {
+        "question": "what do the read-time integrity checks of issue 7 cost?",
+        "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "command": "python -m benchmarks.bench_integrity_checks " + " ".join(
+            sys.argv[1:] if argv is None else argv),
+        "revisions": revs, "machine": machine,
+        "samples": args.samples, "per_shard": args.per_shard, "gets": args.gets,
+        "seconds": rows, "median_seconds": medians, "decode_ns_per_record": micro,
+        "table": table,
+    }
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(results, indent=1) + "\n")
+    print("\n".join(table))
+
+
+if __name__ == "__main__":
+    main()
