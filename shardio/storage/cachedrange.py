@@ -52,6 +52,9 @@ class CachedRange:
         if self._fd < 0:
             raise ValueError(f"{self.path}: cached range used after close")
         length = self.size - offset if length is None else length
+        if offset < 0 or length < 0 or offset + length > self.size:
+            raise ValueError(f"{self.path}: bytes {offset}..{offset + length} are outside this "
+                             f"range of {self.size} bytes")
         return os.pread(self._fd, length, offset)
 
     def close(self) -> None:
