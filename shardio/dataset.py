@@ -415,6 +415,8 @@ class StreamingDataset(IterableDataset[Any]):
                 what to use instead.
         """
         if get_worker_info() is not None:
+            if self._worker_state is not None:  # loaded, not yet iterated: still the position
+                return dict(self._worker_state)
             split, stage = self._split, self._stage
             return {
                 "epoch": stage.epoch if stage is not None else self.epoch,
