@@ -45,12 +45,8 @@ def min_cache_bytes(max_range_bytes: int, *, max_in_flight: int = DEFAULT_IN_FLI
 class RangePrefetcher:
     """Iterate ``CachedRange`` objects in request order, keeping a few downloads ahead.
 
-    Example::
-
-        with RangePrefetcher(cache, store, requests, version=checksum) as ranges:
-            for cached in ranges:
-                with cached:
-                    use(cached.view())
+    Use it as a context manager, so that stopping early releases what was
+    fetched ahead, and close each range it yields when done with it.
     """
 
     def __init__(self, cache: RangeCache, store: Store, requests: Iterable[RangeRequest], *,
