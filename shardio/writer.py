@@ -165,20 +165,40 @@ class ShardWriter:
         overwrite: bool = False,
         resume: bool = False,
         identity: Mapping[str, Any] | None = None,
+        max_shard_samples: int | None = None,
+        max_shard_bytes: int | None = None,
+        backend: str | None = None,
+        codec: str | None = None,
     ) -> None:
         """Open ``out`` for writing.
 
         Args:
             out: dataset folder; created if absent, must be empty unless ``overwrite``.
-            options: backend, codec and shard size limits.
+            options: backend, codec and shard size limits; or give them as the
+                keywords below (the WebDataset / MosaicML habit), not both.
             classes: for labelled data, the class names; ``class_to_idx`` follows their order.
             overwrite: replace an existing shardio dataset in ``out``.
             resume: keep the shards an interrupted writer with the same ``identity``
                 finished; the caller then skips the first ``num_resumed`` samples.
             identity: what must be equal for a resume to be valid (pack options, seed…).
+            max_shard_samples: roll to a new shard after this many samples.
+            max_shard_bytes: roll to a new shard before it would pass this size.
+            backend: ``"records"`` or ``"lmdb"``.
+            codec: ``"zstd"`` or ``"none"``.
+
+        Raises:
+            TypeError: both ``options`` and one of the keywords above were given.
         """
+        given: dict[str, Any] = {name: value for name, value in (
+            ("max_shard_samples", max_shard_samples), ("max_shard_bytes", max_shard_bytes),
+            ("backend", backend), ("codec", codec)) if value is not None}
+        if options is not None and given:
+            raise TypeError(
+                f"ShardWriter got both options= and {', '.join(f'{k}=' for k in given)}; "
+                "pass the settings either as a WriteOptions or as keywords, not both"
+            )
         self.out = Path(out)
-        self.options = options or WriteOptions()
+        self.options = options or WriteOptions(**given)
         self.classes = None if classes is None else tuple(classes)
         self._codec = get_codec(self.options.codec, self.options.level)
         self._identity = {"write": asdict(self.options), **dict(identity or {})}
