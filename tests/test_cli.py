@@ -191,7 +191,7 @@ def test_info_of_missing_dataset_exits_1(tmp_path: Path) -> None:
 def test_ls_lists_keys_sizes_and_labels(labelled: Path) -> None:
     code, out, _err, _raw = invoke("ls", str(labelled), "--limit", "5", "--json")
     assert code == 0
-    entries = [json.loads(line) for line in out.splitlines()]
+    entries = json.loads(out)
     with open_dataset(labelled) as reader:
         keys = list(reader.keys())
         stored = [reader.get(i) for i in range(5)]
@@ -206,7 +206,7 @@ def test_ls_lists_keys_sizes_and_labels(labelled: Path) -> None:
 
 def test_ls_generic(generic: Path) -> None:
     code, out, _err, _raw = invoke("ls", str(generic), "--json")
-    entries = [json.loads(line) for line in out.splitlines()]
+    entries = json.loads(out)
     assert code == 0
     assert [e["key"] for e in entries] == ["a/x", "b/y"]
     assert all("label" not in e for e in entries)

@@ -16,13 +16,13 @@ from shardio.version import __version__
 
 COMMANDS: Final[dict[str, tuple[str, str]]] = {
     "pack": ("pack", "Pack the files under SRC into shuffled, checksummed shards in OUT."),
-    "info": ("inspect", "Show what the manifest of dataset OUT says."),
-    "ls": ("inspect", "List the samples of dataset OUT: stored size, label and key."),
+    "info": ("inspect", "Show what the manifest of DATASET says."),
+    "ls": ("inspect", "List the samples of DATASET: stored size, label and key."),
     "cat": ("inspect", "Print the raw bytes of one field of sample KEY."),
-    "verify": ("verify", "Check every shard and record of dataset OUT."),
-    "unpack": ("unpack", "Restore the files of dataset OUT into DEST, byte for byte."),
+    "verify": ("verify", "Check every shard and record of DATASET."),
+    "unpack": ("unpack", "Restore the files of DATASET into DEST, byte for byte."),
     "demo": ("demo", "Generate, pack, verify and stream a small demo dataset."),
-    "bench": ("bench", "Read dataset PATH with 0, 1, 2, … workers and recommend num_workers "
+    "bench": ("bench", "Read DATASET with 0, 1, 2, … workers and recommend num_workers "
                        "and shuffle_buffer."),
 }
 """Command name -> (module under ``shardio.cli`` defining it in its ``COMMANDS``, short help).

@@ -17,7 +17,7 @@ from shardio.cli.inspect import DATASET, dataset_errors
 
 
 @click.command(name="bench")
-@click.argument("path", type=DATASET)
+@click.argument("path", type=DATASET, metavar="DATASET")
 @click.option(
     "--max-workers",
     type=click.IntRange(min=0),
@@ -59,7 +59,7 @@ def bench_command(
     modes: tuple[str, ...],
     as_json: bool,
 ) -> None:
-    """Read dataset PATH with 0, 1, 2, … workers and recommend num_workers and shuffle_buffer."""
+    """Read DATASET with 0, 1, 2, … workers and recommend num_workers and shuffle_buffer."""
     from shardio.bench import BenchRow, bench
 
     def show(row: BenchRow) -> None:

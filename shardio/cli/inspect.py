@@ -1,11 +1,13 @@
 """``shardio info``, ``ls`` and ``cat``: look inside a dataset without unpacking it.
 
 Each command reads through the public API (``read_manifest``,
-``open_dataset``/``DatasetReader``, ``unpack.field_bytes``); this module only
-formats. It also holds the two small pieces every shardio command shares:
-``format_size`` for human byte counts and ``dataset_errors``, which turns a
-``ShardioError`` into a one-line message and exit status 1 (``DATASET``, the
-dataset argument, lives in ``options`` and is re-exported here).
+``open_dataset``/``DatasetReader``, ``catalog.find_key``/``read_label``,
+``unpack.field_bytes``); this module only formats. It also holds the two small
+pieces every shardio command shares: ``format_size`` for human byte counts and
+``dataset_errors``, which turns a ``ShardioError`` into a one-line message and
+exit status 1 (``DATASET``, the dataset argument, lives in ``options`` and is
+re-exported here). The reader is imported by the commands that read records,
+not here: ``shardio info`` needs the manifest only and starts without numpy.
 """
 
 from __future__ import annotations
@@ -22,8 +24,6 @@ import click
 from shardio.cli.options import DATASET as DATASET  # re-exported: verify, unpack, bench use it
 from shardio.errors import ShardioError
 from shardio.manifest import Manifest, read_manifest
-from shardio.reader import open_dataset
-from shardio.unpack import IMAGE_FIELD, RESERVED_FIELDS, field_bytes
 
 MAX_LISTED: Final = 10
 """Classes and shards beyond this many are abbreviated in ``info``."""
@@ -100,26 +100,33 @@ def _info_lines(path: Path, manifest: Manifest) -> Iterator[str]:
 
 
 @click.command()
-@click.argument("out", type=DATASET)
+@click.argument("dataset", type=DATASET)
 @click.option("--json", "as_json", is_flag=True, help="Print the manifest as JSON.")
-def info(out: Path, as_json: bool) -> None:
-    """Show what the manifest of dataset OUT says.
+def info(dataset: Path, as_json: bool) -> None:
+    """Show what the manifest of DATASET says.
 
     Format, backend, codec, counts, sizes, fields, classes, order, options,
     shards and skipped input files.
     """
     with dataset_errors():
-        manifest = read_manifest(out)
+        manifest = read_manifest(dataset)
     if as_json:
         click.echo(json.dumps(manifest.to_json(), indent=1, ensure_ascii=False))
         return
-    for line in _info_lines(out, manifest):
+    for line in _info_lines(dataset, manifest):
         click.echo(line)
 
 
-def _entries(out: Path, limit: int | None) -> Iterator[dict[str, Any]]:
-    """Key, stored size and (for labelled data) label of each sample, in stored order."""
-    with open_dataset(out) as reader:
+def _entries(dataset: Path, limit: int | None) -> Iterator[dict[str, Any]]:
+    """Key, stored size and (for labelled data) label of each sample, in stored order.
+
+    Sizes come from the shard index and labels from ``read_label``, which
+    neither checks nor decodes the image bytes: listing is not verifying.
+    """
+    from shardio.catalog import read_label
+    from shardio.reader import open_dataset
+
+    with open_dataset(dataset) as reader:
         classes = reader.manifest.classes
         index = 0
         for number, shard_info in enumerate(reader.manifest.shards):
@@ -127,34 +134,41 @@ def _entries(out: Path, limit: int | None) -> Iterator[dict[str, Any]]:
             for record, key in enumerate(shard.keys()):
                 if limit is not None and index >= limit:
                     return
-                framed = shard.frame(record)
                 entry: dict[str, Any] = {"index": index, "key": key, "shard": shard_info.name,
-                                         "bytes": len(framed)}
+                                         "bytes": len(shard.frame(record))}
                 if classes is not None:
-                    label = reader.decode(number, record, framed).get("label")
+                    label = read_label(reader, index)
                     entry["label"] = label
-                    entry["class"] = classes[label] if isinstance(label, int) else None
+                    entry["class"] = classes[label]
                 yield entry
                 index += 1
             reader.close_shard(number)
 
 
 @click.command(name="ls")
-@click.argument("out", type=DATASET)
+@click.argument("dataset", type=DATASET)
 @click.option("--limit", type=click.IntRange(min=0), default=None,
               help="List at most this many samples.")
 @click.option("--json", "as_json", is_flag=True,
-              help="One JSON object per line: index, key, shard, bytes (stored), label, class.")
-def ls(out: Path, limit: int | None, as_json: bool) -> None:
-    """List the samples of dataset OUT: stored size, label and key.
+              help="Print one JSON array of objects: index, key, shard, bytes (stored), "
+                   "and label and class on ImageFolder packs.")
+def ls(dataset: Path, limit: int | None, as_json: bool) -> None:
+    """List the samples of DATASET: stored size, label and key.
 
     Samples are listed in stored (shuffled) order; sizes are bytes as stored.
+    Labels are read without checking the images: `shardio verify` does that.
     """
     with dataset_errors():
-        for entry in _entries(out, limit):
-            if as_json:
-                click.echo(json.dumps(entry, ensure_ascii=False))
-            elif "label" in entry:
+        if as_json:
+            # one document, written as it is produced: a listing of millions stays streamed
+            separator = "["
+            for entry in _entries(dataset, limit):
+                click.echo(separator + json.dumps(entry, ensure_ascii=False), nl=False)
+                separator = ",\n"
+            click.echo("[]" if separator == "[" else "]")
+            return
+        for entry in _entries(dataset, limit):
+            if "label" in entry:
                 click.echo(f"{entry['bytes']:>10}  {entry['label']:>4} {entry['class']:<16} "
                            f"{entry['key']}")
             else:
@@ -162,6 +176,8 @@ def ls(out: Path, limit: int | None, as_json: bool) -> None:
 
 
 def _default_field(sample: dict[str, Any], *, labelled: bool) -> str:
+    from shardio.unpack import IMAGE_FIELD, RESERVED_FIELDS
+
     fields = [name for name in sample if name not in RESERVED_FIELDS]
     if labelled and IMAGE_FIELD in fields:
         return IMAGE_FIELD
@@ -169,25 +185,31 @@ def _default_field(sample: dict[str, Any], *, labelled: bool) -> str:
         return fields[0]
     raise click.ClickException(
         f"sample {sample['__key__']!r} has fields {', '.join(map(repr, fields))}; "
-        "name the one to print: shardio cat OUT KEY FIELD"
+        "name the one to print: shardio cat DATASET KEY FIELD"
     )
 
 
 @click.command()
-@click.argument("out", type=DATASET)
+@click.argument("dataset", type=DATASET)
 @click.argument("key")
 @click.argument("field", required=False)
-def cat(out: Path, key: str, field: str | None) -> None:
+def cat(dataset: Path, key: str, field: str | None) -> None:
     """Print the raw bytes of one field of sample KEY.
 
     FIELD defaults to "image" on ImageFolder packs and to the only field of
-    the sample otherwise. Redirect the output: shardio cat OUT KEY > file
+    the sample otherwise. Redirect the output: shardio cat DATASET KEY > file.
+    The key is found from the shards' key blocks; no other record is read.
     """
-    with dataset_errors(), open_dataset(out) as reader:
-        index = next((i for i, k in enumerate(reader.keys()) if k == key), None)
+    from shardio.catalog import find_key
+    from shardio.reader import open_dataset
+    from shardio.unpack import RESERVED_FIELDS, field_bytes
+
+    with dataset_errors(), open_dataset(dataset) as reader:
+        index = find_key(reader, key)
         if index is None:
             raise click.ClickException(
-                f"{out}: no sample has key {key!r}; list the keys with `shardio ls {out}`"
+                f"{dataset}: no sample has key {key!r}; list the keys with "
+                f"`shardio ls {dataset}`"
             )
         sample = reader.get(index)
         name = field if field is not None else _default_field(

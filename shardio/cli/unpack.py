@@ -19,12 +19,12 @@ from shardio.unpack import unpack
 
 
 @click.command(name="unpack")
-@click.argument("out", type=DATASET)
+@click.argument("out", type=DATASET, metavar="DATASET")
 @click.argument("dest", type=LocalPath("destination", file_okay=False))
 @click.option("--overwrite", is_flag=True, help="Replace files that already exist in DEST.")
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
 def unpack_command(out: Path, dest: Path, overwrite: bool, as_json: bool) -> None:
-    """Restore the files of dataset OUT into DEST, byte for byte.
+    """Restore the files of DATASET into DEST, byte for byte.
 
     ImageFolder packs become DEST/<class>/<image>; other packs one file per
     field. Keys that would land outside DEST are refused before anything is

@@ -16,35 +16,37 @@ from shardio.cli.inspect import DATASET, format_size
 from shardio.verify import VerifyReport, verify
 
 
-def _describe(report: VerifyReport, out: Path) -> str:
+def _describe(report: VerifyReport, dataset: Path) -> str:
     if not report.ok and report.num_shards == 0:
-        return f"{out}: not verified: its manifest cannot be read"
+        return f"{dataset}: not verified: its manifest cannot be read"
     checked = "shard checksums" if report.quick else f"{report.num_records:,} records"
-    where = f"{out}: {report.num_shards} shard(s), {checked}, {format_size(report.num_bytes)}"
+    where = f"{dataset}: {report.num_shards} shard(s), {checked}, {format_size(report.num_bytes)}"
     if report.ok:
         return f"{where} checked in {report.seconds:.2f} s: OK"
     return f"{where} checked in {report.seconds:.2f} s: {len(report.faults)} fault(s)"
 
 
 @click.command(name="verify")
-@click.argument("out", type=DATASET)
+@click.argument("dataset", type=DATASET)
 @click.option("--quick", is_flag=True,
               help="Check the manifest, shard sizes and shard checksums only; read no records.")
-@click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
-def verify_command(out: Path, quick: bool, as_json: bool) -> None:
-    """Check every shard and record of dataset OUT.
+@click.option("--json", "as_json", is_flag=True,
+              help="Print the report as one JSON object (ok, counts, faults), nothing else.")
+def verify_command(dataset: Path, quick: bool, as_json: bool) -> None:
+    """Check every shard and record of DATASET.
 
     Exits with status 1 and one line per fault (naming the shard file and the
-    record) when anything is wrong, 0 when the dataset is clean.
+    record) when anything is wrong, 0 when the dataset is clean; the same
+    with --json, whose report lists the faults.
     """
-    report = verify(out, quick=quick, progress=not as_json and sys.stderr.isatty())
+    report = verify(dataset, quick=quick, progress=not as_json and sys.stderr.isatty())
     if as_json:
         click.echo(json.dumps(report.to_json(), indent=1, ensure_ascii=False))
     else:
         for fault in report.faults:
             where = fault.shard if fault.record is None else f"{fault.shard} record {fault.record}"
             click.echo(f"FAULT {where}: {fault.message}", err=True)
-        click.echo(_describe(report, out))
+        click.echo(_describe(report, dataset))
     if not report.ok:
         sys.exit(1)
 
