@@ -43,6 +43,7 @@ if TYPE_CHECKING:
     from shardio.decode import pil_backend
     from shardio.pack import PackSummary, pack, pack_imagefolder
     from shardio.prefetch import DevicePrefetcher
+    from shardio.preview import preview
     from shardio.reader import DatasetReader, open_dataset
     from shardio.state import merge_states
     from shardio.unpack import unpack
@@ -66,6 +67,7 @@ _LAZY = {
     "loader": "shardio.dataloader",
     "DevicePrefetcher": "shardio.prefetch",
     "pil_backend": "shardio.decode",
+    "preview": "shardio.preview",
 }
 
 __all__ = [
@@ -101,6 +103,7 @@ __all__ = [
     "pack",
     "pack_imagefolder",
     "pil_backend",
+    "preview",
     "read_manifest",
     "unpack",
     "verify",

@@ -14,7 +14,7 @@ EXPECTED = {
     "ShardCorruptError", "ShardInfo", "ShardMissingError", "ShardWriter", "ShardioError",
     "StreamingDataset", "TruncatedShardError", "UnsafeKeyError", "UnsupportedVersionError",
     "WriteOptions", "__version__", "loader", "merge_states", "open_dataset", "pack",
-    "pack_imagefolder", "pil_backend", "read_manifest", "unpack", "verify",
+    "pack_imagefolder", "pil_backend", "preview", "read_manifest", "unpack", "verify",
 }
 
 

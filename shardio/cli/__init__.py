@@ -19,6 +19,8 @@ COMMANDS: Final[dict[str, tuple[str, str]]] = {
     "info": ("inspect", "Show what the manifest of DATASET says."),
     "ls": ("inspect", "List the samples of DATASET: stored size, label and key."),
     "cat": ("inspect", "Print the raw bytes of one field of sample KEY."),
+    "preview": ("preview", "Draw a contact sheet of random samples of DATASET with their "
+                           "labels."),
     "verify": ("verify", "Check every shard and record of DATASET."),
     "unpack": ("unpack", "Restore the files of DATASET into DEST, byte for byte."),
     "demo": ("demo", "Generate, pack, verify and stream a small demo dataset."),
