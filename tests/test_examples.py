@@ -6,9 +6,9 @@ Collected, one test each:
 * docstring examples of every module, class and function under ``shardio/``: doctest
   ``>>>`` lines, and literal blocks (``::``) introduced by ``Example::`` or starting
   with an import (diagrams such as the error tree are not code);
-* the ```` ```bash ```` blocks of README's "Pack" section, run line by line by bash, with
-  ``shardio`` meaning ``python -m shardio`` of this interpreter. (The other bash blocks
-  install packages; they are not run here.)
+* the ```` ```bash ```` blocks of README's "Pack" and "Look before you train" sections, run
+  line by line by bash, with ``shardio`` meaning ``python -m shardio`` of this interpreter.
+  (The other bash blocks install packages; they are not run here.)
 
 Each example runs in a fresh temporary directory prepared with what the examples
 name, and nothing else (``FIXTURE`` below is the whole list):
@@ -77,7 +77,8 @@ def _fenced(path: Path, kind: str, text: str | None = None) -> Iterator[Example]
 
 def _readme_pack_section() -> str:
     text = (REPO / "README.md").read_text(encoding="utf-8")
-    return text.split("\n## Pack\n", 1)[1].split("\n## ", 1)[0]
+    return "".join(text.split(f"\n## {title}\n", 1)[1].split("\n## ", 1)[0]
+                   for title in ("Pack", "Look before you train"))
 
 
 def _literal_blocks(doc: str) -> Iterator[tuple[str, str]]:
