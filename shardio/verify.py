@@ -112,8 +112,8 @@ def verify(
             num_records += checked
             faults.extend(record_faults)
             reader.close_shard(number)
-    if not quick and num_records == manifest.num_samples:
-        faults.extend(seen.manifest_faults(manifest, root))
+    if not quick and not faults and num_records == manifest.num_samples:
+        faults.extend(seen.manifest_faults(manifest, root))  # only where every record was seen
     return VerifyReport(
         ok=not faults,
         num_shards=len(manifest.shards),
