@@ -145,6 +145,9 @@ def test_errors_say_what_to_do(labelled: Path, generic: Path, tmp_path: Path) ->
         shardio.preview(labelled, tmp_path / "x.png", class_name="dog")
     with pytest.raises(ValueError, match="n must be at least 1"):
         shardio.preview(labelled, tmp_path / "x.png", n=0)
+    code, _out, err, _raw = invoke("preview", str(labelled), "-o", str(tmp_path / "x.nope"))
+    assert code == 2 and "cannot write this image format" in err
+    assert not (tmp_path / "x.nope").exists()
     code, _out, err, _raw = invoke("preview", str(tmp_path / "none"), "-o",
                                    str(tmp_path / "x.png"))
     assert code == 1 and "manifest.json" in err
