@@ -107,27 +107,28 @@ def progress_from_state(state: Mapping[str, Any]) -> Progress:
     )
 
 
-def check_same_order(state: Mapping[str, Any], seed: int, order: Mapping[str, Any]) -> None:
+def check_same_order(
+    state: Mapping[str, Any], seed: int, order: Mapping[str, Any], *, against: str = "this dataset"
+) -> None:
     """Refuse ``state`` unless it was saved with this ``seed`` and ``order_settings``.
 
     Raises:
-        ResumeError: names the setting that differs, what the state holds and what is expected.
+        ResumeError: names every setting that differs, what the state holds and
+            what ``against`` (the dataset, or the first state) has.
     """
-    if int(state.get("seed", seed)) != seed:
+    saved = {"seed": state.get("seed", seed), **(state.get("order") or {})}
+    # a state from before the order was recorded holds only its seed: that is all we can check
+    wanted = {"seed": seed, **(order if "order" in state else {})}
+    differ = [name for name, value in wanted.items() if saved.get(name) != value]
+    if differ:
         raise ResumeError(
-            f"state was saved with seed {state['seed']}, this dataset uses {seed}; "
-            "the resumed order would not match: open the dataset with the seed it was saved with"
+            "state was saved with "
+            + ", ".join(f"{name}={saved.get(name)!r}" for name in differ)
+            + f"; {against} has "
+            + ", ".join(f"{name}={wanted[name]!r}" for name in differ)
+            + ": the resumed order would not match. Open the dataset with the seed and "
+            "settings (shuffle, shuffle_buffer, block_size, drop_last) the state was saved with"
         )
-    saved = state.get("order")
-    if saved is None:  # a state from before the order was recorded: the seed is all we know
-        return
-    for name, value in order.items():
-        if saved.get(name) != value:
-            raise ResumeError(
-                f"state was saved with {name}={saved.get(name)!r}, this dataset has "
-                f"{name}={value!r}; the resumed order would not match: open the dataset with "
-                "the settings (shuffle, shuffle_buffer, block_size, drop_last) it was saved with"
-            )
 
 
 def merge_states(states: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
@@ -144,9 +145,10 @@ def merge_states(states: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     merged = dict(first)
     consumed: dict[str, list[int]] = {}
     for n, state in enumerate(states):
-        check_same_order(state, int(first.get("seed", 0)), first.get("order") or {})
-        if "order" in first and "order" not in state:
-            raise ResumeError(f"state {n} records no order settings, state 0 does")
+        if ("order" in state) != ("order" in first):
+            raise ResumeError(f"cannot merge: only one of states 0 and {n} records its order")
+        check_same_order(state, int(first.get("seed", 0)), first.get("order") or {},
+                         against="state 0")
         for name in ("epoch", "world_size", "num_workers", "prior"):
             if state.get(name) != first.get(name):
                 raise ResumeError(

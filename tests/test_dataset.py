@@ -343,3 +343,66 @@ def test_loader_breaking_early_moves_on_to_the_next_epoch(dataset_dir: Path) -> 
     state = reference.state_dict()
     resumed.load_state_dict(state)
     assert resumed.state_dict() == state
+
+
+@pytest.fixture(scope="module")
+def forty(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_dataset(tmp_path_factory.mktemp("forty") / "ds", "records", num=40)
+
+
+@pytest.mark.parametrize("num_workers", [2, 3])
+def test_every_batch_is_full_but_the_last(forty: Path, num_workers: int) -> None:
+    run = loader(StreamingDataset(forty, decode="raw"), batch_size=16, num_workers=num_workers)
+    assert [len(b) for b in run] == [16, 16, 8] and len(run) == 3
+    dropping = loader(StreamingDataset(forty, decode="raw"), batch_size=16,
+                      num_workers=num_workers, drop_last=True)
+    assert [len(b) for b in dropping] == [16, 16] and len(dropping) == 2
+    for drop_last, sizes in ((False, [16, 16, 8]), (True, [16, 16])):
+        ds = StreamingDataset(forty, batch_size=16)
+        plain = DataLoader(ds, batch_size=16, num_workers=num_workers, drop_last=drop_last)
+        got = [b["__index__"].tolist() for b in plain]
+        assert [len(b) for b in got] == sizes and len(plain) == len(sizes)
+        assert len({i for b in got for i in b}) == sum(sizes)
+
+
+def test_loader_follows_set_epoch(dataset_dir: Path) -> None:
+    def epoch(number: int) -> list[int]:
+        ds = StreamingDataset(dataset_dir, decode="raw", shuffle_buffer=64)
+        ds.set_epoch(number)
+        return [s["__index__"] for s in ds]
+
+    ds = StreamingDataset(dataset_dir, decode="raw", shuffle_buffer=64)
+    run = loader(ds, batch_size=50, num_workers=0)
+    assert [i for b in run for i in b.indices.tolist()] == epoch(0)
+    ds.set_epoch(5)
+    assert [i for b in run for i in b.indices.tolist()] == epoch(5)
+    assert run.epoch == 5
+    assert [i for b in run for i in b.indices.tolist()] == epoch(6)  # then it counts on
+    ds.set_epoch(6)  # the epoch just read, asked for again
+    assert [i for b in run for i in b.indices.tolist()] == epoch(6)
+
+
+def test_merge_states_refuses_states_of_other_runs(dataset_dir: Path) -> None:
+    def state(rank: int, **options: Any) -> dict[str, Any]:
+        ds = StreamingDataset(dataset_dir, decode="raw", rank=rank, world_size=2, **options)
+        return ds.state_dict()
+
+    assert merge_states([state(0), state(1)])["consumed"] == {"0": [0], "1": [0]}
+    for other, what in (
+        ({"seed": 1}, "seed=1; state 0 has seed=0"),
+        ({"shuffle": False}, "shuffle=False"),
+        ({"shuffle_buffer": 99, "block_size": 8}, "window=99"),
+        ({"block_size": 3}, "block_size=3"),
+    ):
+        with pytest.raises(ResumeError, match=what):
+            merge_states([state(0), state(1, **other)])
+    later = StreamingDataset(dataset_dir, decode="raw", rank=1, world_size=2)
+    later.set_epoch(1)
+    with pytest.raises(ResumeError, match="epoch=1"):
+        merge_states([state(0), later.state_dict()])
+    with pytest.raises(ResumeError, match="rank 0 appears twice"):
+        merge_states([state(0), {**state(0), "consumed": {"0": [5]}}])
+    with pytest.raises(ResumeError, match="window=99"):  # loading checks the order too
+        StreamingDataset(dataset_dir, shuffle_buffer=99, block_size=128).load_state_dict(
+            merge_states([state(0), state(1)])
+        )
