@@ -7,7 +7,9 @@ resumed pack to produce the same bytes (options, input listing, seed…). The
 journal is replaced atomically, so it is always either the old or the new
 state. This module owns the file and its checks; what the shard entries hold is
 up to the writer (``ShardWriter`` and ``shardio.pack`` each keep their own).
-It imports only ``errors`` and ``manifest`` from shardio.
+A pack to a remote store keeps the same journal as an object
+(``shardio.packtarget``), checked by ``parse_journal``. It imports only
+``errors`` and ``manifest`` from shardio.
 """
 
 from __future__ import annotations
@@ -68,12 +70,32 @@ def open_journal(out: Path, identity: Mapping[str, Any]) -> dict[str, Any] | Non
                 path=out,
             )
         return None
-    state: dict[str, Any] = json.loads(journal.read_text(encoding="utf-8"))
+    return parse_journal(journal.read_bytes(), identity, where=str(out))
+
+
+def parse_journal(data: bytes, identity: Mapping[str, Any], *, where: str) -> dict[str, Any]:
+    """The journal state in ``data``, checked to be a pack with ``identity``.
+
+    Args:
+        data: the journal file's bytes (from a folder or an object store).
+        identity: what the resuming pack would write; must equal the journal's.
+        where: the output folder or URL, named in errors.
+
+    Raises:
+        PackError: the journal is damaged, or was written for another identity.
+    """
+    try:
+        state = json.loads(data)
+    except (UnicodeDecodeError, ValueError) as exc:
+        state = exc
+    if not isinstance(state, dict):
+        raise PackError(f"{where}: the pack journal {JOURNAL_NAME} is damaged ({state!r}); "
+                        "use --overwrite to pack again", path=f"{where}/{JOURNAL_NAME}")
     if state.get("identity") != json.loads(json.dumps(dict(identity))):
         raise PackError(
-            f"{out}: the interrupted pack used other options or input "
+            f"{where}: the interrupted pack used other options or input "
             f"({state.get('identity')}); resume with the same options, or use --overwrite",
-            path=journal,
+            path=f"{where}/{JOURNAL_NAME}",
         )
     return state
 

@@ -10,8 +10,9 @@ process only journals each finished shard (``shardio.journal``), in whatever
 order they finish, under an identity covering the input listing and every
 option that shapes the output; ``resume=True`` reuses every journaled shard
 that is still intact and builds the rest, so an interrupted pack (even one
-killed with SIGKILL) ends exactly as an uninterrupted one would have. Nothing
-here imports torch.
+killed with SIGKILL) ends exactly as an uninterrupted one would have. The
+output is a folder or a URL (``shardio.packtarget``: shards staged locally,
+uploaded one by one, the manifest last). Nothing here imports torch.
 """
 
 from __future__ import annotations
@@ -23,21 +24,20 @@ import os
 import random
 import sys
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from shardio.errors import BadInputError, EmptySourceError, PackError
-from shardio.journal import JOURNAL_NAME, write_journal
-from shardio.location import local_path
-from shardio.manifest import write_manifest
+from shardio.errors import BadInputError, EmptySourceError, PackError, StorageError
+from shardio.location import is_url
 from shardio.packstate import journal_state, pack_manifest, resumable_shards
+from shardio.packtarget import LocalTarget, PackTarget, open_target
 from shardio.shardbuild import ShardFailure, ShardJob
 from shardio.shardplan import PLAN_VERSION, framed_bound, plan_shards
 from shardio.shardpool import build_shards, default_workers
 from shardio.source import IMAGEFOLDER_RULES, Bad, Source, dataset_source, scan_source
-from shardio.writer import WriteOptions, prepare_output
+from shardio.writer import WriteOptions
 
 
 @dataclass(frozen=True)
@@ -147,8 +147,9 @@ def pack(
     overwrite: bool = False,
     resume: bool = False,
     progress: bool | None = None,
+    storage_options: Mapping[str, Any] | None = None,
 ) -> PackSummary:
-    """Pack the folder ``src`` into a shardio dataset at ``out``.
+    """Pack the folder ``src`` into a shardio dataset at ``out``, a folder or a URL.
 
     Samples follow the naming rules of ``shardio.source.scan_source`` (generic
     folders) or ``imagefolder_order`` (ImageFolders, fields ``image`` and
@@ -159,9 +160,16 @@ def pack(
     than 64 such shards is cut into about 64 shards of at least 16 MB, so that
     every worker has whole shards to build.
 
+    An ``out`` URL (``s3://bucket/prefix``, ``gs://…``, any fsspec protocol
+    that can list) gets the same bytes as a local folder would: each shard is
+    built in a local staging folder, uploaded and deleted, the journal object
+    replaced after each upload, ``manifest.json`` uploaded last
+    (``shardio.packtarget``). Staging needs about ``num_workers`` shards of space.
+
     Args:
-        src: the folder to pack.
-        out: the dataset folder; must be empty or absent unless ``overwrite``/``resume``.
+        src: the folder to pack; a local path (a URL is refused).
+        out: the dataset folder or URL; must be empty or absent unless
+            ``overwrite``/``resume``.
         options: backend, codec, level and shard size limits.
         imagefolder: force ImageFolder (``True``) or generic (``False``); ``None`` detects it.
         seed: seed of the permutation.
@@ -175,23 +183,26 @@ def pack(
         overwrite: replace the dataset in ``out``.
         resume: finish an interrupted pack of the same input with the same options.
         progress: show a progress bar; ``None`` shows one when stderr is a terminal.
+        storage_options: for a URL ``out``, passed to its fsspec filesystem.
 
     Raises:
         BadInputError: an input cannot be packed (and not ``skip_bad``); names the file.
         EmptySourceError: nothing to pack.
         OutputExistsError: ``out`` holds other files and neither ``overwrite`` nor ``resume``.
-        StorageError: ``src`` or ``out`` is a URL (``s3://…``): remote datasets are not
-            supported yet.
+        StorageError: ``src`` is a URL, or ``out``'s store failed after retries.
+        PackError: another pack on this host is writing to the same ``out`` URL.
     """
     start = time.perf_counter()
-    _refuse_nested(local_path(src, role="source"), local_path(out, role="output"))
-    with _gc_paused():
+    root = _local_source(src)
+    with contextlib.closing(open_target(out, storage_options)) as target, _gc_paused():
+        if isinstance(target, LocalTarget):
+            _refuse_nested(root, target.staging)
         source = scan_source(src, imagefolder=imagefolder, include=include, exclude=exclude,
                              follow_symlinks=follow_symlinks)
         pack_options = {"imagefolder": source.classes is not None, "include": list(include),
                         "exclude": list(exclude), "follow_symlinks": follow_symlinks,
                         "check_images": check_images}
-        return _pack_source(source, out, options or WriteOptions(), pack_options, seed=seed,
+        return _pack_source(source, target, options or WriteOptions(), pack_options, seed=seed,
                             shuffle=shuffle, num_workers=num_workers, skip_bad=skip_bad,
                             overwrite=overwrite, resume=resume, progress=progress, start=start)
 
@@ -212,6 +223,7 @@ def pack_imagefolder(
     overwrite: bool = False,
     resume: bool = False,
     progress: bool | None = None,
+    storage_options: Mapping[str, Any] | None = None,
 ) -> PackSummary:
     """Pack an ImageFolder: a root folder, or a torchvision ``ImageFolder``/``DatasetFolder``.
 
@@ -224,19 +236,31 @@ def pack_imagefolder(
     common: dict[str, Any] = {
         "options": options, "seed": seed, "shuffle": shuffle, "num_workers": num_workers,
         "include": include, "exclude": exclude, "check_images": check_images,
-        "skip_bad": skip_bad, "overwrite": overwrite, "resume": resume, "progress": progress}
+        "skip_bad": skip_bad, "overwrite": overwrite, "resume": resume, "progress": progress,
+        "storage_options": storage_options}
     if isinstance(dataset_or_root, (str, os.PathLike)):
         return pack(dataset_or_root, out, imagefolder=True, follow_symlinks=follow_symlinks,
                     **common)
     start = time.perf_counter()
-    local_path(out, role="output")
-    with _gc_paused():
+    with contextlib.closing(open_target(out, storage_options)) as target, _gc_paused():
         source = dataset_source(dataset_or_root, include=include, exclude=exclude)
         pack_options = {"imagefolder": True, "include": list(include), "exclude": list(exclude),
                         "follow_symlinks": True, "check_images": check_images}
-        return _pack_source(source, out, options or WriteOptions(), pack_options, seed=seed,
+        return _pack_source(source, target, options or WriteOptions(), pack_options, seed=seed,
                             shuffle=shuffle, num_workers=num_workers, skip_bad=skip_bad,
                             overwrite=overwrite, resume=resume, progress=progress, start=start)
+
+
+def _local_source(src: str | os.PathLike[str]) -> Path:
+    """``src`` as a local folder; a URL is refused: pack reads local files (OUT may be a URL)."""
+    if is_url(src):
+        text = os.fspath(src)
+        raise StorageError(
+            f"{text}: the source is a URL; shardio pack reads SRC from a local folder (the "
+            "output OUT may be a URL such as s3://bucket/prefix). Copy the files to a local "
+            "folder first (for example with `aws s3 sync` or `gsutil rsync`) and pass its path",
+            path=text)
+    return Path(src)
 
 
 def _refuse_nested(src: Path, out: Path) -> None:
@@ -249,7 +273,7 @@ def _refuse_nested(src: Path, out: Path) -> None:
 
 
 def _pack_source(
-    source: Source, out: str | os.PathLike[str], options: WriteOptions,
+    source: Source, target: PackTarget, options: WriteOptions,
     pack_options: dict[str, Any], *, seed: int, shuffle: bool, num_workers: int | None,
     skip_bad: bool, overwrite: bool, resume: bool, progress: bool | None, start: float,
 ) -> PackSummary:
@@ -269,12 +293,12 @@ def _pack_source(
                        max_shard_samples=options.max_shard_samples)
     identity = {"write": asdict(options), "plan": PLAN_VERSION, "source": source.digest,
                 "seed": seed, "shuffle": shuffle, "pack": pack_options}
-    job = ShardJob(stream, plan, Path(out), options.backend, options.codec, options.level,
+    job = ShardJob(stream, plan, target.staging, options.backend, options.codec, options.level,
                    bool(pack_options["check_images"]), skip_bad, source.classes is not None)
-    prepare_output(job.out, overwrite=overwrite, resume=resume)
-    done = resumable_shards(job, identity) if resume else {}
+    target.prepare(overwrite=overwrite, resume=resume)
+    done = resumable_shards(job, identity, target) if resume else {}
     resumed = dict(done)
-    write_journal(job.out, journal_state(identity, done))
+    target.write_journal(journal_state(identity, done))
     todo = [n for n in range(len(plan)) if n not in done]
     files_upto = list(itertools.accumulate((len(s.paths) for s in stream), initial=0))
     bytes_upto = list(itertools.accumulate((s.num_bytes for s in stream), initial=0))
@@ -290,20 +314,22 @@ def _pack_source(
                         f"{result.path}: {result.reason}. Fix it and run the same command "
                         "with --resume, or add --skip-bad --resume to leave it out",
                         path=result.path)
+                if result.num_samples:  # a shard of only bad samples has no file
+                    target.publish(result.name)
                 done[result.number] = result
-                write_journal(job.out, journal_state(identity, done))
+                target.write_journal(journal_state(identity, done))
     finally:
         bar.close()
     left_out = [stream[i] for r in done.values() for i in r.left_out]
     input_bytes = bytes_upto[-1] - sum(s.num_bytes for s in left_out)
     manifest = pack_manifest(job, source, options, done, input_bytes=input_bytes, seed=seed,
                              shuffle=shuffle, pack_options={**pack_options, "skip_bad": skip_bad})
-    write_manifest(job.out, manifest)
-    (job.out / JOURNAL_NAME).unlink(missing_ok=True)
+    target.write_manifest(manifest)
+    target.finish()
     seconds = time.perf_counter() - start
     this_run = [plan[n] for n in todo]
     return PackSummary(
-        out=str(out), samples=manifest.num_samples,
+        out=target.url, samples=manifest.num_samples,
         files=files_upto[-1] - sum(len(s.paths) for s in left_out),
         shards=len(manifest.shards), input_bytes=input_bytes, output_bytes=manifest.num_bytes,
         ratio=manifest.num_bytes / max(input_bytes, 1), seconds=seconds,

@@ -2,10 +2,10 @@
 
 ``shardio.pack`` keeps one ``ShardResult`` per finished shard, keyed by its
 number in the plan; shards finish in any order. This module turns those results
-into the journal's state, reads them back (keeping only shards still intact on
-disk) and, once every shard is done, into the manifest: first indices counted
-in shard order, fields united in shard order, shards left empty by bad input
-omitted. It imports nothing that imports torch.
+into the journal's state, reads them back (keeping only shards still intact in
+the output, ``shardio.packtarget``) and, once every shard is done, into the
+manifest: first indices counted in shard order, fields united in shard order,
+shards left empty by bad input omitted. It imports nothing that imports torch.
 """
 
 from __future__ import annotations
@@ -16,8 +16,9 @@ from typing import Any
 
 from shardio.backends import shard_name
 from shardio.errors import EmptySourceError, PackError
-from shardio.journal import JOURNAL_NAME, open_journal, shard_is_intact
+from shardio.journal import JOURNAL_NAME
 from shardio.manifest import Manifest, ShardInfo, SkippedFile
+from shardio.packtarget import PackTarget
 from shardio.shardbuild import ShardJob, ShardResult
 from shardio.source import Bad, Source
 from shardio.version import __version__
@@ -29,23 +30,25 @@ def journal_state(identity: Mapping[str, Any], done: Mapping[int, ShardResult]) 
     return {"identity": identity, "shards": [asdict(done[n]) for n in sorted(done)]}
 
 
-def resumable_shards(job: ShardJob, identity: Mapping[str, Any]) -> dict[int, ShardResult]:
-    """The journaled shards of an interrupted pack that are still intact on disk."""
-    state = open_journal(job.out, identity)
+def resumable_shards(job: ShardJob, identity: Mapping[str, Any],
+                     target: PackTarget) -> dict[int, ShardResult]:
+    """The journaled shards of an interrupted pack that are still intact in ``target``."""
+    state = target.open_journal(identity)
     if state is None:
         return {}
     done: dict[int, ShardResult] = {}
+    journal = f"{target.url}/{JOURNAL_NAME}"
     try:
         entries = [ShardResult.from_json(entry) for entry in state["shards"]]
     except (KeyError, TypeError, ValueError) as exc:
-        raise PackError(f"{job.out / JOURNAL_NAME}: the pack journal is damaged ({exc!r}); "
-                        "use --overwrite to pack again", path=job.out / JOURNAL_NAME) from exc
+        raise PackError(f"{journal}: the pack journal is damaged ({exc!r}); "
+                        "use --overwrite to pack again", path=journal) from exc
     for result in entries:
         if not 0 <= result.number < len(job.plan) or result.name != shard_name(
                 job.backend, result.number):
             continue
-        if result.num_samples == 0 or shard_is_intact(job.out / result.name, result.num_bytes,
-                                                      result.checksum):
+        if result.num_samples == 0 or target.is_intact(result.name, result.num_bytes,
+                                                       result.checksum):
             done[result.number] = result
     return done
 

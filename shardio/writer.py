@@ -28,18 +28,18 @@ from shardio.backends import (
     shard_name,
 )
 from shardio.codecs import get_codec
-from shardio.errors import OutputExistsError, RecordEncodeError
+from shardio.errors import RecordEncodeError
 from shardio.journal import JOURNAL_NAME as JOURNAL_NAME  # where callers have always found it
-from shardio.journal import open_journal, shard_is_intact, write_journal
 from shardio.manifest import (
-    MANIFEST_NAME,
     Manifest,
     ShardInfo,
     SkippedFile,
     fsync_dir,
-    write_manifest,
 )
+from shardio.packtarget import PackTarget, open_target
+from shardio.packtarget import prepare_output as prepare_output  # where pack found it
 from shardio.record import INDEX_FIELD, KEY_FIELD, encode_record
+from shardio.storage import is_remote
 from shardio.version import __version__
 
 DEFAULT_MAX_SHARD_BYTES: Final = 256 * 1000 * 1000
@@ -94,48 +94,6 @@ def _check_labelled(sample: Mapping[str, Any], key: str, classes: Sequence[str])
         )
 
 
-def _is_shardio_file(name: str) -> bool:
-    return name in (
-        MANIFEST_NAME,
-        JOURNAL_NAME,
-        f".{MANIFEST_NAME}.tmp",
-        f"{JOURNAL_NAME}.tmp",
-    ) or (
-        name.startswith(("shard-", ".shard-"))
-        and name.endswith(
-            tuple(SHARD_SUFFIX.values())
-            + tuple(s + ".tmp" for s in SHARD_SUFFIX.values())
-            + tuple(s + "-lock" for s in SHARD_SUFFIX.values())
-        )
-    )
-
-
-def prepare_output(out: Path, *, overwrite: bool, resume: bool) -> None:
-    """Create ``out`` or check that it may be written; clear old shardio files on overwrite."""
-    out.mkdir(parents=True, exist_ok=True)
-    names = sorted(os.listdir(out))
-    if not names or resume:
-        return
-    if not overwrite:
-        raise OutputExistsError(
-            f"{out}: output folder is not empty ({len(names)} entries, e.g. {names[0]!r}); "
-            "choose an empty folder, pass --overwrite to replace a dataset, or --resume to "
-            "finish an interrupted pack",
-            path=out,
-        )
-    foreign = [n for n in names if not _is_shardio_file(n)]
-    if foreign:
-        raise OutputExistsError(
-            f"{out}: refusing to overwrite a folder that holds files shardio did not write "
-            f"(e.g. {foreign[0]!r}); choose another output folder",
-            path=out,
-        )
-    (out / MANIFEST_NAME).unlink(missing_ok=True)
-    fsync_dir(out)
-    for name in names:
-        (out / name).unlink(missing_ok=True)
-
-
 class ShardWriter:
     """Write samples into shards with a manifest; use as a context manager.
 
@@ -169,11 +127,15 @@ class ShardWriter:
         max_shard_bytes: int | None = None,
         backend: str | None = None,
         codec: str | None = None,
+        storage_options: Mapping[str, Any] | None = None,
     ) -> None:
         """Open ``out`` for writing.
 
         Args:
             out: dataset folder; created if absent, must be empty unless ``overwrite``.
+                A URL (``s3://bucket/prefix``…) works too: each shard is built in a
+                local staging folder and uploaded when it rolls, the manifest last
+                (``shardio.packtarget``); resuming one downloads its shards' keys.
             options: backend, codec and shard size limits; or give them as the
                 keywords below (the WebDataset / MosaicML habit), not both.
             classes: for labelled data, the class names; ``class_to_idx`` follows their order.
@@ -185,6 +147,7 @@ class ShardWriter:
             max_shard_bytes: roll to a new shard before it would pass this size.
             backend: ``"records"`` or ``"lmdb"``.
             codec: ``"zstd"`` or ``"none"``.
+            storage_options: for a URL ``out``, passed to its fsspec filesystem.
 
         Raises:
             TypeError: both ``options`` and one of the keywords above were given.
@@ -197,7 +160,7 @@ class ShardWriter:
                 f"ShardWriter got both options= and {', '.join(f'{k}=' for k in given)}; "
                 "pass the settings either as a WriteOptions or as keywords, not both"
             )
-        self.out = Path(out)
+        self.out: Path | str = os.fspath(out) if is_remote(out) else Path(out)
         self.options = options or WriteOptions(**given)
         self.classes = None if classes is None else tuple(classes)
         self._codec = get_codec(self.options.codec, self.options.level)
@@ -213,25 +176,30 @@ class ShardWriter:
         self._num_samples = 0
         self._closed = False
         self.info: dict[str, Any] = {}
-        prepare_output(self.out, overwrite=overwrite, resume=resume)
-        if resume:
-            self._load_journal()
+        self._target: PackTarget = open_target(out, storage_options)
+        try:
+            self._target.prepare(overwrite=overwrite, resume=resume)
+            if resume:
+                self._load_journal()
+        except BaseException:
+            self._target.close()
+            raise
         self.num_resumed = self._num_samples
 
     def _load_journal(self) -> None:
-        state = open_journal(self.out, self._identity)
+        state = self._target.open_journal(self._identity)
         if state is None:
             return
         for entry in state["shards"]:
             info = ShardInfo(**entry)
-            path = self.out / info.name
-            if not shard_is_intact(path, info.num_bytes, info.checksum):
+            if not self._target.is_intact(info.name, info.num_bytes, info.checksum):
                 break
-            reader = open_shard(self.options.backend, path)
-            try:
-                self._keys.update(reader.keys())
-            finally:
-                reader.close()
+            with self._target.local_copy(info.name) as path:
+                reader = open_shard(self.options.backend, path)
+                try:
+                    self._keys.update(reader.keys())
+                finally:
+                    reader.close()
             self._shards.append(info)
             self._num_samples += info.num_samples
         self._fields = dict.fromkeys(state.get("fields", []))
@@ -302,7 +270,7 @@ class ShardWriter:
             self._finish_shard()
         if self._current is None:
             name = shard_name(opts.backend, len(self._shards))
-            self._current_tmp = self.out / f".{name}.tmp"
+            self._current_tmp = self._target.staging / f".{name}.tmp"
             self._current = create_shard(opts.backend, self._current_tmp)
         self._current.append(key, framed)
         self._current_keys.append(key)
@@ -314,7 +282,7 @@ class ShardWriter:
         assert self._current is not None and self._current_tmp is not None
         size, checksum = self._current.finish()
         name = shard_name(self.options.backend, len(self._shards))
-        os.replace(self._current_tmp, self.out / name)
+        os.replace(self._current_tmp, self._target.staging / name)
         first = self._shards[-1].first_index + self._shards[-1].num_samples if self._shards else 0
         self._shards.append(ShardInfo(name, self._current_count, first, size, checksum,
                                       keys_crc32(self._current_keys)))
@@ -323,11 +291,12 @@ class ShardWriter:
         self._current_keys = []
         self._current_count = 0
         self._current_bytes = 0
-        fsync_dir(self.out)
+        fsync_dir(self._target.staging)
+        self._target.publish(name)
         self._write_journal()
 
     def _write_journal(self) -> None:
-        write_journal(self.out, {
+        self._target.write_journal({
             "identity": self._identity,
             "fields": list(self._fields),
             "shards": [asdict(s) for s in self._shards],
@@ -358,8 +327,9 @@ class ShardWriter:
             skipped=tuple(SkippedFile(str(p), str(r)) for p, r in info.get("skipped", ())),
             shardio_version=__version__,
         )
-        write_manifest(self.out, manifest)
-        (self.out / JOURNAL_NAME).unlink(missing_ok=True)
+        self._target.write_manifest(manifest)
+        self._target.finish()
+        self._target.close()
         self._closed = True
         return manifest
 
@@ -368,4 +338,5 @@ class ShardWriter:
         if self._current is not None:
             self._current.abort()
             self._current = None
+        self._target.close()
         self._closed = True

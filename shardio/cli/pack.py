@@ -3,7 +3,7 @@
 Flags mirror the keyword arguments of ``shardio.pack``; sizes such as
 ``256MB`` are parsed here. The command prints the summary (or, with
 ``--json``, the summary as JSON) and turns shardio errors into a one-line
-message and exit status 1.
+message and exit status 1. OUT may be a URL; SRC is a local folder.
 """
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ def format_summary(summary: PackSummary) -> str:
 
 @click.command("pack")
 @click.argument("src", type=LocalPath("source", file_okay=False))
-@click.argument("out", type=LocalPath("output", file_okay=False))
+@click.argument("out", type=click.Path(file_okay=False))  # a folder or a URL (s3://…)
 @click.option("--backend", type=click.Choice(BACKENDS), default="records", show_default=True,
               help="Shard file format.")
 @click.option("--codec", type=click.Choice(CODEC_NAMES), default="zstd", show_default=True,
@@ -76,7 +76,7 @@ def format_summary(summary: PackSummary) -> str:
               help="Show a progress bar [default: when stderr is a terminal].")
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
 def pack_command(
-    src: Path, out: Path, backend: str, codec: str, level: int, max_shard_bytes: int,
+    src: Path, out: str, backend: str, codec: str, level: int, max_shard_bytes: int,
     max_shard_samples: int | None, include: tuple[str, ...], exclude: tuple[str, ...],
     follow_symlinks: bool, seed: int, no_shuffle: bool, num_workers: int | None,
     imagefolder: bool | None, check_images: bool, skip_bad: bool, overwrite: bool,
@@ -84,9 +84,11 @@ def pack_command(
 ) -> None:
     """Pack the files under SRC into shuffled, checksummed shards in OUT.
 
-    An ImageFolder (SRC/<class>/**/<image>) becomes samples with fields
-    `image` and `label`; any other folder groups files sharing a name up to
-    the first dot into one sample (a/x.jpg + a/x.json -> key a/x).
+    OUT is a folder or a URL such as s3://bucket/prefix (shards are staged in
+    $TMPDIR, uploaded one by one, the manifest last). An ImageFolder
+    (SRC/<class>/**/<image>) becomes samples with fields `image` and `label`;
+    any other folder groups files sharing a name up to the first dot into one
+    sample (a/x.jpg + a/x.json -> key a/x).
     """
     try:
         options = WriteOptions(backend=backend, codec=codec, level=level,
