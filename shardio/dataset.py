@@ -11,33 +11,26 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any, Literal
 
 import torch
 from torch.utils.data import Dataset, IterableDataset, get_worker_info
 
 from shardio.errors import ResumeError
-from shardio.plan import (
-    IndexArray,
-    PlanConfig,
-    Progress,
-    Split,
-    batch_span,
-    interleave_batches,
-    same_split,
-    samples_per_rank,
-    stage_order,
-)
+from shardio.plan import PlanConfig, Split, batch_span, samples_per_rank
 from shardio.reader import DatasetReader
 from shardio.record import KEY_FIELD
-from shardio.state import (
-    SharedState,
+from shardio.resume import (
+    Stage,
     check_same_order,
     order_settings,
+    plan_stage,
+    position_after_batches,
     progress_from_state,
     progress_to_state,
+    rank_state,
 )
+from shardio.state import SharedState
 from shardio.stream import iter_samples
 
 Decode = Literal["auto", "raw", "pil", "tensor"]
@@ -121,26 +114,6 @@ def resolve_decode(decode: str, labelled: bool, path: str) -> str:
             "this dataset has none: use decode='raw' and decode fields in a transform"
         )
     return decode
-
-
-@dataclass(frozen=True)
-class Stage:
-    """What one (rank, worker) reads of the current epoch, and where it starts.
-
-    ``order`` is this worker's part of the epoch (of a resumed epoch: of the
-    stage planned after the resume point); ``skip`` of its samples were already
-    consumed. By batches, ``order`` holds this worker's batches of the rank's
-    order from rank position ``offset`` on, ``count`` positions long in all.
-    """
-
-    epoch: int
-    generation: int
-    order: IndexArray
-    skip: int
-    offset: int
-    count: int
-    base: dict[str, Any] | None
-    """The resume state this stage was planned from (None: a fresh epoch)."""
 
 
 class StreamingDataset(IterableDataset[Any]):
@@ -311,34 +284,10 @@ class StreamingDataset(IterableDataset[Any]):
 
     def plan_stage(self, split: Split | None = None) -> Stage:
         """What the given (default: current) split reads next, and where it starts."""
-        split = split or self._current_split()
-        current = self._shared.read()
-        epoch, base = int(current["epoch"]), current.get("resume")
-        local = self._worker_state
-        here = [split.rank, split.world_size, split.worker, split.num_workers]
-        own = local is not None and local.get("epoch") == epoch and local.get("split") == here
-        if own and local is not None and "base" in local:
-            base = local["base"]  # a worker's position counts within the stage it read
-        by_batches = self.batch_size is not None
-        unit = Split(split.rank, split.world_size) if by_batches else split
-        start, prior = 0, None
-        if base is not None and int(base["epoch"]) == epoch:
-            progress = progress_from_state(base)
-            if same_split(progress, unit) and split.rank in progress.consumed:
-                start, prior = progress.consumed[split.rank][unit.worker], progress.prior
-            else:
-                prior = progress
-        full = stage_order(self.config, epoch, unit, prior)
-        if self.batch_size is not None:
-            order = interleave_batches(
-                full[start:], self.batch_size, split.worker, split.num_workers
-            )
-            skip, offset = 0, start
-        else:
-            order, skip, offset = full, start, 0
-        if own and local is not None:
-            skip = int(local["position"])
-        return Stage(epoch, int(current["generation"]), order, skip, offset, len(full), base)
+        return plan_stage(
+            self.config, self.batch_size, self._shared.read(), self._worker_state,
+            split or self._current_split(),
+        )
 
     def __iter__(self) -> Iterator[Any]:
         split = self._current_split()
@@ -438,26 +387,11 @@ class StreamingDataset(IterableDataset[Any]):
             if stage is not None and self._stage_in_main and stage.generation == generation:
                 return self.progress_state(stage.epoch, 1, [stage.offset + self._position])
             return self.start_state()
-        size = self.batch_size
-        if size is not None and batch_size not in (None, size):
-            raise ResumeError(
-                f"{self.path}: batch_size={batch_size} but the dataset splits work in batches "
-                f"of {size}: give the DataLoader and StreamingDataset the same batch_size"
-            )
-        size = size or batch_size
-        if size is None:
-            raise ResumeError("pass batch_size= (the DataLoader's) together with num_batches")
-        used = max(workers, num_workers or 0)
-        if self.batch_size is None and used > 1:
-            raise ResumeError(
-                f"{self.path}: a plain DataLoader with {used} workers takes their batches in "
-                "turn and restarts at worker 0 when resumed, so num_batches cannot fix each "
-                f"worker's position: build the dataset with StreamingDataset(..., "
-                f"batch_size={size}) (workers then take whole batches in turn and any resume "
-                "is exact), or use shardio.loader or torchdata's StatefulDataLoader"
-            )
         stage = self.plan_stage(Split(self.rank, self.world_size))
-        position = min(stage.offset + stage.skip + num_batches * size, stage.count)
+        position = position_after_batches(
+            stage, num_batches, loader_batch_size=batch_size, dataset_batch_size=self.batch_size,
+            workers=max(workers, num_workers or 0), path=self.path,
+        )
         return self.progress_state(stage.epoch, 1, [position])
 
     def start_state(self) -> dict[str, Any]:
@@ -474,28 +408,10 @@ class StreamingDataset(IterableDataset[Any]):
         epoch (samples skipped by an exact resume included); by batches, and
         with one worker, it is the position in the rank's order.
         """
-        rank, world_size = self.rank, self.world_size
-        prior = None
-        resume = self._shared.read().get("resume")
-        if resume is not None:
-            progress = progress_from_state(resume)
-            if progress.epoch == epoch:
-                split = Split(rank, world_size, 0, num_workers)
-                exact = same_split(progress, split) and rank in progress.consumed
-                prior = progress.prior if exact else progress
-        progress = Progress(
-            epoch=epoch,
-            world_size=world_size,
-            num_workers=num_workers,
-            consumed={rank: tuple(int(c) for c in consumed)},
-            prior=prior,
+        return rank_state(
+            self.config, self._shared.read().get("resume"), epoch=epoch,
+            split=Split(self.rank, self.world_size, 0, num_workers), consumed=consumed,
         )
-        return {
-            "shardio": 1,
-            "seed": self.config.seed,
-            "order": order_settings(self.config),
-            **progress_to_state(progress),
-        }
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Resume from ``state_dict()``: the next iteration yields the rest of that epoch.

@@ -1,26 +1,20 @@
-"""Resumable reader state: the shared epoch/resume cell and the state-dict format.
+"""The epoch cell shared with persistent DataLoader workers. Imports torch (for shared memory).
 
-A ``state_dict`` is plain msgpack/JSON-friendly data (``progress_to_state``):
-``{"shardio": 1, "seed", "order", "epoch", "world_size", "num_workers",
-"consumed": {rank: [samples per worker]}, "prior"}``, where ``order`` holds the
-settings besides the seed that fix an epoch's order (``order_settings``) and
-``prior`` is the state an epoch was itself resumed from under another split
-(see ``shardio.plan``). ``SharedState`` carries the epoch and a pending resume
-from the main process to persistent DataLoader workers, and tells the main
-process whether workers have read the current epoch. Imports torch (for shared
-memory).
+The state-dict format and everything computed from it is torch-free, in
+``shardio.resume``; ``merge_states`` is kept importable from here.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import Any
 
 import msgpack
 import torch
 
-from shardio.errors import ResumeError
-from shardio.plan import PlanConfig, Progress
+from shardio.resume import merge_states
+
+__all__ = ["SharedState", "merge_states"]
 
 
 class SharedState:
@@ -71,97 +65,3 @@ class SharedState:
         if int(self._workers[0]) != generation:
             return 0
         return int(self._workers[1])
-
-
-def order_settings(config: PlanConfig) -> dict[str, Any]:
-    """What besides the seed and epoch fixes the order: two states must agree on it."""
-    return {
-        "num_samples": config.num_samples,
-        "shuffle": config.shuffle,
-        "block_size": config.block_size,
-        "window": config.window,
-        "drop_last": config.drop_last,
-    }
-
-
-def progress_to_state(progress: Progress) -> dict[str, Any]:
-    """A ``Progress`` as plain msgpack/JSON-friendly data."""
-    return {
-        "epoch": progress.epoch,
-        "world_size": progress.world_size,
-        "num_workers": progress.num_workers,
-        "consumed": {str(r): list(c) for r, c in progress.consumed.items()},
-        "prior": None if progress.prior is None else progress_to_state(progress.prior),
-    }
-
-
-def progress_from_state(state: Mapping[str, Any]) -> Progress:
-    """Inverse of ``progress_to_state``."""
-    prior = state.get("prior")
-    return Progress(
-        epoch=int(state["epoch"]),
-        world_size=int(state["world_size"]),
-        num_workers=int(state["num_workers"]),
-        consumed={int(r): tuple(int(x) for x in c) for r, c in state["consumed"].items()},
-        prior=None if prior is None else progress_from_state(prior),
-    )
-
-
-def check_same_order(
-    state: Mapping[str, Any], seed: int, order: Mapping[str, Any], *, against: str = "this dataset"
-) -> None:
-    """Refuse ``state`` unless it was saved with this ``seed`` and ``order_settings``.
-
-    Raises:
-        ResumeError: names every setting that differs, what the state holds and
-            what ``against`` (the dataset, or the first state) has.
-    """
-    saved = {"seed": state.get("seed", seed), **(state.get("order") or {})}
-    # a state from before the order was recorded holds only its seed: that is all we can check
-    wanted = {"seed": seed, **(order if "order" in state else {})}
-    differ = [name for name, value in wanted.items() if saved.get(name) != value]
-    if differ:
-        raise ResumeError(
-            "state was saved with "
-            + ", ".join(f"{name}={saved.get(name)!r}" for name in differ)
-            + f"; {against} has "
-            + ", ".join(f"{name}={wanted[name]!r}" for name in differ)
-            + ": the resumed order would not match. Open the dataset with the seed and "
-            "settings (shuffle, shuffle_buffer, block_size, drop_last) the state was saved with"
-        )
-
-
-def merge_states(states: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
-    """Merge the per-rank ``state_dict()`` of every rank, to resume under another world size.
-
-    Raises:
-        ResumeError: the states disagree on seed, order settings, epoch, world
-            size, worker count or the state their epoch was resumed from, or
-            give one rank two different positions.
-    """
-    if not states:
-        raise ResumeError("no states to merge: pass the state_dict() of every rank")
-    first = states[0]
-    merged = dict(first)
-    consumed: dict[str, list[int]] = {}
-    for n, state in enumerate(states):
-        if ("order" in state) != ("order" in first):
-            raise ResumeError(f"cannot merge: only one of states 0 and {n} records its order")
-        check_same_order(state, int(first.get("seed", 0)), first.get("order") or {},
-                         against="state 0")
-        for name in ("epoch", "world_size", "num_workers", "prior"):
-            if state.get(name) != first.get(name):
-                raise ResumeError(
-                    f"cannot merge: state {n} has {name}={state.get(name)!r}, state 0 has "
-                    f"{first.get(name)!r}; merge the states every rank saved at the same step "
-                    "of the same run"
-                )
-        for rank, counts in state["consumed"].items():
-            if consumed.get(rank, counts) != counts:
-                raise ResumeError(
-                    f"cannot merge: rank {rank} appears twice with positions "
-                    f"{consumed[rank]} and {counts}"
-                )
-            consumed[rank] = list(counts)
-    merged["consumed"] = consumed
-    return merged
