@@ -20,7 +20,8 @@ pip=("$env/bin/python" -m pip install -q -c "$here/constraints.txt")
 "${pip[@]}" --upgrade pip
 "${pip[@]}" torch==2.13.0
 "${pip[@]}" -e "$repo" psutil lmdb webdataset
-"${pip[@]}" -r "$here/requirements-peers.txt"
+# shardio[remote] (fsspec, s3fs) resolved together with boto3, so botocore suits both
+"${pip[@]}" -r "$here/requirements-peers.txt" -e "$repo[remote]"
 "${pip[@]}" --no-deps mosaicml-streaming litdata
 
 "$env/bin/python" - <<'PY'
