@@ -153,16 +153,20 @@ def pack_footer(index_offset: int, keys_offset: int, num_records: int, index_crc
     )
 
 
-def unpack_footer(buf: bytes | memoryview, *, path: str) -> Footer:
-    """Parse and sanity-check the footer from the last ``FOOTER_SIZE`` bytes of a shard."""
-    size = len(buf)
-    if size < HEADER_SIZE + FOOTER_SIZE:
+def unpack_footer(buf: bytes | memoryview, *, path: str, size: int | None = None) -> Footer:
+    """Parse and sanity-check the footer from the last ``FOOTER_SIZE`` bytes of a shard.
+
+    ``buf`` is the whole shard, or only its last bytes when ``size`` (the whole
+    file's) is given: a remote reader fetches the tail alone.
+    """
+    size = len(buf) if size is None else size
+    if size < HEADER_SIZE + FOOTER_SIZE or len(buf) < FOOTER_SIZE:
         raise TruncatedShardError(
             f"{path}: {size} bytes is too short for a shard; it is truncated, re-pack it",
             path=path,
         )
     index_offset, keys_offset, num_records, index_crc, version, magic = FOOTER.unpack_from(
-        buf, size - FOOTER_SIZE
+        buf, len(buf) - FOOTER_SIZE
     )
     if magic != SHARD_MAGIC:
         raise TruncatedShardError(

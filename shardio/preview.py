@@ -91,7 +91,7 @@ class Sheet:
     """One message per image field that could not be decoded (drawn as a placeholder)."""
 
 
-def _class_error(root: Path, classes: tuple[str, ...] | None, class_name: str) -> ValueError:
+def _class_error(root: Path | str, classes: tuple[str, ...] | None, class_name: str) -> ValueError:
     if classes is None:
         return ValueError(
             f"{root}: cannot choose class {class_name!r}: this is a generic pack, which has no "

@@ -4,7 +4,9 @@
 checks each against the manifest's size when it opens; record checksums are
 checked as records are read. It is the one place where manifest, backend and
 record codec meet, and everything above it (the torch datasets, the CLI)
-reads through it.
+reads through it. A dataset given as a URL is read through
+``shardio.shardsource`` (a store and the node cache); a local one is opened
+here in place, exactly as before.
 """
 
 from __future__ import annotations
@@ -12,15 +14,17 @@ from __future__ import annotations
 import bisect
 import os
 import weakref
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from types import TracebackType
 from typing import Any
 
 from shardio.backends import ShardFileReader, keys_crc32, open_shard
 from shardio.errors import ShardCorruptError, ShardMissingError, TruncatedShardError
-from shardio.manifest import Manifest, ShardInfo, read_manifest
+from shardio.manifest import Manifest, ShardInfo
 from shardio.record import INDEX_FIELD, decode_record
+from shardio.shardsource import ShardSource
+from shardio.storage.options import RemoteOptions
 
 _LIVE: weakref.WeakSet[DatasetReader] = weakref.WeakSet()
 """Every reader of this process, so that a forked child can let go of their open shards."""
@@ -46,16 +50,25 @@ if hasattr(os, "register_at_fork"):
 class DatasetReader:
     """Random and sequential access to the samples of one dataset directory."""
 
-    def __init__(self, path: str | os.PathLike[str], *, verify: bool = True) -> None:
+    def __init__(self, path: str | os.PathLike[str], *, verify: bool = True,
+                 remote: RemoteOptions | None = None, num_processes: int = 1) -> None:
         """Read the manifest of ``path``; shards are opened on first use.
 
         Args:
-            path: dataset folder (or its manifest.json).
+            path: dataset folder (or its manifest.json), or a URL (``s3://bucket/train``,
+                ``https://host/train``, any fsspec protocol).
             verify: check each record's CRC-32 as it is read.
+            remote: how a URL is reached and cached (``RemoteOptions``); ignored for
+                local paths, which are read in place.
+            num_processes: processes of this node reading the dataset at once (DataLoader
+                workers), for the check that the cache budget holds their ranges in flight.
         """
-        self.manifest: Manifest = read_manifest(path)
-        p = Path(path)
-        self.root = p.parent if p.is_file() else p
+        self._source = ShardSource(path, remote=remote, num_processes=num_processes)
+        self.manifest: Manifest = self._source.manifest
+        self.root: Path | str = self._source.root
+        """The dataset folder, or its URL (a str) when remote."""
+        self.remote: RemoteOptions | None = self._source.options
+        """The resolved ``RemoteOptions`` of a remote dataset (its budget fixed); None if local."""
         self.verify = verify
         self._firsts = [s.first_index for s in self.manifest.shards]
         self._open: dict[int, ShardFileReader] = {}
@@ -80,6 +93,18 @@ class DatasetReader:
         self._open = {}
         _LIVE.add(self)
 
+    def reopened(self, *, num_processes: int | None = None) -> DatasetReader:
+        """A reader of the same dataset and manifest (read again: never) with nothing open."""
+        clone: DatasetReader = object.__new__(DatasetReader)
+        clone.__setstate__(self.__getstate__())
+        clone._source = self._source.fresh(num_processes=num_processes)
+        return clone
+
+    @property
+    def is_remote(self) -> bool:
+        """Whether the dataset is read from a URL (through the node cache)."""
+        return self._source.is_remote
+
     def __enter__(self) -> DatasetReader:
         return self
 
@@ -91,9 +116,20 @@ class DatasetReader:
     ) -> None:
         self.close()
 
-    def shard_path(self, shard: int) -> Path:
-        """File path of shard number ``shard``."""
+    def shard_path(self, shard: int) -> Path | str:
+        """File path of shard number ``shard`` (its URL when the dataset is remote)."""
+        if isinstance(self.root, str):
+            return self._source.shard_url(shard)
         return self.root / self.manifest.shards[shard].name
+
+    def shard_file(self, shard: int) -> Path:
+        """A local file holding shard ``shard`` whole (``verify``): the file itself, or a
+        checked copy in the node cache, held until ``close_shard``."""
+        return self._source.shard_file(shard)
+
+    def prefetch(self, shards: Iterable[int]) -> None:
+        """Start opening ``shards`` in the background where an open is a round trip (remote)."""
+        self._source.prefetch(s for s in shards if s not in self._open)
 
     def shard(self, shard: int) -> ShardFileReader:
         """The open reader of shard number ``shard``, opening and checking it once."""
@@ -106,21 +142,24 @@ class DatasetReader:
     def _open_checked(self, shard: int) -> ShardFileReader:
         info: ShardInfo = self.manifest.shards[shard]
         path = self.shard_path(shard)
-        try:
-            size = path.stat().st_size
-        except FileNotFoundError as exc:
-            raise ShardMissingError(
-                f"{path}: shard {info.name} named by {self.root / 'manifest.json'} is missing; "
-                "restore the file or re-pack the dataset",
-                path=path,
-            ) from exc
-        if size != info.num_bytes:
-            raise TruncatedShardError(
-                f"{path}: shard is {size} bytes but the manifest says {info.num_bytes}; it was "
-                "truncated or replaced: restore it from a copy or re-pack",
-                path=path,
-            )
-        reader = open_shard(self.manifest.backend, path)
+        if isinstance(path, str):  # remote: the source checks size and footer as it fetches
+            reader = self._source.open_shard(shard)
+        else:
+            try:
+                size = path.stat().st_size
+            except FileNotFoundError as exc:
+                raise ShardMissingError(
+                    f"{path}: shard {info.name} named by {path.parent / 'manifest.json'} is "
+                    "missing; restore the file or re-pack the dataset",
+                    path=path,
+                ) from exc
+            if size != info.num_bytes:
+                raise TruncatedShardError(
+                    f"{path}: shard is {size} bytes but the manifest says {info.num_bytes}; it "
+                    "was truncated or replaced: restore it from a copy or re-pack",
+                    path=path,
+                )
+            reader = open_shard(self.manifest.backend, path)
         try:
             if reader.num_records != info.num_samples:
                 raise TruncatedShardError(
@@ -143,15 +182,17 @@ class DatasetReader:
         return reader
 
     def close_shard(self, shard: int) -> None:
-        """Release one shard's file (its map and descriptor)."""
+        """Release one shard's file (its map and descriptor, or its cache entries)."""
         reader = self._open.pop(shard, None)
         if reader is not None:
             reader.close()
+        self._source.release(shard)
 
     def close(self) -> None:
-        """Release every open shard."""
+        """Release every open shard (and a remote dataset's downloads ahead and threads)."""
         for shard in list(self._open):
             self.close_shard(shard)
+        self._source.close()
 
     def locate(self, index: int) -> tuple[int, int]:
         """``(shard number, record in shard)`` of global sample ``index``."""
@@ -198,10 +239,13 @@ class DatasetReader:
 
     def keys(self) -> Iterator[str]:
         """Every sample key in stored order, from the shards' key blocks (no record reads)."""
+        self.prefetch(range(len(self.manifest.shards)))
         for shard in range(len(self.manifest.shards)):
             yield from self.shard(shard).keys()
 
 
-def open_dataset(path: str | os.PathLike[str], *, verify: bool = True) -> DatasetReader:
-    """Open the dataset at ``path`` for reading (see ``DatasetReader``)."""
-    return DatasetReader(path, verify=verify)
+def open_dataset(
+    path: str | os.PathLike[str], *, verify: bool = True, remote: RemoteOptions | None = None
+) -> DatasetReader:
+    """Open the dataset at ``path``, a folder or a URL, for reading (see ``DatasetReader``)."""
+    return DatasetReader(path, verify=verify, remote=remote)

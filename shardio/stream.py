@@ -5,14 +5,17 @@ turns that into I/O. For each shuffle window it sorts the window's samples and
 cuts them into *runs*: consecutive records of one shard, at most ``max_run``
 long (a block, mostly). A run is read with one sequential read and decoded in
 one tight loop the first time one of its samples is due, so the first sample
-arrives after one run, not one window; the kernel is asked to read ahead the
-window's runs and the next window's. Memory is at most one window of records;
-no syscall is made per sample. Torch-free.
+arrives after one run, not one window; the reader is told the window's runs
+and the next window's ahead, in the order they will be read (the kernel reads
+a local shard ahead; a remote reader keeps a few ranges downloading in that
+order). Memory is at most one window of records; no syscall is made per
+sample. Torch-free.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -65,25 +68,47 @@ def iter_samples(
     starts = list(range(skip - skip % window, len(order), window))
     if not starts:
         return
-    unique = np.unique(order[starts[0] : starts[0] + window])
-    runs = window_runs(unique, firsts, max_run)
-    advise(reader, runs)
+    current = _plan_window(order, starts[0], max(starts[0], skip), window, firsts, max_run)
+    advise(reader, current.due)
     for w_lo in starts:
-        next_unique = np.unique(order[w_lo + window : w_lo + 2 * window])
-        upcoming = window_runs(next_unique, firsts, max_run)
-        advise(reader, upcoming)
+        upcoming = _plan_window(order, w_lo + window, w_lo + window, window, firsts, max_run)
+        advise(reader, upcoming.due)
+        runs, ranks = current.runs, current.ranks
         lengths = [stop - start for _shard, start, stop in runs]
         run_of = np.repeat(np.arange(len(runs)), lengths).tolist()
         run_base = np.concatenate(([0], np.cumsum(lengths)[:-1])).tolist() if runs else []
         decoded: list[list[dict[str, Any]] | None] = [None] * len(runs)
-        ranks = np.searchsorted(unique, order[max(w_lo, skip) : w_lo + window])
         for rank in ranks.tolist():
             r = run_of[rank]
             samples = decoded[r]
             if samples is None:
                 samples = decoded[r] = read_run(reader, runs[r], firsts, zero_copy)
             yield samples[rank - run_base[r]]
-        unique, runs = next_unique, upcoming
+        current = upcoming
+
+
+@dataclass(frozen=True)
+class _Window:
+    """One window's runs, the rank in its sorted samples of each sample to yield, and the
+    runs in the order they will be read (when their first sample is due)."""
+
+    runs: list[Run]
+    ranks: IndexArray
+    due: list[Run]
+
+
+def _plan_window(order: IndexArray, w_lo: int, first: int, window: int, firsts: IndexArray,
+                 max_run: int) -> _Window:
+    """The window of ``order`` starting at ``w_lo``, yielded from position ``first`` on."""
+    unique = np.unique(order[w_lo : w_lo + window])
+    runs = window_runs(unique, firsts, max_run)
+    ranks = np.searchsorted(unique, order[first : w_lo + window])
+    if not runs or len(ranks) == 0:
+        return _Window(runs, ranks, [])
+    lengths = [stop - start for _shard, start, stop in runs]
+    run_of = np.repeat(np.arange(len(runs)), lengths)[ranks]
+    _values, first_due = np.unique(run_of, return_index=True)
+    return _Window(runs, ranks, [runs[r] for r in run_of[np.sort(first_due)].tolist()])
 
 
 def read_run(
@@ -105,6 +130,7 @@ def read_run(
 
 
 def advise(reader: DatasetReader, runs: list[Run]) -> None:
-    """Start the kernel reading ``runs`` while earlier samples are decoded and used."""
+    """Start reading ``runs`` (in this order) while earlier samples are decoded and used."""
+    reader.prefetch(dict.fromkeys(shard for shard, _start, _stop in runs))
     for shard, start, stop in runs:
         reader.shard(shard).will_need(start, stop)

@@ -1,0 +1,241 @@
+"""The ``records`` backend read from a remote store: the tail once, records by ranges.
+
+Opening a remote ``.rec`` shard costs one ranged GET of its tail (footer,
+offset index and key block; a second GET only when they are longer than the
+first guess), through the node cache, so a node fetches it once; the footer
+and the CRC-32 over index and keys are checked exactly as the local reader
+checks them. Records are fetched as *ranges* of consecutive records cut from
+the offset index (``partition``): about ``range_bytes`` each, the same cut in
+every process, so each range is one cache entry and is downloaded once per
+node. A range's check is its records' frame CRCs (and, for the first range,
+the shard header); a range that fails it is downloaded once more, then the
+``ChecksumError`` stands. ``will_need`` adds ranges to the process's
+``ReadAhead`` queue in the order the stream will read them, so a few download
+while earlier ones are decoded; ``read_frames`` copies a run's records out of
+its range and releases the range at once, so memory and cache holdings stay
+bounded. Messages name the shard's URL. Imports ``format``, ``backends`` and
+``storage``; no fsspec, no torch.
+"""
+
+from __future__ import annotations
+
+import zlib
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+
+import msgpack
+import numpy as np
+import numpy.typing as npt
+
+from shardio.errors import ChecksumError, ShardCorruptError
+from shardio.format import FOOTER_SIZE, HEADER_SIZE, check_header, unframe, unpack_footer
+from shardio.storage.cachedrange import CachedRange
+from shardio.storage.fetch import RangeRequest
+from shardio.storage.readahead import ReadAhead
+
+TAIL_GUESS_KEY_BYTES = 64
+"""Key block bytes per record the first tail GET allows for (paths of ~60 characters)."""
+MIN_TAIL_BYTES = 64 << 10
+
+
+def partition(offsets: npt.NDArray[np.uint64], range_bytes: int) -> list[int]:
+    """Record boundaries ``[0, …, n]`` cutting a shard into ranges of about ``range_bytes``.
+
+    The record area is split into ``ceil(total / range_bytes)`` equal parts,
+    each cut at the last record boundary before its end; a part may exceed
+    ``range_bytes`` by less than one record, and a record larger than it is a
+    range of its own. A pure function of the index, so every process cuts alike.
+    """
+    n = len(offsets) - 1
+    if n <= 0:
+        return [0, 0]
+    base, total = int(offsets[0]), int(offsets[-1]) - int(offsets[0])
+    parts = max(1, -(-total // range_bytes))
+    targets = base + (np.arange(1, parts, dtype=np.float64) * total) / parts
+    cuts = np.searchsorted(offsets.astype(np.float64), targets, side="right") - 1
+    return sorted({0, n, *(int(c) for c in cuts if 0 < c < n)})
+
+
+def tail_guess(size: int, num_records: int) -> int:
+    """Bytes at the end of a shard the first GET asks for: footer, index and keys, usually."""
+    want = FOOTER_SIZE + 8 * (num_records + 1) + TAIL_GUESS_KEY_BYTES * num_records
+    return min(size, max(MIN_TAIL_BYTES, want))
+
+
+@dataclass(frozen=True)
+class ShardTail:
+    """What a reader needs of a shard before reading records: its index and key block."""
+
+    offsets: npt.NDArray[np.uint64]
+    key_block: bytes
+
+
+def read_tail(fetch: Callable[[RangeRequest], bytes], name: str, *, url: str, size: int,
+              num_records: int) -> ShardTail:
+    """Fetch and check the footer, index and key block of remote shard ``name`` of ``size`` bytes.
+
+    ``fetch`` reads one range through the node cache (thread-safe: tails of
+    several shards are fetched at once). ``num_records`` (the manifest's)
+    only sizes the first GET.
+
+    Raises:
+        ShardCorruptError: bad footer or index; ``ChecksumError`` when index and key block
+            fail their CRC-32 (the local reader's check).
+        StorageError, FileNotFoundError: the store could not deliver.
+    """
+    guess = tail_guess(size, num_records)
+
+    def check_footer(view: memoryview) -> None:
+        unpack_footer(view, path=url, size=size)
+
+    tail = fetch(RangeRequest(name, size - guess, size, check_footer))
+    footer = unpack_footer(tail, path=url, size=size)
+    if footer.index_offset < size - guess:  # index and keys are longer than the guess
+        tail = fetch(RangeRequest(name, footer.index_offset, size - guess)) + tail
+    body = memoryview(tail)[len(tail) - (size - footer.index_offset) : len(tail) - FOOTER_SIZE]
+    if zlib.crc32(body) != footer.index_crc32:
+        raise ChecksumError(
+            f"{url}: the record index and key block (bytes {footer.index_offset}.."
+            f"{size - FOOTER_SIZE}) fail their checksum (or the footer's copy of it is "
+            "damaged); the shard is corrupt: restore it from a copy or re-pack",
+            path=url, offset=footer.index_offset,
+        )
+    count = footer.num_records + 1
+    offsets = np.frombuffer(body, dtype="<u8", count=count).copy()
+    if (int(offsets[0]) != HEADER_SIZE or int(offsets[-1]) != footer.index_offset
+            or bool(np.any(np.diff(offsets.astype(np.int64)) <= 0))):
+        raise ShardCorruptError(
+            f"{url}: record index does not span the record area in order; re-pack it",
+            path=url, offset=footer.index_offset,
+        )
+    return ShardTail(offsets, bytes(body[8 * count :]))
+
+
+class RemoteRecordsReader:
+    """One remote ``.rec`` shard, read by ranges through the node cache; the local reader's API."""
+
+    def __init__(self, ahead: ReadAhead, name: str, tail: ShardTail, *, url: str,
+                 range_bytes: int) -> None:
+        """A reader over ``tail`` (from ``read_tail``); records are fetched when asked for.
+
+        Args:
+            ahead: this process's read-ahead queue (shared by the dataset's shards).
+            name: the shard's object name in the store.
+            tail: its checked index and key block.
+            url: the shard's URL, named in messages.
+            range_bytes: the fetch range size (``partition``).
+        """
+        self.path = url
+        self.name = name
+        self._ahead = ahead
+        self._offsets: list[int] = tail.offsets.tolist()
+        self.num_records = len(self._offsets) - 1
+        self._cuts = partition(tail.offsets, range_bytes)
+        self._key_block = tail.key_block
+        self._keys: list[str] | None = None
+        self._current: tuple[int, CachedRange] | None = None
+        """The range ``frame`` read last, kept for its neighbours (random access)."""
+
+    @property
+    def max_range_bytes(self) -> int:
+        """The largest range of this shard: what each range in flight reserves in the cache."""
+        return max((self._byte_span(j)[1] - self._byte_span(j)[0]
+                    for j in range(len(self._cuts) - 1)), default=0)
+
+    def _byte_span(self, j: int) -> tuple[int, int]:
+        """Bytes of range ``j``; the first also holds the shard header, which it checks."""
+        return (0 if j == 0 else self._offsets[self._cuts[j]]), self._offsets[self._cuts[j + 1]]
+
+    def _request(self, j: int) -> RangeRequest:
+        start, stop = self._byte_span(j)
+        lo, hi = self._cuts[j], self._cuts[j + 1]
+        offs, url = self._offsets, self.path
+
+        def check(view: memoryview) -> None:
+            if lo == 0:
+                check_header(view[:HEADER_SIZE], path=url)
+            for i in range(lo, hi):
+                unframe(view[offs[i] - start : offs[i + 1] - start], path=url, record=i,
+                        offset=offs[i], verify=True, exact=True)
+
+        return RangeRequest(self.name, start, stop, check)
+
+    def _ranges(self, start: int, stop: int) -> range:
+        """Range numbers holding records ``start..stop``."""
+        if not 0 <= start < stop <= self.num_records:
+            raise IndexError(f"{self.path}: records {start}..{stop} out of range "
+                             f"0..{self.num_records}")
+        first = int(np.searchsorted(self._cuts, start, side="right")) - 1
+        last = int(np.searchsorted(self._cuts, stop, side="left"))
+        return range(first, last)
+
+    def frame(self, index: int) -> memoryview:
+        """Framed bytes of record ``index`` (a copy; its range stays held for the next ones)."""
+        if not 0 <= index < self.num_records:
+            raise IndexError(f"{self.path}: record {index} out of range 0..{self.num_records - 1}")
+        j = self._ranges(index, index + 1)[0]
+        if self._current is None or self._current[0] != j:
+            self._release_current()
+            self._current = (j, self._ahead.take(self._request(j)))
+        base = self._byte_span(j)[0]
+        return memoryview(self._current[1].read(self._offsets[index] - base,
+                                                self._offsets[index + 1] - self._offsets[index]))
+
+    def offset(self, index: int) -> int:
+        """Byte offset of record ``index`` in the shard."""
+        return self._offsets[index]
+
+    def will_need(self, start: int, stop: int) -> None:
+        """Queue the ranges of records ``start..stop``: the stream reads them in this order."""
+        self._ahead.plan(self._request(j) for j in self._ranges(start, stop))
+
+    def read_frames(self, start: int, stop: int) -> list[memoryview]:
+        """Records ``start..stop``, copied out of their ranges, which are released at once."""
+        offs = self._offsets
+        frames: list[memoryview] = []
+        for j in self._ranges(start, stop):
+            lo, hi = max(start, self._cuts[j]), min(stop, self._cuts[j + 1])
+            base = self._byte_span(j)[0]
+            with self._ahead.take(self._request(j)) as cached:
+                chunk = memoryview(cached.read(offs[lo] - base, offs[hi] - offs[lo]))
+            frames.extend(chunk[offs[i] - offs[lo] : offs[i + 1] - offs[lo]] for i in range(lo, hi))
+        return frames
+
+    def scan(self, start: int = 0, stop: int | None = None) -> Iterator[tuple[int, memoryview]]:
+        """Yield ``(index, framed bytes)`` front to back, range by range, reading ahead."""
+        stop = self.num_records if stop is None else stop
+        if start >= stop:
+            return
+        ranges = self._ranges(start, stop)
+        self._ahead.plan(self._request(j) for j in ranges)
+        for j in ranges:
+            lo, hi = max(start, self._cuts[j]), min(stop, self._cuts[j + 1])
+            yield from enumerate(self.read_frames(lo, hi), start=lo)
+
+    def keys(self) -> Sequence[str]:
+        """Every record's ``__key__``, decoded from the key block on first use."""
+        if self._keys is None:
+            try:
+                keys = msgpack.unpackb(self._key_block, raw=False)
+            except Exception:  # msgpack raises several unrelated types on bad input
+                keys = None
+            # the block passed its CRC on open, so only a broken writer gets here
+            if not isinstance(keys, list) or len(keys) != self.num_records or not (
+                set(map(type, keys)) <= {str}
+            ):
+                raise ShardCorruptError(
+                    f"{self.path}: the key block is not a list of {self.num_records} str keys; "
+                    "the shard was written by a broken writer: re-pack it",
+                    path=self.path,
+                )
+            self._keys = keys
+        return self._keys
+
+    def _release_current(self) -> None:
+        if self._current is not None:
+            self._current[1].close()
+            self._current = None
+
+    def close(self) -> None:
+        """Release the range ``frame`` kept; the reader must not be used afterwards."""
+        self._release_current()

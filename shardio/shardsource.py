@@ -1,0 +1,319 @@
+"""Where a dataset's manifest and shards come from: a local folder, read in place, or a URL.
+
+``ShardSource`` is what ``DatasetReader`` asks for its manifest and for
+remote shards; local shards it still opens itself, exactly as before (no
+copy, no cache, no extra call). For a URL it holds the store, the manifest
+and its version, and, per process, the node cache (``RangeCache``), the
+read-ahead queue shared by all shards (``ReadAhead``) and a few threads that
+fetch shard tails in parallel (``prefetch``: a window of the stream touches
+many shards, and each tail is a round trip). ``.rec`` shards are read by
+ranges (``backends.remoterecords``); LMDB shards, and any shard ``verify``
+checks whole, are downloaded whole and checked against the manifest's file
+checksum (``backends.cachedshard``).
+
+Process safety: the description (store, manifest, options) pickles; the
+per-process parts are made on first use in each process. A forked child
+releases what it inherited (cache entries held by the parent's readers stay
+the parent's) and starts afresh. Imports ``backends``, ``location`` and
+``storage``; nothing above the reader, no torch.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import weakref
+import zlib
+from collections.abc import Iterable
+from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+from shardio.backends import ShardFileReader
+from shardio.backends.cachedshard import CachedShardReader
+from shardio.backends.remoterecords import RemoteRecordsReader, ShardTail, read_tail
+from shardio.errors import (
+    ChecksumError,
+    ShardCorruptError,
+    ShardioError,
+    ShardMissingError,
+    StorageError,
+    TruncatedShardError,
+)
+from shardio.location import RemoteDataset, open_remote
+from shardio.manifest import MANIFEST_NAME, Manifest, ShardInfo
+from shardio.manifest import read_manifest as read_local_manifest
+from shardio.storage.cache import RangeCache
+from shardio.storage.cachedrange import CachedRange
+from shardio.storage.fetch import RangeRequest, min_cache_bytes
+from shardio.storage.options import RemoteOptions
+from shardio.storage.readahead import ReadAhead
+from shardio.storage.url import split_url
+
+TAIL_THREADS = 8
+"""Shard tails fetched at once (each is one small GET: latency, not bandwidth)."""
+
+_LIVE: weakref.WeakSet[ShardSource] = weakref.WeakSet()
+
+
+def _release_inherited() -> None:
+    """In a forked child: let go of the parent's cache entries and threads, start afresh."""
+    for source in list(_LIVE):
+        source._after_fork()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_release_inherited)
+
+
+class ShardSource:
+    """The manifest and shards of one dataset, local or remote."""
+
+    def __init__(self, path: str | os.PathLike[str], *, remote: RemoteOptions | None = None,
+                 num_processes: int = 1) -> None:
+        """Read the manifest of ``path`` (a folder, its manifest.json, or a URL).
+
+        Args:
+            path: the dataset.
+            remote: how a URL is reached and cached; ignored for local paths.
+            num_processes: processes of this node reading the dataset at once, times
+                ``LOCAL_WORLD_SIZE`` from the environment: the cache budget must hold
+                the ranges all of them have in flight, which is checked on open.
+        """
+        protocol, rest = split_url(path)
+        self.remote: RemoteDataset | None = None
+        self.options: RemoteOptions | None = None
+        if protocol is None:
+            local = Path(rest)
+            self.manifest: Manifest = read_local_manifest(local)
+            self.root: Path | str = local.parent if local.is_file() else local
+        else:
+            self.options = (remote or RemoteOptions()).resolved()
+            self.remote = open_remote(os.fspath(path), remote=self.options)
+            self.manifest = self.remote.manifest
+            self.root = self.remote.url
+        self.num_processes = num_processes
+        self._reset()
+        _LIVE.add(self)
+
+    def _reset(self) -> None:
+        self._pid = os.getpid()
+        self._cache: RangeCache | None = None
+        self._ahead: ReadAhead | None = None
+        self._pool: ThreadPoolExecutor | None = None
+        self._tails: dict[int, Future[ShardTail]] = {}
+        self._whole: dict[int, CachedRange] = {}
+        self._readers: weakref.WeakSet[RemoteRecordsReader | CachedShardReader] = (
+            weakref.WeakSet())
+
+    def __getstate__(self) -> dict[str, Any]:
+        """The description only: caches, threads and held ranges belong to a process."""
+        return {"remote": self.remote, "options": self.options, "manifest": self.manifest,
+                "root": self.root, "num_processes": self.num_processes}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._reset()
+        _LIVE.add(self)
+
+    def fresh(self, *, num_processes: int | None = None) -> ShardSource:
+        """The same dataset (same manifest, no GET) with nothing open, for another reader."""
+        state = self.__getstate__()
+        if num_processes is not None:
+            state["num_processes"] = num_processes
+        clone = object.__new__(ShardSource)
+        clone.__setstate__(state)
+        return clone
+
+    def _after_fork(self) -> None:
+        with contextlib.suppress(Exception):  # the parent's objects, half-copied: best effort
+            for reader in list(self._readers):
+                reader.close()
+            for cached in self._whole.values():
+                cached.close()
+            if self._ahead is not None:
+                for _slot, future in self._ahead._pending:
+                    if future.done() and future.exception() is None:
+                        future.result().close()
+        self._reset()
+
+    @property
+    def is_remote(self) -> bool:
+        """Whether the dataset is read through a store and the node cache."""
+        return self.remote is not None
+
+    def shard_url(self, number: int) -> str:
+        """The URL (or path) of shard ``number``, as messages name it."""
+        return f"{self.root}/{self.manifest.shards[number].name}"
+
+    def cache(self) -> RangeCache:
+        """This process's node cache (remote datasets only)."""
+        if self._pid != os.getpid():
+            self._after_fork()
+        if self._cache is None:
+            assert self.options is not None and self.options.max_cache_bytes is not None
+            self._cache = RangeCache(self.options.cache_path,
+                                     max_cache_bytes=self.options.max_cache_bytes)
+        return self._cache
+
+    def _remote(self) -> tuple[RemoteDataset, RemoteOptions]:
+        if self.remote is None or self.options is None:
+            raise ValueError(f"{self.root}: a local dataset is read in place, not through a store")
+        return self.remote, self.options
+
+    def _ahead_here(self) -> ReadAhead:
+        remote, options = self._remote()
+        cache = self.cache()
+        if self._ahead is None:
+            self._ahead = ReadAhead(cache, remote.store, version=remote.version,
+                                    max_in_flight=options.max_in_flight)
+        return self._ahead
+
+    def _fetch(self, request: RangeRequest) -> bytes:
+        remote, _options = self._remote()
+        with self.cache().open_range(remote.store, request.name, request.start, request.stop,
+                                     version=remote.version, check=request.check) as cached:
+            return cached.read()
+
+    def _tail(self, number: int) -> ShardTail:
+        info = self.manifest.shards[number]
+        return read_tail(self._fetch, info.name, url=self.shard_url(number),
+                         size=info.num_bytes, num_records=info.num_samples)
+
+    def prefetch(self, numbers: Iterable[int]) -> None:
+        """Start fetching the tails of remote ``.rec`` shards ``numbers`` in the background."""
+        if self.remote is None or self.manifest.backend != "records":
+            return
+        self.cache()  # after a fork: reset before looking at our own futures
+        for number in numbers:
+            if number not in self._tails:
+                if self._pool is None:
+                    self._pool = ThreadPoolExecutor(TAIL_THREADS, thread_name_prefix="shardio-tail")
+                self._tails[number] = self._pool.submit(self._tail, number)
+
+    def open_shard(self, number: int) -> ShardFileReader:
+        """Open remote shard ``number``: by ranges (``.rec``), or whole (LMDB; held by ``verify``).
+
+        Raises:
+            ShardMissingError: the object is missing.
+            TruncatedShardError: its size is not the manifest's.
+            ShardCorruptError: its footer, index or checksum is bad.
+            CacheBudgetError: the cache budget cannot hold what this reader needs in flight.
+            StorageError: the store failed after retries.
+        """
+        _remote, options = self._remote()
+        info = self.manifest.shards[number]
+        url = self.shard_url(number)
+        try:
+            reader: RemoteRecordsReader | CachedShardReader
+            if self.manifest.backend == "records" and number not in self._whole:
+                self.cache()
+                future = self._tails.pop(number, None)
+                tail = future.result() if future is not None else self._tail(number)
+                reader = RemoteRecordsReader(self._ahead_here(), info.name, tail, url=url,
+                                             range_bytes=options.range_bytes)
+                local_world = int(os.environ.get("LOCAL_WORLD_SIZE", "1") or 1)
+                self.cache().require(min_cache_bytes(
+                    reader.max_range_bytes, max_in_flight=options.max_in_flight,
+                    num_processes=max(1, self.num_processes) * max(1, local_world)),
+                    what=f"the ranges {max(1, self.num_processes) * max(1, local_world)} "
+                         f"reading process(es) keep in flight ({options.max_in_flight} ahead "
+                         f"+ 1, up to {reader.max_range_bytes} bytes each, for {url})")
+            else:
+                cached = self._whole.pop(number, None) or self._download_whole(number)
+                reader = CachedShardReader(self.manifest.backend, cached, url=url)
+        except (StorageError, ShardCorruptError) as exc:
+            raise self._diagnose(info, url, exc) from exc
+        except FileNotFoundError as exc:
+            raise self._missing(info, url) from exc
+        self._readers.add(reader)
+        return reader
+
+    def _missing(self, info: ShardInfo, url: str) -> ShardMissingError:
+        return ShardMissingError(
+            f"{url}: shard {info.name} named by {self.root}/{MANIFEST_NAME} is missing; "
+            "restore the object or re-pack the dataset",
+            path=url,
+        )
+
+    def _diagnose(self, info: ShardInfo, url: str, exc: ShardioError) -> ShardioError:
+        """Name a wrong size or a missing object when a fetch fails; else ``exc`` itself."""
+        remote, _options = self._remote()
+        try:
+            size = remote.store.size(info.name)
+        except FileNotFoundError:
+            return self._missing(info, url)
+        except ShardioError:
+            return exc
+        if size != info.num_bytes:
+            return TruncatedShardError(
+                f"{url}: shard is {size} bytes but the manifest says {info.num_bytes}; it was "
+                "truncated or replaced: restore it from a copy or re-pack",
+                path=url,
+            )
+        return exc
+
+    def _download_whole(self, number: int) -> CachedRange:
+        """Shard ``number`` whole in the cache, checked against the manifest's file checksum."""
+        remote, _options = self._remote()
+        info = self.manifest.shards[number]
+        url = self.shard_url(number)
+
+        def check(view: memoryview) -> None:
+            actual = f"crc32:{zlib.crc32(view):08x}"
+            if actual != info.checksum:
+                raise ChecksumError(
+                    f"{url}: file checksum is {actual} but the manifest says {info.checksum} "
+                    "(downloaded twice); the shard is corrupt: restore it from a copy or re-pack",
+                    path=url,
+                )
+
+        self.cache().require(info.num_bytes, what=f"the whole shard {url}")
+        return self.cache().open_file(remote.store, info.name, size=info.num_bytes,
+                                      version=remote.version, check=check)
+
+    def shard_file(self, number: int) -> Path:
+        """A local file holding shard ``number`` whole: the file itself, or a held cache copy.
+
+        A remote shard is downloaded whole and checked against the manifest's file
+        checksum; it stays held until ``release(number)`` or until ``open_shard``
+        hands it to the reader that opens it.
+
+        Raises:
+            ShardMissingError, TruncatedShardError, ChecksumError, StorageError: as
+                ``open_shard``.
+        """
+        if self.remote is None:
+            assert isinstance(self.root, Path)
+            return self.root / self.manifest.shards[number].name
+        if number not in self._whole:
+            info = self.manifest.shards[number]
+            url = self.shard_url(number)
+            try:
+                self._whole[number] = self._download_whole(number)
+            except (StorageError, ShardCorruptError) as exc:
+                raise self._diagnose(info, url, exc) from exc
+            except FileNotFoundError as exc:
+                raise self._missing(info, url) from exc
+        return self._whole[number].path
+
+    def release(self, number: int) -> None:
+        """Release a whole copy of shard ``number`` that no reader took."""
+        cached = self._whole.pop(number, None)
+        if cached is not None:
+            cached.close()
+
+    def close(self) -> None:
+        """Stop the threads of this process and release everything fetched ahead or held."""
+        if self._pid != os.getpid():
+            self._after_fork()
+            return
+        pool, self._pool = self._pool, None
+        if pool is not None:
+            pool.shutdown(wait=True, cancel_futures=True)
+        self._tails.clear()
+        if self._ahead is not None:
+            self._ahead.close()
+            self._ahead = None
+        for number in list(self._whole):
+            self.release(number)

@@ -1,0 +1,138 @@
+"""``ReadAhead``: one reading process's queue of planned ranges, a few always downloading.
+
+``RangePrefetcher`` (``fetch.py``) serves a reader that knows its whole
+order up front. A dataset reader learns its order a window at a time (the
+stream announces the runs of this window and the next one as it goes) and
+takes ranges from several shards in between, so its queue grows while it is
+read: ``plan`` appends ranges, ``take`` hands out the one the reader needs
+now. At most ``max_in_flight`` planned ranges are downloading or waiting to be
+taken, whatever the length of the plan, so a process holds at most
+``max_in_flight + 1`` ranges of the cache (``min_cache_bytes``), and the first
+sample waits for one range, not one shard.
+
+``take`` tolerates a reader that leaves the plan: planned ranges it skips
+(an exact resume starts mid-window) are released, and a range it never
+planned (random access) is opened on the spot, next to the queue. One thread
+reads; downloads run in ``max_in_flight`` threads that wait on the network
+with the GIL released. Imports only the storage modules.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections import deque
+from collections.abc import Iterable
+from concurrent.futures import Future, ThreadPoolExecutor
+from types import TracebackType
+
+from shardio.storage.cache import RangeCache
+from shardio.storage.cachedrange import CachedRange
+from shardio.storage.fetch import DEFAULT_IN_FLIGHT, RangeRequest
+from shardio.storage.store import Store
+
+_Slot = tuple[str, int, int]
+"""``(name, start, stop)``: what identifies a range (its check does not)."""
+
+
+def _slot(request: RangeRequest) -> _Slot:
+    return request.name, request.start, request.stop
+
+
+class ReadAhead:
+    """Planned ranges of one store, downloaded into the node cache ahead of one reader."""
+
+    def __init__(self, cache: RangeCache, store: Store, *, version: str,
+                 max_in_flight: int = DEFAULT_IN_FLIGHT) -> None:
+        """Nothing starts until ``plan``.
+
+        Args:
+            cache: the node cache the ranges go through.
+            store: where they are downloaded from.
+            version: the dataset version (its manifest's checksum) naming the cache entries.
+            max_in_flight: planned ranges downloading or waiting to be taken, at most.
+        """
+        if max_in_flight < 1:
+            raise ValueError(f"max_in_flight must be at least 1, got {max_in_flight}")
+        self.cache = cache
+        self.store = store
+        self.version = version
+        self.max_in_flight = max_in_flight
+        self._planned: deque[RangeRequest] = deque()
+        self._pending: deque[tuple[_Slot, Future[CachedRange]]] = deque()
+        self._pool: ThreadPoolExecutor | None = None
+
+    def plan(self, requests: Iterable[RangeRequest]) -> None:
+        """Append ``requests`` to the order in which the reader will ``take`` them."""
+        self._planned.extend(requests)
+        self._fill()
+
+    def _open(self, request: RangeRequest) -> CachedRange:
+        return self.cache.open_range(self.store, request.name, request.start, request.stop,
+                                     version=self.version, check=request.check)
+
+    def _fill(self) -> None:
+        while self._planned and len(self._pending) < self.max_in_flight:
+            request = self._planned.popleft()
+            if self._pool is None:
+                self._pool = ThreadPoolExecutor(self.max_in_flight,
+                                                thread_name_prefix="shardio-readahead")
+            self._pending.append((_slot(request), self._pool.submit(self._open, request)))
+
+    def take(self, request: RangeRequest) -> CachedRange:
+        """The range of ``request``, held for the caller, who closes it when done.
+
+        The next planned range comes from the queue; planned ranges before it
+        that the reader skipped are released; an unplanned range is opened now.
+
+        Raises:
+            CacheBudgetError, ShardCorruptError, StorageError: its download failed.
+        """
+        slot = _slot(request)
+        for position, (pending, _future) in enumerate(self._pending):
+            if pending == slot:
+                for _ in range(position):
+                    _discard(self._pending.popleft()[1])
+                future = self._pending.popleft()[1]
+                self._fill()
+                return future.result()
+        planned = [_slot(r) for r in self._planned]
+        if slot in planned:  # the reader jumped ahead of everything downloading
+            self._drop_pending()
+            for _ in range(planned.index(slot) + 1):
+                self._planned.popleft()
+            self._fill()
+        return self._open(request)
+
+    def _drop_pending(self) -> None:
+        while self._pending:
+            _discard(self._pending.popleft()[1])
+
+    @property
+    def num_pending(self) -> int:
+        """Planned ranges downloading or downloaded and not yet taken."""
+        return len(self._pending)
+
+    def close(self) -> None:
+        """Forget the plan, release what was fetched ahead, stop the download threads."""
+        self._planned.clear()
+        for _pending_slot, future in self._pending:
+            future.cancel()
+        pool, self._pool = self._pool, None
+        if pool is not None:
+            pool.shutdown(wait=True)
+        self._drop_pending()
+
+    def __enter__(self) -> ReadAhead:
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.close()
+
+
+def _discard(future: Future[CachedRange]) -> None:
+    """Release a range fetched ahead and never taken (its error, if any, does not matter now)."""
+    if future.cancel():
+        return
+    with contextlib.suppress(Exception):  # a skipped range's failure is nobody's to report
+        future.result().close()
