@@ -3,7 +3,7 @@
 * ``MotoS3``: moto's threaded S3 server on 127.0.0.1, port chosen by the OS.
 * ``RangeHTTPServer``: serves a folder read-only over HTTP/1.1 and honours ``Range``.
 * ``S3Endpoint`` / ``HttpEndpoint``: what the fixtures (``storage_plugin``) hand a
-  test; each sits behind a ``storage_proxy.FaultProxy``.
+  test; each sits behind a ``benchmarks.storage_proxy.FaultProxy``.
 
 Nothing here reaches beyond 127.0.0.1. Every server thread is a daemon.
 """
@@ -17,8 +17,7 @@ from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from typing import Any
 
-from storage_proxy import FaultPlan, FaultProxy, Server, serve
-
+from benchmarks.storage_proxy import FaultPlan, FaultProxy, Server, serve
 from shardio.storage import RetryPolicy
 
 FAST_RETRY = RetryPolicy(max_attempts=6, base_delay_s=0.002, max_delay_s=0.02,

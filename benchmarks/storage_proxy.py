@@ -1,15 +1,21 @@
-"""The fault-injecting HTTP reverse proxy the storage tests put in front of their servers.
+"""The fault-injecting HTTP reverse proxy the storage tests and benchmarks put before servers.
 
 Its ``FaultPlan`` answers some requests ``503 SlowDown`` without forwarding
 them, cuts some ranged GETs after half of the body (the connection closes),
-stalls others mid-body, and adds latency; it counts what it did, so tests can
-check that faults really happened. Listens on 127.0.0.1 only; every thread is
-a daemon.
+stalls others mid-body, adds latency, and can cap the bandwidth of all response
+bodies together (one shared link, as a node's network); it counts what it did,
+so tests can check that faults really happened and benchmarks how many bytes
+crossed. ``GET /__proxy__/stats`` answers the counters as JSON without
+forwarding, delaying or counting. Bodies of requests that are not broken are
+relayed as they arrive. Listens on 127.0.0.1 only; every thread is a daemon.
+Used by ``tests/storage_servers.py`` and ``benchmarks/remote_servers.py``; it
+imports nothing from either.
 """
 
 from __future__ import annotations
 
 import http.client
+import json
 import random
 import socket
 import threading
@@ -22,6 +28,10 @@ HOP_BY_HOP = frozenset({
     "connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te", "trailer",
     "transfer-encoding", "upgrade", "expect", "content-length",
 })
+STATS_PATH = "/__proxy__/stats"
+"""``GET`` this path for the counters (JSON); it is answered by the proxy itself."""
+RELAY_CHUNK = 64 << 10
+"""Bytes relayed (and paced) at a time."""
 SLOWDOWN_XML = (
     b'<?xml version="1.0" encoding="UTF-8"?>\n<Error><Code>SlowDown</Code>'
     b"<Message>Please reduce your request rate.</Message><RequestId>fault</RequestId></Error>"
@@ -47,6 +57,8 @@ class FaultPlan:
     """Every request whose ``"METHOD /path?query"`` contains this is answered 503 SlowDown."""
     latency_s: float = 0.0
     """Added before every request is forwarded."""
+    max_bytes_per_s: float = 0.0
+    """Response bodies of all connections together are sent at most this fast (0: no cap)."""
     requests: int = 0
     ranged_gets: int = 0
     slowdowns: int = 0
@@ -54,17 +66,22 @@ class FaultPlan:
     stalls: int = 0
     body_bytes: int = 0
     """Bytes of ranged GET bodies the proxy sent (cut bodies count what was sent)."""
+    gets: int = 0
+    """GET requests forwarded, ranged or not."""
+    get_bytes: int = 0
+    """Bytes of every GET body the proxy sent, ranged or whole."""
     seed: int = 0
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
     _rng: random.Random = field(default_factory=random.Random, repr=False)
+    _link_free_at: float = field(default=0.0, repr=False)
 
     def reset(self, **settings: Any) -> FaultPlan:
         """Clear counters and faults, then apply ``settings``; returns the plan."""
         with self._lock:
             for name in ("slowdown_every", "cut_every", "stall_every", "requests", "ranged_gets",
-                         "slowdowns", "cuts", "stalls", "body_bytes"):
+                         "slowdowns", "cuts", "stalls", "body_bytes", "gets", "get_bytes"):
                 setattr(self, name, 0)
-            self.stall_s = self.latency_s = 0.0
+            self.stall_s = self.latency_s = self.max_bytes_per_s = 0.0
             self.seed = 0
             self.slowdown_match = ""
             for name, value in settings.items():
@@ -83,6 +100,8 @@ class FaultPlan:
             if matched or self._draw(self.slowdown_every):
                 self.slowdowns += 1
                 return "slowdown"
+            if method == "GET":
+                self.gets += 1
             if method != "GET" or not ranged:
                 return "pass"
             self.ranged_gets += 1
@@ -94,10 +113,33 @@ class FaultPlan:
                 return "stall"
             return "pass"
 
-    def sent(self, num_bytes: int) -> None:
-        """Count ``num_bytes`` of a ranged GET body as sent."""
+    def sent(self, num_bytes: int, *, ranged: bool = True) -> None:
+        """Count ``num_bytes`` of a GET body as sent (``ranged``: of a ranged GET)."""
         with self._lock:
-            self.body_bytes += num_bytes
+            self.get_bytes += num_bytes
+            if ranged:
+                self.body_bytes += num_bytes
+
+    def pace(self, num_bytes: int) -> None:
+        """Wait until ``num_bytes`` more fit through the shared link (``max_bytes_per_s``).
+
+        The link sends one chunk after another in the order they asked, so concurrent
+        bodies share the rate; idle time is not saved up for a later burst.
+        """
+        if self.max_bytes_per_s <= 0:
+            return
+        with self._lock:
+            now = time.monotonic()
+            self._link_free_at = max(now, self._link_free_at) + num_bytes / self.max_bytes_per_s
+            wait = self._link_free_at - now
+        time.sleep(wait)
+
+    def counters(self) -> dict[str, float]:
+        """Every setting and counter, as ``GET /__proxy__/stats`` answers them."""
+        with self._lock:
+            return {name: getattr(self, name) for name in (
+                "requests", "gets", "get_bytes", "ranged_gets", "body_bytes", "slowdowns",
+                "cuts", "stalls", "latency_s", "max_bytes_per_s")}
 
 
 class Server(ThreadingHTTPServer):
@@ -142,7 +184,26 @@ class _ProxyHandler(BaseHTTPRequestHandler):
                 self.rfile.readline()
         return self.rfile.read(int(self.headers.get("Content-Length") or 0))
 
+    def _write_body(self, data: bytes, *, ranged: bool) -> None:
+        for start in range(0, len(data), RELAY_CHUNK):
+            chunk = data[start:start + RELAY_CHUNK]
+            self.server.plan.pace(len(chunk))
+            self.wfile.write(chunk)
+            if self.command == "GET":
+                self.server.plan.sent(len(chunk), ranged=ranged)
+
+    def _stats(self) -> None:
+        data = json.dumps(self.server.plan.counters()).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
     def _relay(self) -> None:
+        if self.command == "GET" and self.path == STATS_PATH:
+            self._stats()
+            return
         plan = self.server.plan
         body = self._request_body()
         decision = plan.decide(self.command, self.path, "Range" in self.headers)
@@ -157,42 +218,47 @@ class _ProxyHandler(BaseHTTPRequestHandler):
                 self.wfile.write(SLOWDOWN_XML)
             return
         headers = {k: v for k, v in self.headers.items() if k.lower() not in HOP_BY_HOP}
+        ranged = self.command == "GET" and "Range" in self.headers
         conn = http.client.HTTPConnection(*self.server.upstream, timeout=60)
         try:
             conn.request(self.command, self.path, body=body, headers=headers)
             resp = conn.getresponse()
+            reply_headers = [(k, v) for k, v in resp.getheaders() if k.lower() not in HOP_BY_HOP]
+            length = resp.getheader("Content-Length")
+            if decision == "pass" and self.command != "HEAD" and length is not None:
+                self.send_response(resp.status, resp.reason)
+                for key, value in reply_headers:
+                    self.send_header(key, value)
+                self.send_header("Content-Length", length)
+                self.end_headers()
+                while chunk := resp.read(RELAY_CHUNK):  # relayed as it arrives
+                    self._write_body(chunk, ranged=ranged)
+                return
             data = resp.read()
-            reply_headers = resp.getheaders()
         finally:
             conn.close()
         self.send_response(resp.status, resp.reason)
         for key, value in reply_headers:
-            if key.lower() not in HOP_BY_HOP:
-                self.send_header(key, value)
-        length = resp.getheader("Content-Length") if self.command == "HEAD" else None
+            self.send_header(key, value)
+        length = length if self.command == "HEAD" else None
         self.send_header("Content-Length", length or str(len(data)))
         self.end_headers()
         if self.command == "HEAD":
             return
-        ranged = self.command == "GET" and "Range" in self.headers
         half = len(data) // 2
         if decision == "cut" and half:
-            self.wfile.write(data[:half])
+            self._write_body(data[:half], ranged=ranged)
             self.wfile.flush()
-            plan.sent(half)
             time.sleep(0.05)  # let the client take the half before it sees the close
             self.close_connection = True
             self.connection.shutdown(socket.SHUT_RDWR)
             return
         if decision == "stall" and half:
-            self.wfile.write(data[:half])
+            self._write_body(data[:half], ranged=ranged)
             self.wfile.flush()
-            plan.sent(half)
             time.sleep(plan.stall_s)
             data = data[half:]
-        self.wfile.write(data)
-        if ranged:
-            plan.sent(len(data))
+        self._write_body(data, ranged=ranged)
 
     do_GET = do_PUT = do_POST = do_DELETE = do_HEAD = _relay
 
