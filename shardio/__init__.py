@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from shardio.errors import (
     BadInputError,
+    CacheBudgetError,
     ChecksumError,
     DecodeError,
     EmptySourceError,
@@ -29,11 +30,12 @@ from shardio.errors import (
     ShardCorruptError,
     ShardioError,
     ShardMissingError,
+    StorageError,
     TruncatedShardError,
     UnsafeKeyError,
     UnsupportedVersionError,
 )
-from shardio.manifest import Manifest, ShardInfo, read_manifest
+from shardio.manifest import Manifest, ShardInfo
 from shardio.version import __version__
 
 if TYPE_CHECKING:
@@ -41,11 +43,13 @@ if TYPE_CHECKING:
     from shardio.dataloader import loader
     from shardio.dataset import IndexedDataset, StreamingDataset
     from shardio.decode import pil_backend
+    from shardio.location import read_manifest
     from shardio.pack import PackSummary, pack, pack_imagefolder
     from shardio.prefetch import DevicePrefetcher
     from shardio.preview import preview
     from shardio.reader import DatasetReader, open_dataset
     from shardio.state import merge_states
+    from shardio.storage.options import RemoteOptions
     from shardio.unpack import unpack
     from shardio.verify import verify
     from shardio.writer import ShardWriter, WriteOptions
@@ -68,10 +72,13 @@ _LAZY = {
     "DevicePrefetcher": "shardio.prefetch",
     "pil_backend": "shardio.decode",
     "preview": "shardio.preview",
+    "read_manifest": "shardio.location",
+    "RemoteOptions": "shardio.storage.options",
 }
 
 __all__ = [
     "BadInputError",
+    "CacheBudgetError",
     "ChecksumError",
     "DatasetReader",
     "DecodeError",
@@ -86,11 +93,13 @@ __all__ = [
     "PackSummary",
     "RecordBatch",
     "RecordEncodeError",
+    "RemoteOptions",
     "ShardCorruptError",
     "ShardInfo",
     "ShardMissingError",
     "ShardWriter",
     "ShardioError",
+    "StorageError",
     "StreamingDataset",
     "TruncatedShardError",
     "UnsafeKeyError",

@@ -8,11 +8,11 @@ import sys
 import shardio
 
 EXPECTED = {
-    "BadInputError", "ChecksumError", "DatasetReader", "DecodeError", "DevicePrefetcher",
+    "BadInputError", "CacheBudgetError", "ChecksumError", "DatasetReader", "DecodeError", "DevicePrefetcher",
     "EmptySourceError", "IndexedDataset", "Manifest", "ManifestError", "ManifestNotFoundError",
     "OutputExistsError", "PackError", "PackSummary", "RecordBatch", "RecordEncodeError",
-    "ShardCorruptError", "ShardInfo", "ShardMissingError", "ShardWriter", "ShardioError",
-    "StreamingDataset", "TruncatedShardError", "UnsafeKeyError", "UnsupportedVersionError",
+    "RemoteOptions", "ShardCorruptError", "ShardInfo", "ShardMissingError", "ShardWriter", "ShardioError",
+    "StorageError", "StreamingDataset", "TruncatedShardError", "UnsafeKeyError", "UnsupportedVersionError",
     "WriteOptions", "__version__", "loader", "merge_states", "open_dataset", "pack",
     "pack_imagefolder", "pil_backend", "preview", "read_manifest", "unpack", "verify",
 }
