@@ -234,6 +234,7 @@ class StreamingDataset(IterableDataset[Any]):
         """
         state = dict(self.__dict__)
         state["_rank_arg"], state["_world_arg"] = resolve_rank(self._rank_arg, self._world_arg)
+        state["_stage"] = None  # what this process read (a whole order, maybe): not the worker's
         return state
 
     @property
