@@ -6,7 +6,8 @@ Collected, one test each:
 * docstring examples of every module, class and function under ``shardio/``: doctest
   ``>>>`` lines, and literal blocks (``::``) introduced by ``Example::`` or starting
   with an import (diagrams such as the error tree are not code);
-* the ```` ```bash ```` blocks of README's "Pack" and "Look before you train" sections, run
+* the ```` ```bash ```` blocks of README's "Pack", "Look before you train" and "Remote
+  datasets" sections, run
   line by line by bash, with ``shardio`` meaning ``python -m shardio`` of this interpreter.
   (The other bash blocks install packages; they are not run here.)
 
@@ -21,6 +22,10 @@ name, and nothing else (``FIXTURE`` below is the whole list):
   imported; ``my_samples()`` yielding ``(key, jpeg bytes, label)``; ``tf``, a transform
   from a PIL image to a 3×32×32 uint8 tensor; ``epochs = 1``;
 * ``"cuda"`` needs nothing: ``DevicePrefetcher`` falls back to the CPU without CUDA;
+* buckets the examples name (``s3://my-bucket/…``): moto's S3 server on 127.0.0.1
+  (``storage_servers.MotoS3``), emptied and with those buckets made for each example,
+  the ``AWS_*`` environment pointing at it (``AWS_ENDPOINT_URL``, as a user of an
+  S3-compatible store sets it) and ``SHARDIO_CACHE_DIR`` in the example's temp dir;
 * for ``shardio bench``: ``SHARDIO_BENCH_MIN_SECONDS=0.2`` and
   ``SHARDIO_BENCH_MAX_WORKERS=1`` (its documented environment variables), so it takes
   seconds, not a minute.
@@ -50,7 +55,7 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 FIXTURE = ("train/", "anything/", "out/train/ (Python examples)", "shardio", "torch",
-           "my_samples", "tf", "epochs")
+           "my_samples", "tf", "epochs", "s3://<bucket>/")
 BROKEN: dict[str, str] = {}
 """Example id -> why it fails today (someone else's file); xfail(strict=True) until fixed."""
 CANNOT_RUN: dict[str, str] = {}
@@ -78,7 +83,7 @@ def _fenced(path: Path, kind: str, text: str | None = None) -> Iterator[Example]
 def _readme_pack_section() -> str:
     text = (REPO / "README.md").read_text(encoding="utf-8")
     return "".join(text.split(f"\n## {title}\n", 1)[1].split("\n## ", 1)[0]
-                   for title in ("Pack", "Look before you train"))
+                   for title in ("Pack", "Look before you train", "Remote datasets"))
 
 
 def _literal_blocks(doc: str) -> Iterator[tuple[str, str]]:
@@ -171,6 +176,42 @@ def prepared(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return root
 
 
+@pytest.fixture(scope="session")
+def example_s3() -> Iterator[Any]:
+    """moto's S3 server for the examples that name an ``s3://`` bucket."""
+    from storage_servers import MotoS3
+
+    server = MotoS3()
+    yield server
+    server.close()
+
+
+def _serve_s3(example: Example, request: pytest.FixtureRequest,
+              monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """Give an example naming ``s3://bucket/…`` an empty S3 server holding those buckets."""
+    import urllib.request
+
+    buckets = sorted(set(re.findall(r"s3://([a-z0-9][a-z0-9.-]+)/", example.code)))
+    if not buckets:
+        return
+    server = request.getfixturevalue("example_s3")
+    urllib.request.urlopen(urllib.request.Request(f"{server.url}/moto-api/reset",
+                                                  method="POST"), timeout=30).close()
+    for bucket in buckets:
+        server.create_bucket(bucket)
+    for name in ("AWS_PROFILE", "AWS_SESSION_TOKEN", "AWS_ENDPOINT_URL_S3"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in {
+        "AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
+        "AWS_DEFAULT_REGION": "us-east-1", "AWS_ENDPOINT_URL": server.url,
+        "AWS_EC2_METADATA_DISABLED": "true",
+        "AWS_CONFIG_FILE": str(tmp_path / "no-aws-config"),
+        "AWS_SHARED_CREDENTIALS_FILE": str(tmp_path / "no-aws-credentials"),
+        "SHARDIO_CACHE_DIR": str(tmp_path / "cache"),
+    }.items():
+        monkeypatch.setenv(name, value)
+
+
 def _workdir(prepared: Path, tmp_path: Path, *, packed: bool) -> Path:
     work = tmp_path / "work"
     for name in ("train", "anything"):
@@ -214,9 +255,10 @@ def _run_bash(example: Example, work: Path) -> None:
 
 @pytest.mark.parametrize("example", _params())
 def test_example_runs(example: Example, prepared: Path, tmp_path: Path,
-                      monkeypatch: pytest.MonkeyPatch) -> None:
+                      monkeypatch: pytest.MonkeyPatch, request: pytest.FixtureRequest) -> None:
     packed = example.kind != "bash" and "out/train" in example.code
     work = _workdir(prepared, tmp_path, packed=packed)
+    _serve_s3(example, request, monkeypatch, tmp_path)
     if example.kind == "bash":
         _run_bash(example, work)
         return
