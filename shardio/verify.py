@@ -24,16 +24,10 @@ from tqdm import tqdm
 
 from shardio.errors import ShardioError
 from shardio.format import CODEC_NONE, FRAME
-from shardio.manifest import (
-    MANIFEST_NAME,
-    Manifest,
-    ShardInfo,
-    file_checksum,
-    manifest_path,
-    read_manifest,
-)
+from shardio.manifest import MANIFEST_NAME, Manifest, ShardInfo, file_checksum
 from shardio.reader import DatasetReader
 from shardio.record import INDEX_FIELD, KEY_FIELD
+from shardio.storage.options import RemoteOptions
 
 
 @dataclass(frozen=True)
@@ -69,15 +63,22 @@ class VerifyReport:
 
 
 def verify(
-    path: str | os.PathLike[str], *, quick: bool = False, progress: bool = False
+    path: str | os.PathLike[str], *, quick: bool = False, progress: bool = False,
+    remote: RemoteOptions | None = None,
 ) -> VerifyReport:
     """Check the dataset at ``path``: manifest, shard sizes, file checksums and every record.
 
+    A remote dataset's shards are downloaded whole into the node cache, one at
+    a time (the budget must hold the largest shard), each checked against the
+    manifest's file checksum (a mismatch is downloaded once more before it is a
+    fault), then checked like local files.
+
     Args:
-        path: dataset folder (or its manifest.json).
+        path: dataset folder (or its manifest.json), or its URL.
         quick: check the manifest, shard sizes and whole-file checksums only,
             without reading records.
         progress: show a progress bar on stderr.
+        remote: how a URL is reached and cached (``RemoteOptions``).
 
     Returns:
         A report listing every fault; ``report.ok`` is true when there is none.
@@ -85,11 +86,11 @@ def verify(
     """
     start = time.perf_counter()
     try:
-        manifest = read_manifest(path)
+        reader = DatasetReader(path, verify=True, remote=remote)
     except ShardioError as exc:
         fault = VerifyFault(MANIFEST_NAME, None, None, str(exc))
         return VerifyReport(False, 0, 0, 0, (fault,), quick, time.perf_counter() - start)
-    root = manifest_path(path).parent
+    manifest, root = reader.manifest, reader.root
     faults = list(_manifest_faults(manifest, root))
     num_bytes = 0
     num_records = 0
@@ -98,15 +99,21 @@ def verify(
     with (
         tqdm(total=total, unit="B" if quick else " records", unit_scale=quick,
              disable=not progress, desc="verify", leave=False) as bar,
-        DatasetReader(root, verify=True) as reader,
+        reader,
     ):
         for number, info in enumerate(manifest.shards):
             if not _is_plain_name(info.name):
                 continue
-            file_faults, hashed = _file_faults(root / info.name, info, bar if quick else None)
+            try:  # a remote shard: downloaded whole (checked), then checked like a file
+                shard_file = reader.shard_file(number)
+            except (ShardioError, OSError) as exc:
+                faults.append(_fault(info.name, exc))
+                continue
+            file_faults, hashed = _file_faults(shard_file, info, bar if quick else None)
             faults.extend(file_faults)
             num_bytes += hashed
             if quick or (file_faults and not hashed):
+                reader.close_shard(number)  # a remote shard's cached copy: let it go
                 continue
             checked, record_faults = _record_faults(reader, number, manifest, bar, seen)
             num_records += checked
@@ -125,9 +132,9 @@ def verify(
     )
 
 
-def _manifest_faults(manifest: Manifest, root: Path) -> Iterator[VerifyFault]:
+def _manifest_faults(manifest: Manifest, root: Path | str) -> Iterator[VerifyFault]:
     """What ``read_manifest`` does not already refuse: totals, shard names, classes."""
-    where = root / MANIFEST_NAME
+    where = f"{root}/{MANIFEST_NAME}"
     total = sum(s.num_bytes for s in manifest.shards)
     if total != manifest.num_bytes:
         yield VerifyFault(MANIFEST_NAME, None, None,
@@ -202,13 +209,13 @@ class _SeenKeys:
                                   "unpack would confuse them): re-pack the dataset")
             self.keys.add(key)
 
-    def manifest_faults(self, manifest: Manifest, root: Path) -> Iterator[VerifyFault]:
+    def manifest_faults(self, manifest: Manifest, root: Path | str) -> Iterator[VerifyFault]:
         """Fields the manifest lists that no record holds (unlisted ones are record faults)."""
         listed = set(manifest.fields) - {KEY_FIELD}
         unused = sorted(listed - self.fields)
         if unused and manifest.num_samples:
             yield VerifyFault(MANIFEST_NAME, None, None,
-                              f"{root / MANIFEST_NAME}: fields lists {unused}, which no record "
+                              f"{root}/{MANIFEST_NAME}: fields lists {unused}, which no record "
                               f"holds (records hold {sorted(self.fields)}); the manifest is "
                               "damaged, re-pack the dataset")
 
