@@ -32,6 +32,7 @@ from shardio.resume import (
     rank_state,
 )
 from shardio.state import SharedState
+from shardio.storage.options import RemoteOptions
 from shardio.stream import iter_samples
 
 Decode = Literal["auto", "raw", "pil", "tensor"]
@@ -153,11 +154,13 @@ class StreamingDataset(IterableDataset[Any]):
         drop_last: bool = False,
         draft_size: tuple[int, int] | None = None,
         verify: bool = True,
+        remote: RemoteOptions | None = None,
     ) -> None:
         """Open the dataset at ``path`` (its manifest is read now; shards when iterating).
 
         Args:
-            path: a folder written by ``shardio pack`` / ``ShardWriter``.
+            path: a folder written by ``shardio pack`` / ``ShardWriter``, or its URL
+                (``s3://bucket/train``, ``https://host/train``, any fsspec protocol).
             decode: ``"auto"`` (``"pil"`` on ImageFolder packs, else ``"raw"``),
                 ``"raw"`` (sample dicts with ``__key__`` and ``__index__``), ``"pil"``
                 or ``"tensor"`` (uint8 CHW).
@@ -180,12 +183,15 @@ class StreamingDataset(IterableDataset[Any]):
             drop_last: drop the tail instead of padding it so all ranks are equal.
             draft_size: decode JPEGs at reduced size no smaller than this ``(w, h)``.
             verify: check each record's CRC-32 as it is read.
+            remote: how a URL is reached and cached (``shardio.RemoteOptions``:
+                ``storage_options``, ``cache_dir``, ``max_cache_bytes``); ignored for
+                local paths.
         """
         if (rank is None) != (world_size is None):
             raise ValueError("pass both rank and world_size, or neither")
         if batch_size is not None and batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
-        self.reader = DatasetReader(path, verify=verify)
+        self.reader = DatasetReader(path, verify=verify, remote=remote)
         self.path = str(self.reader.root)
         self.manifest = self.reader.manifest
         self._rank_arg, self._world_arg = rank, world_size
@@ -304,7 +310,9 @@ class StreamingDataset(IterableDataset[Any]):
         self._worker_state = None
         self._split, self._stage, self._stage_in_main = split, stage, info is None
         self._position = stage.skip
-        reader = DatasetReader(self.path, verify=self.verify)
+        # the manifest read when the dataset was built, not again: every worker and epoch
+        # reads the dataset version the order was planned on
+        reader = self.reader.reopened(num_processes=info.num_workers if info is not None else 1)
         try:
             samples = iter_samples(
                 reader, stage.order, window=self.config.window, max_run=self.config.block_size,
@@ -458,11 +466,13 @@ class IndexedDataset(Dataset[Any]):
         target_transform: Callable[[Any], Any] | None = None,
         draft_size: tuple[int, int] | None = None,
         verify: bool = True,
+        remote: RemoteOptions | None = None,
     ) -> None:
-        """Open the dataset at ``path``; see ``StreamingDataset`` for the decode options."""
+        """Open the dataset at ``path`` (a folder or a URL); see ``StreamingDataset`` for the
+        decode and ``remote`` options."""
         self.path = str(path)
         self.verify = verify
-        self._reader = DatasetReader(path, verify=verify)
+        self._reader = DatasetReader(path, verify=verify, remote=remote)
         self._pid = os.getpid()
         self.manifest = self._reader.manifest
         self.decoder = SampleDecoder(
@@ -476,7 +486,7 @@ class IndexedDataset(Dataset[Any]):
         # A forked DataLoader worker inherits the parent's open maps and LMDB
         # environments, which must not be shared: it opens its own.
         if self._pid != os.getpid():
-            self._reader = DatasetReader(self.path, verify=self.verify)
+            self._reader = self._reader.reopened()
             self._pid = os.getpid()
         return self._reader
 
