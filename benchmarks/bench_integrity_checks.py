@@ -4,17 +4,19 @@ The checks: on each shard open, the key block is loaded and its CRC-32 compared 
 the manifest's ``keys_crc32`` (a shard file exchanged for another is refused) and the
 header flags are checked; on each record, its own ``__key__`` is compared with the key
 block and the frame length with the index. This times the same reads with the
-``shardio`` package of ``--current REV`` (default HEAD) and of ``--baseline REV`` (before
-the checks), both extracted from git, in interleaved rounds, each read in a fresh
-process, on a dataset of many small records (the worst case: most keys per byte). Two
-reads per setting: a full shuffled epoch through the streaming path
-(``shardio.stream.iter_samples``) and ``--gets`` random ``DatasetReader.get`` calls
-(``IndexedDataset``'s path, where every shard open is paid for a few records), and the
-open of every shard with one record read (best of 5, warm: the per-open cost). Cold
-reads evict the shard files from the page cache first (``benchmarks.probe.evict``,
-checked with ``fincore``).
+``shardio`` package of ``--current REV`` (default HEAD, extracted from git) and with a
+copy of it whose key checks are cut out (``strip_checks``: the two lines that pass the
+key block to the decoders; the baseline's manifest has no ``keys_crc32``), so nothing
+but the checks differs. Rounds interleave the two, each read in a fresh process, on a
+dataset of many small records (the worst case: most keys per byte). Reads: a full
+shuffled epoch through the streaming path (``shardio.stream.iter_samples``),
+``--gets`` random ``DatasetReader.get`` calls (``IndexedDataset``'s path, where every
+shard open is paid for a few records), and the open of every shard with one record read
+(best of 5, warm: the per-open cost). Cold reads evict the shard files from the page
+cache first (``benchmarks.probe.evict``, checked with ``fincore``). Wall and CPU time
+are both kept: on a shared machine CPU time is the steadier of the two.
 
-    python -m benchmarks.bench_integrity_checks --baseline 52cf71d~1
+    python -m benchmarks.bench_integrity_checks
 """
 
 from __future__ import annotations
@@ -67,9 +69,25 @@ print(json.dumps({"seconds": seconds, "cpu_seconds": cpu, "count": count,
 """
 
 
-def extract_revision(rev: str, work: Path) -> Path:
-    """A folder holding the ``shardio`` package of git revision ``rev`` (imports nothing)."""
-    target = work / f"rev-{rev}"
+CHECK_LINES: Final = {
+    "stream.py": "        keys=shard_reader.keys(),\n",
+    "reader.py": "            key=reader.keys()[record],\n",
+}
+"""The lines that hand the key block to the decoders, cut out for the baseline."""
+
+
+def strip_checks(package: Path) -> None:
+    """Cut the per-record key checks out of the ``shardio`` under ``package``."""
+    for name, line in CHECK_LINES.items():
+        path = package / "shardio" / name
+        text = path.read_text()
+        if text.count(line) != 1:
+            raise RuntimeError(f"{path}: expected the line {line.strip()!r} once")
+        path.write_text(text.replace(line, ""))
+
+
+def extract_revision(rev: str, target: Path) -> Path:
+    """``target``, holding the ``shardio`` package of git revision ``rev`` (imports nothing)."""
     target.mkdir(parents=True)
     archive = subprocess.run(["git", "-C", str(HERE.parent), "archive", rev, "shardio"],
                              check=True, capture_output=True).stdout
@@ -148,9 +166,7 @@ def key_check_ns(root: Path) -> dict[str, float]:
 def main(argv: list[str] | None = None) -> None:
     """Time both versions in interleaved rounds; write the results file and print a table."""
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--baseline", required=True, metavar="REV",
-                   help="git revision before the checks")
-    p.add_argument("--current", default="HEAD", metavar="REV", help="git revision with them")
+    p.add_argument("--current", default="HEAD", metavar="REV", help="git revision to time")
     p.add_argument("--samples", type=int, default=200_000)
     p.add_argument("--per-shard", type=int, default=20_000)
     p.add_argument("--gets", type=int, default=2_000)
@@ -159,16 +175,16 @@ def main(argv: list[str] | None = None) -> None:
     args = p.parse_args(argv)
     from benchmarks.machine import describe_machine
 
-    revs = {name: subprocess.run(["git", "-C", str(HERE.parent), "rev-parse", "--short", rev],
-                                 check=True, capture_output=True, text=True).stdout.strip()
-            for name, rev in (("current", args.current), ("baseline", args.baseline))}
+    rev = subprocess.run(["git", "-C", str(HERE.parent), "rev-parse", "--short", args.current],
+                         check=True, capture_output=True, text=True).stdout.strip()
     rows: dict[str, list[float]] = {}
     cpu_rows: dict[str, list[float]] = {}
     micro: dict[str, dict[str, float]] = {}
     with tempfile.TemporaryDirectory(prefix="shardio-integrity-") as tmp:
         work = Path(tmp)
-        current = extract_revision(revs["current"], work)
-        baseline = extract_revision(revs["baseline"], work)
+        current = extract_revision(rev, work / "current")
+        baseline = extract_revision(rev, work / "baseline")
+        strip_checks(baseline)
         sys.path.insert(0, str(current))  # the dataset is written by the current revision
         import shardio
 
@@ -208,7 +224,8 @@ def main(argv: list[str] | None = None) -> None:
         "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "command": "python -m benchmarks.bench_integrity_checks " + " ".join(
             sys.argv[1:] if argv is None else argv),
-        "revisions": revs, "machine": machine,
+        "revision": rev, "baseline": "the same, key checks cut out (strip_checks)",
+        "machine": machine,
         "samples": args.samples, "per_shard": args.per_shard, "gets": args.gets,
         "seconds": rows, "cpu_seconds": cpu_rows, "median_seconds": medians,
         "median_cpu_seconds": cpu, "decode_ns_per_record": micro,
