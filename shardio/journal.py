@@ -8,8 +8,9 @@ journal is replaced atomically, so it is always either the old or the new
 state. This module owns the file and its checks; what the shard entries hold is
 up to the writer (``ShardWriter`` and ``shardio.pack`` each keep their own).
 A pack to a remote store keeps the same journal as an object
-(``shardio.packtarget``), checked by ``parse_journal``. It imports only
-``errors`` and ``manifest`` from shardio.
+(``shardio.remotetarget``), checked by ``parse_journal``. Which names a pack
+writes (``is_shardio_file``) decides what ``--overwrite`` may delete. It
+imports only ``backends``, ``errors`` and ``manifest`` from shardio.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Final
 
+from shardio.backends import SHARD_SUFFIX
 from shardio.errors import OutputExistsError, PackError
 from shardio.manifest import MANIFEST_NAME, file_checksum
 
@@ -104,3 +106,38 @@ def shard_is_intact(path: Path, num_bytes: int, checksum: str) -> bool:
     """Whether the finished shard at ``path`` still has the size and checksum journaled."""
     return path.exists() and path.stat().st_size == num_bytes and (
         file_checksum(path) == checksum)
+
+
+def is_shardio_file(name: str) -> bool:
+    """Whether ``name`` is one shardio writes into a dataset (shards, journal, manifest, temps)."""
+    return name in (
+        MANIFEST_NAME,
+        JOURNAL_NAME,
+        f".{MANIFEST_NAME}.tmp",
+        f"{JOURNAL_NAME}.tmp",
+    ) or (
+        name.startswith(("shard-", ".shard-"))
+        and name.endswith(
+            tuple(SHARD_SUFFIX.values())
+            + tuple(s + ".tmp" for s in SHARD_SUFFIX.values())
+            + tuple(s + "-lock" for s in SHARD_SUFFIX.values())
+        )
+    )
+
+
+def refuse_to_clear(where: str, names: list[str], *, overwrite: bool) -> None:
+    """Raise unless a non-empty output holding ``names`` may be cleared for a new pack."""
+    if not overwrite:
+        raise OutputExistsError(
+            f"{where}: output is not empty ({len(names)} entries, e.g. {names[0]!r}); "
+            "choose an empty folder or prefix, pass --overwrite to replace a dataset, or "
+            "--resume to finish an interrupted pack",
+            path=where,
+        )
+    foreign = [n for n in names if not is_shardio_file(n)]
+    if foreign:
+        raise OutputExistsError(
+            f"{where}: refusing to overwrite an output that holds files shardio did not "
+            f"write (e.g. {foreign[0]!r}); choose another output folder or prefix",
+            path=where,
+        )

@@ -35,7 +35,7 @@ from shardio.packstate import journal_state, pack_manifest, resumable_shards
 from shardio.packtarget import LocalTarget, PackTarget, open_target
 from shardio.shardbuild import ShardFailure, ShardJob
 from shardio.shardplan import PLAN_VERSION, framed_bound, plan_shards
-from shardio.shardpool import build_shards, default_workers
+from shardio.shardpool import ProgressBar, build_shards, default_workers
 from shardio.source import IMAGEFOLDER_RULES, Bad, Source, dataset_source, scan_source
 from shardio.writer import WriteOptions
 
@@ -68,32 +68,6 @@ class PackSummary:
         data = asdict(self)
         data["skipped"] = [{"path": p, "reason": r} for p, r in self.skipped]
         return data
-
-
-class _Progress:
-    """One tqdm bar (files, MB/s, ETA) on stderr, or nothing."""
-
-    def __init__(self, enabled: bool, total: int, initial: int) -> None:
-        self.bar: Any = None
-        if enabled:
-            from tqdm import tqdm
-
-            self.bar = tqdm(total=total, initial=initial, unit="file", unit_scale=True,
-                            desc="pack", file=sys.stderr)
-        self.initial = initial
-        self.start = time.perf_counter()
-
-    def show(self, files: int, nbytes: int) -> None:
-        """This run has handled ``files`` input files of ``nbytes`` bytes so far."""
-        if self.bar is None:
-            return
-        mb_s = nbytes / 1e6 / max(time.perf_counter() - self.start, 1e-9)
-        self.bar.set_postfix_str(f"{mb_s:.1f} MB/s", refresh=False)
-        self.bar.update(self.initial + files - self.bar.n)
-
-    def close(self) -> None:
-        if self.bar is not None:
-            self.bar.close()
 
 
 @contextlib.contextmanager
@@ -302,7 +276,7 @@ def _pack_source(
     todo = [n for n in range(len(plan)) if n not in done]
     files_upto = list(itertools.accumulate((len(s.paths) for s in stream), initial=0))
     bytes_upto = list(itertools.accumulate((s.num_bytes for s in stream), initial=0))
-    bar = _Progress(sys.stderr.isatty() if progress is None else progress, files_upto[-1],
+    bar = ProgressBar(sys.stderr.isatty() if progress is None else progress, files_upto[-1],
                     sum(files_upto[plan[n].stop] - files_upto[plan[n].start] for n in done))
     try:
         results = build_shards(job, todo, num_workers=num_workers or default_workers(),

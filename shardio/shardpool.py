@@ -10,8 +10,9 @@ task; when the caller stops early (an exception, Ctrl-C, a bad file) every
 worker is killed and the temporary files of the shards in flight are removed.
 A worker whose parent is killed dies with it: by ``PR_SET_PDEATHSIG``, and,
 as that signal was seen not to arrive on Linux 6.18, by checking its parent
-every ``shardbuild.REPORT_EVERY`` files. This module imports no shardio
-module but ``backends``, ``errors`` and ``shardbuild``.
+every ``shardbuild.REPORT_EVERY`` files. ``ProgressBar`` shows what the
+progress callback reports. This module imports no shardio module but
+``backends``, ``errors`` and ``shardbuild``.
 """
 
 from __future__ import annotations
@@ -19,6 +20,8 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import sys
+import time
 from collections import deque
 from collections.abc import Callable, Generator, Sequence
 from multiprocessing.connection import Connection, wait
@@ -33,6 +36,33 @@ POLL_S: Final = 0.2
 
 Progress = Callable[[int, int], None]
 """``progress(files, input_bytes)``: totals handled so far by this run."""
+
+class ProgressBar:
+    """One tqdm bar (files, MB/s, ETA) on stderr, or nothing."""
+
+    def __init__(self, enabled: bool, total: int, initial: int) -> None:
+        self.bar: Any = None
+        if enabled:
+            from tqdm import tqdm
+
+            self.bar = tqdm(total=total, initial=initial, unit="file", unit_scale=True,
+                            desc="pack", file=sys.stderr)
+        self.initial = initial
+        self.start = time.perf_counter()
+
+    def show(self, files: int, nbytes: int) -> None:
+        """This run has handled ``files`` input files of ``nbytes`` bytes so far."""
+        if self.bar is None:
+            return
+        mb_s = nbytes / 1e6 / max(time.perf_counter() - self.start, 1e-9)
+        self.bar.set_postfix_str(f"{mb_s:.1f} MB/s", refresh=False)
+        self.bar.update(self.initial + files - self.bar.n)
+
+    def close(self) -> None:
+        """Close the bar (leaves it on the terminal)."""
+        if self.bar is not None:
+            self.bar.close()
+
 
 def default_workers() -> int:
     """Every core this process may run on: the main process only waits while workers build."""

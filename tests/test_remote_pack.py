@@ -24,7 +24,7 @@ from shardio.errors import OutputExistsError, PackError, StorageError
 from shardio.journal import JOURNAL_NAME
 from shardio.manifest import MANIFEST_NAME
 from shardio.pack import pack
-from shardio.packtarget import RemoteTarget, staging_folder
+from shardio.remotetarget import RemoteTarget, staging_folder
 from shardio.storage import RemoteStore, open_store
 from shardio.writer import ShardWriter, WriteOptions
 
