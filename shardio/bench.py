@@ -22,6 +22,7 @@ from typing import Any
 from shardio.batch import RecordBatch
 from shardio.dataloader import ShardLoader, loader
 from shardio.dataset import StreamingDataset, default_window
+from shardio.storage.options import RemoteOptions
 
 RECOMMEND_WITHIN = 0.95
 """Recommend the fewest workers reaching this fraction of the best throughput."""
@@ -105,6 +106,7 @@ def measure(
     batch_size: int,
     min_seconds: float = MIN_SECONDS,
     max_samples: int | None = None,
+    remote: RemoteOptions | None = None,
 ) -> BenchRow:
     """Read one setting for ``min_seconds`` and ``MIN_BATCHES`` batches after the first batch.
 
@@ -112,7 +114,7 @@ def measure(
     ``max_samples`` samples were timed, which leaves the row not ``measured``.
     """
     cpu0, start = _cpu_seconds(), time.perf_counter()
-    run = loader(StreamingDataset(path, decode=mode),  # type: ignore[arg-type]
+    run = loader(StreamingDataset(path, decode=mode, remote=remote),  # type: ignore[arg-type]
                  batch_size, num_workers=num_workers)
     first_epoch = run.epoch
     batches = _epochs(run)
@@ -164,11 +166,14 @@ def bench(
     batch_size: int = 64,
     modes: Sequence[str] | None = None,
     on_row: Callable[[BenchRow], None] | None = None,
+    remote: RemoteOptions | None = None,
 ) -> BenchReport:
     """Measure read throughput of the dataset at ``path`` per mode and worker count.
 
     Args:
-        path: a dataset written by ``shardio pack``.
+        path: a dataset written by ``shardio pack``, a folder or a URL (a remote
+            dataset's first setting includes its downloads; later ones read the cache
+            when the budget holds the dataset).
         max_workers: highest ``num_workers`` tried (default: the core count).
         min_seconds: each setting is timed for at least this long, repeating epochs.
         max_samples: stop a setting after this many samples even if ``min_seconds``
@@ -177,8 +182,10 @@ def bench(
         batch_size: samples per batch, as in training.
         modes: ``"raw"`` and/or ``"tensor"`` (default: both on ImageFolder packs).
         on_row: called with each row as it is measured (progress display).
+        remote: how a URL is reached and cached (``RemoteOptions``).
     """
-    manifest = StreamingDataset(path, decode="raw").manifest
+    first = StreamingDataset(path, decode="raw", remote=remote)
+    manifest, remote = first.manifest, first.reader.remote  # one budget for every setting
     cores = os.cpu_count() or 1
     top = cores if max_workers is None else max_workers
     chosen = list(modes or (["raw", "tensor"] if manifest.is_labelled else ["raw"]))
@@ -186,7 +193,7 @@ def bench(
     for mode in chosen:
         for workers in range(top + 1):
             row = measure(str(path), mode, workers, batch_size=batch_size,
-                          min_seconds=min_seconds, max_samples=max_samples)
+                          min_seconds=min_seconds, max_samples=max_samples, remote=remote)
             rows.append(row)
             if on_row is not None:
                 on_row(row)

@@ -60,9 +60,9 @@ def find_key(reader: DatasetReader, key: str) -> int | None:
     took 25 ms (97 ms cold).
     """
     packed: bytes = msgpack.packb(key, use_bin_type=True)
-    searchable = reader.manifest.backend == "records"
+    searchable = reader.manifest.backend == "records" and not reader.is_remote
     for number, info in enumerate(reader.manifest.shards):
-        if searchable and _key_block_holds(reader.shard_path(number), packed) is False:
+        if searchable and _key_block_holds(str(reader.shard_path(number)), packed) is False:
             continue
         keys = reader.shard(number).keys()
         try:

@@ -27,6 +27,7 @@ from shardio.decode import decode_image
 from shardio.errors import DecodeError
 from shardio.reader import DatasetReader, open_dataset
 from shardio.record import INDEX_FIELD, KEY_FIELD
+from shardio.storage.options import RemoteOptions
 
 IMAGE_EXTENSIONS: Final = frozenset(
     {"jpg", "jpeg", "png", "webp", "bmp", "tif", "tiff", "ppm", "pgm"}
@@ -166,7 +167,8 @@ def _thumbnail(data: Any, key: str) -> Image.Image:
 
 
 def make_sheet(
-    path: str | os.PathLike[str], *, n: int = 64, class_name: str | None = None, seed: int = 0
+    path: str | os.PathLike[str], *, n: int = 64, class_name: str | None = None, seed: int = 0,
+    remote: RemoteOptions | None = None,
 ) -> Sheet:
     """Choose up to ``n`` samples of the dataset at ``path`` and draw them as one image.
 
@@ -182,7 +184,7 @@ def make_sheet(
     cells: list[tuple[Image.Image | str, str]] = []  # (thumbnail or placeholder text, caption)
     described: list[PreviewSample] = []
     problems: list[str] = []
-    with open_dataset(path) as reader:
+    with open_dataset(path, remote=remote) as reader:
         classes = reader.manifest.classes
         for index in choose_indices(reader, n=n, class_name=class_name, seed=seed):
             sample = reader.get(index)
@@ -221,7 +223,7 @@ def make_sheet(
 
 def preview(
     path: str | os.PathLike[str], out: str | os.PathLike[str], *, n: int = 64,
-    class_name: str | None = None, seed: int = 0,
+    class_name: str | None = None, seed: int = 0, remote: RemoteOptions | None = None,
 ) -> Path:
     """Draw a contact sheet of up to ``n`` random samples of ``path`` into the image ``out``.
 
@@ -236,11 +238,12 @@ def preview(
         sheet = shardio.preview("out/train", "grid.png", n=16, seed=1)
 
     Args:
-        path: the dataset folder.
+        path: the dataset folder, or its URL.
         out: the image file to write.
         n: how many samples (fewer when the dataset or class holds fewer).
         class_name: only samples of this class (ImageFolder packs).
         seed: the same seed draws the same samples.
+        remote: how a URL is reached and cached (``RemoteOptions``).
 
     Returns:
         ``out`` as a ``Path``.
@@ -250,6 +253,6 @@ def preview(
         ShardioError: the dataset cannot be read.
     """
     target = Path(out)
-    sheet = make_sheet(path, n=n, class_name=class_name, seed=seed)
+    sheet = make_sheet(path, n=n, class_name=class_name, seed=seed, remote=remote)
     sheet.image.save(target, format=None if target.suffix else "PNG")
     return target

@@ -34,6 +34,7 @@ from shardio.errors import OutputExistsError, ShardCorruptError, UnsafeKeyError
 from shardio.manifest import Manifest
 from shardio.reader import DatasetReader, open_dataset
 from shardio.record import INDEX_FIELD, KEY_FIELD
+from shardio.storage.options import RemoteOptions
 
 IMAGE_FIELD: Final = "image"
 RESERVED_FIELDS: Final = frozenset({KEY_FIELD, INDEX_FIELD})
@@ -113,14 +114,16 @@ def unpack(
     *,
     overwrite: bool = False,
     progress: bool = False,
+    remote: RemoteOptions | None = None,
 ) -> UnpackSummary:
     """Restore the files a dataset was packed from into ``dest``.
 
     Args:
-        path: dataset folder (or its manifest.json).
-        dest: folder to write into; created if absent.
+        path: dataset folder (or its manifest.json), or its URL.
+        dest: local folder to write into; created if absent.
         overwrite: replace files that already exist in ``dest``.
         progress: show a progress bar on stderr.
+        remote: how a URL is reached and cached (``RemoteOptions``).
 
     Raises:
         UnsafeKeyError: a key would write outside ``dest``; nothing was written.
@@ -129,7 +132,7 @@ def unpack(
     """
     start = time.perf_counter()
     root = Path(dest)
-    with open_dataset(path) as reader:
+    with open_dataset(path, remote=remote) as reader:
         manifest = reader.manifest
         labelled = manifest.is_labelled
         planned = _planned_paths(manifest, reader.keys(), str(path), labelled=labelled)

@@ -14,6 +14,8 @@ import click
 
 import shardio
 from shardio.cli.inspect import DATASET, dataset_errors
+from shardio.cli.options import remote_options
+from shardio.storage.options import RemoteOptions
 
 
 @click.command(name="bench")
@@ -50,14 +52,16 @@ from shardio.cli.inspect import DATASET, dataset_errors
     help="What to measure (repeatable; default: raw, and tensor on ImageFolder packs).",
 )
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
+@remote_options
 def bench_command(
-    path: Path,
+    path: Path | str,
     max_workers: int | None,
     min_seconds: float,
     max_samples: int | None,
     batch_size: int,
     modes: tuple[str, ...],
     as_json: bool,
+    remote: RemoteOptions,
 ) -> None:
     """Read DATASET with 0, 1, 2, … workers and recommend num_workers and shuffle_buffer."""
     from shardio.bench import BenchRow, bench
@@ -72,7 +76,7 @@ def bench_command(
             )
 
     with dataset_errors():
-        shardio.read_manifest(path)
+        shardio.read_manifest(path, remote=remote)
         if not as_json:
             click.echo(f"{path}: reading with batch size {batch_size}…")
         report = bench(
@@ -83,6 +87,7 @@ def bench_command(
             batch_size=batch_size,
             modes=modes or None,
             on_row=show,
+            remote=remote,
         )
     if as_json:
         click.echo(json.dumps(report.to_json(), indent=1))

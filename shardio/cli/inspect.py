@@ -22,8 +22,11 @@ from typing import Any, Final
 import click
 
 from shardio.cli.options import DATASET as DATASET  # re-exported: verify, unpack, bench use it
+from shardio.cli.options import remote_options
 from shardio.errors import ShardioError
-from shardio.manifest import Manifest, read_manifest
+from shardio.location import read_manifest
+from shardio.manifest import Manifest
+from shardio.storage.options import RemoteOptions
 
 MAX_LISTED: Final = 10
 """Classes and shards beyond this many are abbreviated in ``info``."""
@@ -60,7 +63,7 @@ def abbreviate(items: Sequence[str], limit: int = MAX_LISTED) -> str:
     return f"{', '.join(head)}, … ({len(items) - limit} more), {', '.join(tail)}"
 
 
-def _info_lines(path: Path, manifest: Manifest) -> Iterator[str]:
+def _info_lines(path: Path | str, manifest: Manifest) -> Iterator[str]:
     row = "{:<12} {}".format
     yield row("dataset", path)
     version = manifest.shardio_version
@@ -102,7 +105,7 @@ def _info_lines(path: Path, manifest: Manifest) -> Iterator[str]:
 @click.command()
 @click.argument("dataset", type=DATASET)
 @click.option("--json", "as_json", is_flag=True, help="Print the manifest as JSON.")
-def info(dataset: Path, as_json: bool) -> None:
+def info(dataset: Path | str, as_json: bool) -> None:
     """Show what the manifest of DATASET says.
 
     Format, backend, codec, counts, sizes, fields, classes, order, options,
@@ -117,7 +120,9 @@ def info(dataset: Path, as_json: bool) -> None:
         click.echo(line)
 
 
-def _entries(dataset: Path, limit: int | None) -> Iterator[dict[str, Any]]:
+def _entries(
+    dataset: Path | str, limit: int | None, remote: RemoteOptions
+) -> Iterator[dict[str, Any]]:
     """Key, stored size and (for labelled data) label of each sample, in stored order.
 
     Sizes come from the shard index and labels from ``read_label``, which
@@ -126,7 +131,7 @@ def _entries(dataset: Path, limit: int | None) -> Iterator[dict[str, Any]]:
     from shardio.catalog import read_label
     from shardio.reader import open_dataset
 
-    with open_dataset(dataset) as reader:
+    with open_dataset(dataset, remote=remote) as reader:
         classes = reader.manifest.classes
         index = 0
         for number, shard_info in enumerate(reader.manifest.shards):
@@ -152,7 +157,8 @@ def _entries(dataset: Path, limit: int | None) -> Iterator[dict[str, Any]]:
 @click.option("--json", "as_json", is_flag=True,
               help="Print one JSON array of objects: index, key, shard, bytes (stored), "
                    "and label and class on ImageFolder packs.")
-def ls(dataset: Path, limit: int | None, as_json: bool) -> None:
+@remote_options
+def ls(dataset: Path | str, limit: int | None, as_json: bool, remote: RemoteOptions) -> None:
     """List the samples of DATASET: stored size, label and key.
 
     Samples are listed in stored (shuffled) order; sizes are bytes as stored.
@@ -162,12 +168,12 @@ def ls(dataset: Path, limit: int | None, as_json: bool) -> None:
         if as_json:
             # one document, written as it is produced: a listing of millions stays streamed
             separator = "["
-            for entry in _entries(dataset, limit):
+            for entry in _entries(dataset, limit, remote):
                 click.echo(separator + json.dumps(entry, ensure_ascii=False), nl=False)
                 separator = ",\n"
             click.echo("[]" if separator == "[" else "]")
             return
-        for entry in _entries(dataset, limit):
+        for entry in _entries(dataset, limit, remote):
             if "label" in entry:
                 click.echo(f"{entry['bytes']:>10}  {entry['label']:>4} {entry['class']:<16} "
                            f"{entry['key']}")
@@ -193,7 +199,8 @@ def _default_field(sample: dict[str, Any], *, labelled: bool) -> str:
 @click.argument("dataset", type=DATASET)
 @click.argument("key")
 @click.argument("field", required=False)
-def cat(dataset: Path, key: str, field: str | None) -> None:
+@remote_options
+def cat(dataset: Path | str, key: str, field: str | None, remote: RemoteOptions) -> None:
     """Print the raw bytes of one field of sample KEY.
 
     FIELD defaults to "image" on ImageFolder packs and to the only field of
@@ -204,7 +211,7 @@ def cat(dataset: Path, key: str, field: str | None) -> None:
     from shardio.reader import open_dataset
     from shardio.unpack import RESERVED_FIELDS, field_bytes
 
-    with dataset_errors(), open_dataset(dataset) as reader:
+    with dataset_errors(), open_dataset(dataset, remote=remote) as reader:
         index = find_key(reader, key)
         if index is None:
             raise click.ClickException(

@@ -15,7 +15,8 @@ from pathlib import Path
 import click
 
 from shardio.cli.inspect import DATASET, dataset_errors
-from shardio.cli.options import LocalPath
+from shardio.cli.options import LocalPath, remote_options
+from shardio.storage.options import RemoteOptions
 
 
 def _stdout_is_terminal() -> bool:
@@ -34,8 +35,9 @@ def _stdout_is_terminal() -> bool:
               help="Only samples of this class (ImageFolder packs).")
 @click.option("--seed", type=int, default=0, show_default=True,
               help="Another seed draws another random selection.")
-def preview_command(dataset: Path, output: Path | None, num_samples: int,
-                    class_name: str | None, seed: int) -> None:
+@remote_options
+def preview_command(dataset: Path | str, output: Path | None, num_samples: int,
+                    class_name: str | None, seed: int, remote: RemoteOptions) -> None:
     """Draw a contact sheet of random samples of DATASET with their labels.
 
     ImageFolder packs are captioned with class names; generic packs show
@@ -46,7 +48,8 @@ def preview_command(dataset: Path, output: Path | None, num_samples: int,
 
     try:
         with dataset_errors():
-            sheet = make_sheet(dataset, n=num_samples, class_name=class_name, seed=seed)
+            sheet = make_sheet(dataset, n=num_samples, class_name=class_name, seed=seed,
+                               remote=remote)
     except ValueError as exc:  # a wrong --class (dataset errors became ClickExceptions above)
         raise click.UsageError(str(exc)) from exc
     piped = output is None and not _stdout_is_terminal()

@@ -14,7 +14,8 @@ from pathlib import Path
 import click
 
 from shardio.cli.inspect import DATASET, dataset_errors, format_size
-from shardio.cli.options import LocalPath
+from shardio.cli.options import LocalPath, remote_options
+from shardio.storage.options import RemoteOptions
 from shardio.unpack import unpack
 
 
@@ -23,7 +24,9 @@ from shardio.unpack import unpack
 @click.argument("dest", type=LocalPath("destination", file_okay=False))
 @click.option("--overwrite", is_flag=True, help="Replace files that already exist in DEST.")
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
-def unpack_command(out: Path, dest: Path, overwrite: bool, as_json: bool) -> None:
+@remote_options
+def unpack_command(out: Path | str, dest: Path, overwrite: bool, as_json: bool,
+                   remote: RemoteOptions) -> None:
     """Restore the files of DATASET into DEST, byte for byte.
 
     ImageFolder packs become DEST/<class>/<image>; other packs one file per
@@ -32,7 +35,7 @@ def unpack_command(out: Path, dest: Path, overwrite: bool, as_json: bool) -> Non
     """
     with dataset_errors():
         summary = unpack(out, dest, overwrite=overwrite,
-                         progress=not as_json and sys.stderr.isatty())
+                         progress=not as_json and sys.stderr.isatty(), remote=remote)
     if as_json:
         click.echo(json.dumps(asdict(summary)))
         return

@@ -13,10 +13,12 @@ from pathlib import Path
 import click
 
 from shardio.cli.inspect import DATASET, format_size
+from shardio.cli.options import remote_options
+from shardio.storage.options import RemoteOptions
 from shardio.verify import VerifyReport, verify
 
 
-def _describe(report: VerifyReport, dataset: Path) -> str:
+def _describe(report: VerifyReport, dataset: Path | str) -> str:
     if not report.ok and report.num_shards == 0:
         return f"{dataset}: not verified: its manifest cannot be read"
     checked = "shard checksums" if report.quick else f"{report.num_records:,} records"
@@ -32,14 +34,16 @@ def _describe(report: VerifyReport, dataset: Path) -> str:
               help="Check the manifest, shard sizes and shard checksums only; read no records.")
 @click.option("--json", "as_json", is_flag=True,
               help="Print the report as one JSON object (ok, counts, faults), nothing else.")
-def verify_command(dataset: Path, quick: bool, as_json: bool) -> None:
+@remote_options
+def verify_command(dataset: Path | str, quick: bool, as_json: bool, remote: RemoteOptions) -> None:
     """Check every shard and record of DATASET.
 
     Exits with status 1 and one line per fault (naming the shard file and the
     record) when anything is wrong, 0 when the dataset is clean; the same
     with --json, whose report lists the faults.
     """
-    report = verify(dataset, quick=quick, progress=not as_json and sys.stderr.isatty())
+    report = verify(dataset, quick=quick, progress=not as_json and sys.stderr.isatty(),
+                    remote=remote)
     if as_json:
         click.echo(json.dumps(report.to_json(), indent=1, ensure_ascii=False))
     else:
