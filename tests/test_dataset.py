@@ -244,10 +244,14 @@ def test_corrupt_record_surfaces_as_named_error(tmp_path: Path, backend: str) ->
     root = write_dataset(tmp_path / "ds", backend, codec="none")
     shard = corrupt_one_record(root)
     ds = StreamingDataset(root, shuffle=False)
+    batches = iter(DataLoader(ds, batch_size=8, num_workers=2))
     with pytest.raises(ChecksumError) as info:
-        for _ in DataLoader(ds, batch_size=8, num_workers=2):
+        for _ in batches:
             pass
     assert shard.name in str(info.value) and "record 5" in str(info.value)
+    # stop the workers now: left to the cycle collector, the DataLoader's queues may be
+    # finalized before it and each worker then waits out a 5 s join timeout (a later test's)
+    getattr(batches, "_shutdown_workers", lambda: None)()
 
 
 def test_missing_shard_and_missing_manifest(tmp_path: Path) -> None:
