@@ -4,13 +4,17 @@ Every rank of every node must yield ``len(dataset)`` samples, the same count
 everywhere, and together every sample exactly once plus the documented padding
 (the tail repeats samples so that counts are equal). The two "nodes" are two
 ``torchrun --nnodes 2`` agents on 127.0.0.1 with a gloo process group, each
-with its own cache folder (``SHARDIO_CACHE_DIR``).
+with its own cache folder (``SHARDIO_CACHE_DIR``). Read from moto's S3, each
+node talks to S3 through a proxy of its own, which records every ranged GET:
+a range of records must be fetched once per node, whichever of the node's
+ranks needed it.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import random
 import socket
 import subprocess
 import sys
@@ -20,12 +24,20 @@ from pathlib import Path
 
 import pytest
 import torch.distributed as dist
+from storage_servers import S3Endpoint
 
+from benchmarks import storage_proxy
+from benchmarks.storage_proxy import FaultProxy
 from shardio import StreamingDataset
+from shardio.backends import open_shard
 from shardio.dataset import resolve_rank
+from shardio.manifest import read_manifest
 from shardio.pack import pack
 from shardio.ranks import env_rank
+from shardio.storage import open_store
 from shardio.writer import WriteOptions
+
+pytest_plugins = ("storage_plugin",)
 
 NUM_SAMPLES = 103  # not a multiple of 4 ranks: one padded sample
 NODES, PROCS_PER_NODE = 2, 2
@@ -95,12 +107,13 @@ def test_ranks_from_the_environment_split_the_dataset(
 WORKER = textwrap.dedent("""
     import json, os, sys
     import torch.distributed as dist
-    from shardio import StreamingDataset
+    from shardio import RemoteOptions, StreamingDataset
 
-    dataset, out = sys.argv[1], sys.argv[2]
-    made_before_init = StreamingDataset(dataset, decode="raw", seed=4)  # ranks read when iterated
+    dataset, out, range_bytes = sys.argv[1], sys.argv[2], int(sys.argv[3])
+    remote = RemoteOptions(range_bytes=range_bytes)  # cache_dir: $SHARDIO_CACHE_DIR, per node
+    made_before_init = StreamingDataset(dataset, decode="raw", seed=4, remote=remote)
     dist.init_process_group("gloo")
-    ds = StreamingDataset(dataset, decode="raw", seed=4)
+    ds = StreamingDataset(dataset, decode="raw", seed=4, remote=remote)
     indices = [int(s["__index__"]) for s in ds]
     early = [int(s["__index__"]) for s in made_before_init]
     counts = [None] * dist.get_world_size()
@@ -121,8 +134,12 @@ def _free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def run_two_nodes(dataset: str, tmp_path: Path, env: dict[str, str]) -> list[dict]:
-    """Two torchrun agents (nodes) of ``PROCS_PER_NODE`` ranks each; their ranks' reports."""
+def run_two_nodes(dataset: str, tmp_path: Path, env: dict[str, str],
+                  endpoints: list[str] | None = None, range_bytes: int = 16 << 20) -> list[dict]:
+    """Two torchrun agents (nodes) of ``PROCS_PER_NODE`` ranks each; their ranks' reports.
+
+    ``endpoints``: each node's ``AWS_ENDPOINT_URL``; ``range_bytes``: the fetch unit.
+    """
     script = tmp_path / "worker.py"
     script.write_text(WORKER)
     reports = tmp_path / "reports"
@@ -132,11 +149,13 @@ def run_two_nodes(dataset: str, tmp_path: Path, env: dict[str, str]) -> list[dic
     for node in range(NODES):
         node_env = {**env, "SHARDIO_CACHE_DIR": str(tmp_path / f"cache-node{node}"),
                     "GLOO_SOCKET_IFNAME": "lo", "PYTHONUNBUFFERED": "1"}
+        if endpoints is not None:
+            node_env["AWS_ENDPOINT_URL"] = endpoints[node]
         agents.append(subprocess.Popen(
             [sys.executable, "-m", "torch.distributed.run", f"--nnodes={NODES}",
              f"--nproc-per-node={PROCS_PER_NODE}", f"--node-rank={node}",
              "--master-addr=127.0.0.1", f"--master-port={port}", "--local-addr=127.0.0.1",
-             "--max-restarts=0", str(script), dataset, str(reports)],
+             "--max-restarts=0", str(script), dataset, str(reports), str(range_bytes)],
             env=node_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
     try:
         outputs = [agent.communicate(timeout=240)[0] for agent in agents]
@@ -172,3 +191,85 @@ def test_two_torchrun_nodes_read_every_sample_exactly_once(
     reports = run_two_nodes(str(dataset), tmp_path, dict(os.environ))
     check_exactly_once(reports, NUM_SAMPLES)
     assert {r["cache"] for r in reports} == {str(tmp_path / f"cache-node{n}") for n in (0, 1)}
+
+
+@pytest.fixture(scope="module")
+def ranged_dataset(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """2 shards of 61 incompressible 3 KB samples: several 64 KB ranges per shard."""
+    src = tmp_path_factory.mktemp("ranged-src")
+    for i in range(2 * 61):
+        (src / f"s{i:03d}.bin").write_bytes(random.Random(i).randbytes(3000))
+    out = tmp_path_factory.mktemp("ranged") / "ds"
+    pack(src, out, options=WriteOptions(max_shard_samples=61), num_workers=1)
+    return out
+
+
+def record_starts(dataset: Path) -> dict[int, tuple[str, int]]:
+    """Sample index -> (shard name, byte offset of its record)."""
+    manifest = read_manifest(dataset)
+    starts = {}
+    for shard in manifest.shards:
+        reader = open_shard(manifest.backend, dataset / shard.name)
+        try:
+            for i in range(shard.num_samples):
+                starts[shard.first_index + i] = (shard.name, reader.offset(i))
+        finally:
+            reader.close()
+    return starts
+
+
+def test_two_torchrun_nodes_read_an_s3_dataset_once_per_node(
+    ranged_dataset: Path, tmp_path: Path, s3: S3Endpoint, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store = open_store(s3.url)
+    for path in sorted(ranged_dataset.iterdir()):
+        store.put_file(path.name, path)
+    sizes = {path.name: path.stat().st_size for path in ranged_dataset.iterdir()}
+    gets: list[tuple[int, str, str]] = []
+    relay = storage_proxy._ProxyHandler.do_GET
+
+    def recording(self: storage_proxy._ProxyHandler) -> None:
+        gets.append((self.server.server_address[1], self.path.split("?", 1)[0],
+                     self.headers.get("Range", "")))
+        relay(self)
+
+    monkeypatch.setattr(storage_proxy._ProxyHandler, "do_GET", recording)
+    node1_proxy = FaultProxy(s3.moto.address)
+    try:
+        proxies = [s3.proxy.url, node1_proxy.url]
+        reports = run_two_nodes(s3.url, tmp_path, dict(os.environ), endpoints=proxies,
+                                range_bytes=64 << 10)
+    finally:
+        node1_proxy.close()
+    num_samples = 2 * 61
+    check_exactly_once(reports, num_samples)
+    starts = record_starts(ranged_dataset)
+    prefix = f"/{s3.bucket}/data/"
+    for node, url in enumerate(proxies):
+        port = int(url.rsplit(":", 1)[1])
+        fetched = Counter(
+            (path[len(prefix):], *_range_bounds(spec, sizes[path[len(prefix):]]))
+            for p, path, spec in gets if p == port and spec and path.startswith(prefix))
+        # records ranges end before the shard's tail (footer, index, keys: read per process)
+        records = {r: n for r, n in fetched.items() if r[2] < sizes[r[0]]}
+        assert records and max(records.values()) == 1, (
+            f"node {node} fetched a range of records more than once: {fetched.most_common(3)}")
+        readers: dict[tuple[str, int, int], set[int]] = {r: set() for r in records}
+        for report in reports:
+            if report["GROUP_RANK"] != node:
+                continue
+            for index in report["indices"]:
+                shard, offset = starts[index]
+                covering = [r for r in records if r[0] == shard and r[1] <= offset < r[2]]
+                assert len(covering) == 1, f"node {node}: sample {index} in {covering}"
+                readers[covering[0]].add(report["LOCAL_RANK"])
+        shared = [r for r, ranks in readers.items() if len(ranks) == PROCS_PER_NODE]
+        assert shared, "no range was needed by both ranks of a node: nothing shown"
+
+
+def _range_bounds(spec: str, size: int) -> tuple[int, int]:
+    """``(start, stop)`` of an HTTP ``Range: bytes=a-b`` or ``bytes=-n`` request."""
+    first, _, last = spec.removeprefix("bytes=").partition("-")
+    if first == "":
+        return size - int(last), size
+    return int(first), size if last == "" else min(size, int(last) + 1)
