@@ -1,0 +1,217 @@
+"""Each system reading its own format from S3 (``bench_remote``), with its own cache and budget.
+
+The formats are written by the local adapters (``adapters.<system>.pack``) and uploaded
+as they are; these readers only read. Every reader reaches the server the way its
+documentation describes, from the standard environment (``remote_servers.s3_environment``:
+``AWS_ENDPOINT_URL``, and ``S3_ENDPOINT_URL`` for MosaicML), keeps its downloads in
+``RemoteSpec.cache_dir`` and, given ``max_cache_bytes``, its own budget setting:
+
+* shardio: ``StreamingDataset(url, remote=RemoteOptions(cache_dir=, max_cache_bytes=))``;
+  budget: ``max_cache_bytes``.
+* mosaicml: ``StreamingDataset(remote=url, local=cache_dir, cache_limit=)``; budget:
+  ``cache_limit``.
+* litdata: ``StreamingDataset(input_dir=url, cache_dir=, max_cache_size=)``; budget:
+  ``max_cache_size``.
+* webdataset: ``WebDataset`` of the shards' ``http://`` URLs (its ``gopen`` pipes each
+  through ``curl``); it streams and caches nothing, so it has no budget.
+
+Shuffling, batching, workers and what each batch yields are as in the local adapters, so
+a batch is ``(payloads, labels)`` of the original bytes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+from benchmarks.adapters import Batch, EpochSpec, collate_pairs, module_missing
+from benchmarks.datagen import Tree
+
+
+@dataclass(frozen=True)
+class RemoteSpec:
+    """Where a system's uploaded pack is and how its reader may cache it."""
+
+    url: str
+    """``s3://bucket/prefix`` of the uploaded folder."""
+    http_url: str
+    """The same folder over plain HTTP through the link (``http://127.0.0.1:PORT/bucket/prefix``)."""
+    files: tuple[str, ...]
+    """Relative names of the uploaded files (WebDataset is given its shards' URLs)."""
+    cache_dir: Path
+    max_cache_bytes: int | None
+    """The reader's cache budget; None: its default (for every system here: room for all)."""
+
+
+class RemoteReader(Protocol):
+    """What every system offers ``bench_remote``."""
+
+    name: str
+    library: str
+    has_budget: bool
+    """Whether the system has a cache budget setting."""
+
+    def missing(self) -> str | None:
+        """Why this system cannot read remotely here, or None."""
+
+    def epochs(self, tree: Tree, remote: RemoteSpec, spec: EpochSpec) -> Iterator[Iterable[Batch]]:
+        """Build the dataset and loader once (on the first ``next()``), then yield epochs."""
+
+
+class ShardioReader:
+    """shardio ``StreamingDataset`` on an ``s3://`` URL through its node cache."""
+
+    library = "shardio"
+    has_budget = True
+
+    def __init__(self, *, name: str) -> None:
+        self.name = name
+
+    def missing(self) -> str | None:
+        reason = module_missing("shardio", "shardio")
+        if reason is None:
+            import shardio
+
+            if not hasattr(shardio, "RemoteOptions"):
+                return "this shardio has no RemoteOptions (remote read path not there yet)"
+        return reason
+
+    def epochs(self, tree: Tree, remote: RemoteSpec, spec: EpochSpec) -> Iterator[Iterable[Batch]]:
+        import shardio
+        from benchmarks.adapters.shardio_packs import _batches
+
+        options = shardio.RemoteOptions(cache_dir=remote.cache_dir,
+                                        max_cache_bytes=remote.max_cache_bytes)
+        dataset = shardio.StreamingDataset(remote.url, decode="raw", shuffle=spec.shuffle,
+                                           seed=spec.seed, remote=options)
+        loader = shardio.loader(dataset, batch_size=spec.batch_size,
+                                num_workers=spec.num_workers)
+        for _ in range(spec.num_epochs):
+            yield _batches(loader, tree, decode=False)
+
+
+class MosaicReader:
+    """MosaicML Streaming MDS shards from ``remote=``, cached in ``local=``."""
+
+    library = "mosaicml-streaming"
+    has_budget = True
+
+    def __init__(self, *, name: str) -> None:
+        self.name = name
+
+    def missing(self) -> str | None:
+        return module_missing("streaming", "mosaicml-streaming")
+
+    def epochs(self, tree: Tree, remote: RemoteSpec, spec: EpochSpec) -> Iterator[Iterable[Batch]]:
+        from streaming.base.util import clean_stale_shared_memory
+
+        from benchmarks.adapters.mds import import_streaming
+
+        streaming = import_streaming()
+
+        class PairDataset(streaming.StreamingDataset):  # type: ignore[misc,name-defined]
+            def __getitem__(self, index: int) -> tuple[Any, int]:
+                sample = super().__getitem__(index)
+                return sample["data"], int(sample["label"])
+
+        clean_stale_shared_memory()
+        dataset = PairDataset(
+            remote=remote.url, local=str(remote.cache_dir), shuffle=spec.shuffle,
+            shuffle_seed=spec.seed, batch_size=spec.batch_size,
+            cache_limit=remote.max_cache_bytes,
+        )
+        loader = streaming.StreamingDataLoader(
+            dataset, batch_size=spec.batch_size, num_workers=spec.num_workers,
+            collate_fn=collate_pairs,
+        )
+        for _ in range(spec.num_epochs):
+            yield loader
+
+
+def _pair(sample: dict[str, Any]) -> tuple[Any, int]:
+    return bytes(sample["data"]), int(sample["label"])
+
+
+class LitDataReader:
+    """LitData chunks from an ``s3://`` ``input_dir``, cached in ``cache_dir``."""
+
+    library = "litdata"
+    has_budget = True
+
+    def __init__(self, *, name: str) -> None:
+        self.name = name
+
+    def missing(self) -> str | None:
+        return module_missing("litdata", "litdata")
+
+    def epochs(self, tree: Tree, remote: RemoteSpec, spec: EpochSpec) -> Iterator[Iterable[Batch]]:
+        import litdata
+
+        dataset = litdata.StreamingDataset(
+            input_dir=remote.url, cache_dir=str(remote.cache_dir), shuffle=spec.shuffle,
+            seed=spec.seed, max_cache_size=remote.max_cache_bytes, transform=_pair,
+        )
+        loader = litdata.StreamingDataLoader(
+            dataset, batch_size=spec.batch_size, num_workers=spec.num_workers,
+            collate_fn=collate_pairs,
+        )
+        for _ in range(spec.num_epochs):
+            yield loader
+
+
+def _identity(value: Any) -> Any:
+    return value
+
+
+class WebDatasetReader:
+    """WebDataset tar shards streamed over HTTP (``gopen`` runs ``curl`` per shard)."""
+
+    library = "webdataset"
+    has_budget = False
+
+    def __init__(self, *, name: str) -> None:
+        self.name = name
+
+    def missing(self) -> str | None:
+        return module_missing("webdataset", "webdataset")
+
+    def epochs(self, tree: Tree, remote: RemoteSpec, spec: EpochSpec) -> Iterator[Iterable[Batch]]:
+        import webdataset as wds
+
+        from benchmarks.adapters.wds import SHUFFLE_BUFFER, _field
+
+        urls = [f"{remote.http_url}/{name}" for name in remote.files if name.endswith(".tar")]
+        dataset = wds.WebDataset(
+            urls, shardshuffle=len(urls) if spec.shuffle else False, seed=spec.seed,
+            workersplitter=wds.split_by_worker, nodesplitter=wds.single_node_only,
+            empty_check=False,
+        )
+        if spec.shuffle:
+            dataset = dataset.shuffle(SHUFFLE_BUFFER)
+        dataset = dataset.to_tuple(_field(tree), "cls").map_tuple(_identity, int)
+        dataset = dataset.batched(spec.batch_size, collation_fn=collate_pairs, partial=True)
+        loader = wds.WebLoader(dataset, batch_size=None, num_workers=spec.num_workers)
+        for _ in range(spec.num_epochs):
+            yield loader
+
+
+READERS: dict[str, type] = {
+    "shardio-records": ShardioReader,
+    "shardio-lmdb": ShardioReader,
+    "mosaicml": MosaicReader,
+    "litdata": LitDataReader,
+    "webdataset": WebDatasetReader,
+}
+"""System -> its remote reader; its format is written by the local adapter of the same name."""
+
+
+def get_reader(name: str) -> RemoteReader:
+    """The remote reader of system ``name`` (a key of ``READERS``)."""
+    try:
+        cls = READERS[name]
+    except KeyError:
+        raise ValueError(f"unknown system {name!r}; choose from {', '.join(READERS)}") from None
+    reader: RemoteReader = cls(name=name)
+    return reader
