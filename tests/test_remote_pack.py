@@ -20,6 +20,7 @@ from typing import Any
 import pytest
 from storage_servers import S3Endpoint
 
+from shardio import RemoteOptions, verify
 from shardio.errors import OutputExistsError, PackError, StorageError
 from shardio.journal import JOURNAL_NAME
 from shardio.manifest import MANIFEST_NAME
@@ -97,6 +98,8 @@ def test_pack_to_s3_through_faults_is_identical_to_a_local_pack(
     assert list(objects)[-1] == MANIFEST_NAME or MANIFEST_NAME in objects
     assert max(staged_at_upload) <= 2  # one shard per worker, never the whole dataset
     assert list(staging_tmp.iterdir()) == []  # staging removed
+    report = verify(s3.url, remote=RemoteOptions(cache_dir=tmp_path / "cache"))
+    assert report.ok and report.num_records == 300  # read back through the remote reader
 
 
 def test_large_shards_go_up_in_parts_and_stay_identical(
