@@ -112,7 +112,9 @@ def verify(
             file_faults, hashed = _file_faults(shard_file, info, bar if quick else None)
             faults.extend(file_faults)
             num_bytes += hashed
-            if quick or (file_faults and not hashed):
+            # A damaged .rec shard is still read, to name its bad records; liblmdb is never
+            # handed an LMDB file known to be damaged (bad pages can kill it by a signal).
+            if quick or (file_faults and (not hashed or manifest.backend == "lmdb")):
                 reader.close_shard(number)  # a remote shard's cached copy: let it go
                 continue
             checked, record_faults = _record_faults(reader, number, manifest, bar, seen)

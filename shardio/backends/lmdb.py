@@ -12,10 +12,12 @@ the sample keys as a msgpack array of str (``B`` bytes with CRC-32 ``C``).
 The writer appends in large write transactions (``append=True``) straight into
 the file it is given and fsyncs once. LMDB is deterministic and zero-fills the
 pages it allocates (``meminit``), so identical input gives an identical file.
-LMDB checks no checksums of its own, so the reader checks what it can before it
-touches bytes (file size against the last page, every value's length against
-its frame header) and LMDB errors are translated into shardio errors here.
-This module imports only ``errors`` and ``format`` from shardio.
+LMDB checks no checksums of its own and trusts every page number it reads, so
+the reader first proves the file's B-tree structure sound
+(``shardio.backends.lmdbcheck``: no page reference or value leaves the file),
+then checks every value's length against its frame header; LMDB errors are
+translated into shardio errors here. This module imports only ``errors``,
+``format`` and ``backends.lmdbcheck`` from shardio.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from typing import Any, Final
 import lmdb
 import msgpack
 
+from shardio.backends.lmdbcheck import check_lmdb_file
 from shardio.errors import (
     ChecksumError,
     PackError,
@@ -191,6 +194,9 @@ class LmdbShardReader:
         self._closed = False
         self._keys: list[str] | None = None
         self._fd = -1
+        # liblmdb follows page numbers and value sizes unchecked, so a damaged page can make
+        # it read past the end of the file (SIGBUS); prove every reachable page is inside first.
+        check_lmdb_file(self.path)
         try:
             self._env = lmdb.open(
                 self.path, subdir=False, readonly=True, lock=False, create=False,
@@ -205,7 +211,7 @@ class LmdbShardReader:
             except lmdb.Error as exc:
                 raise _translate(exc, self.path, "opening the shard") from exc
             needed = (info["last_pgno"] + 1) * stat["psize"]
-            if self._size < needed:
+            if self._size < needed:  # replaced since the check: refuse before any page is read
                 raise TruncatedShardError(
                     f"{self.path}: shard is {self._size} bytes but its LMDB header says "
                     f"{needed}; it is truncated: restore it from a copy or re-pack",
