@@ -26,7 +26,7 @@ from shardio.journal import (
 )
 from shardio.manifest import MANIFEST_NAME, Manifest, fsync_dir, write_manifest
 from shardio.remotetarget import RemoteTarget
-from shardio.storage import is_remote, open_store
+from shardio.storage import open_store, split_url
 
 
 class PackTarget(Protocol):
@@ -139,9 +139,10 @@ def open_target(out: str | os.PathLike[str],
         ValueError: ``storage_options`` given for a local path.
         PackError: another pack on this host is writing to the same URL.
     """
-    if is_remote(out):
+    protocol, local = split_url(out)
+    if protocol is not None:
         return RemoteTarget(open_store(out, storage_options=storage_options))
     if storage_options:
         raise ValueError(f"{out}: storage_options are for remote URLs (s3://, gs://, ...), "
                          "but this is a local path; drop them or pass a URL")
-    return LocalTarget(Path(out))
+    return LocalTarget(Path(local))  # file:///x is the folder /x, not one named "file:"

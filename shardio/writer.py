@@ -303,9 +303,23 @@ class ShardWriter:
         })
 
     def close(self) -> Manifest:
-        """Finish the last shard and write the manifest; returns it."""
+        """Finish the last shard and write the manifest; returns it.
+
+        If that fails (a full disk, a store that keeps failing), the writer is
+        aborted: the finished shards and the journal stay for ``resume``.
+        """
         if self._closed:
             raise ValueError("ShardWriter is already closed")
+        try:
+            manifest = self._finish()
+        except BaseException:
+            self.abort()
+            raise
+        self._target.close()
+        self._closed = True
+        return manifest
+
+    def _finish(self) -> Manifest:
         if self._current is not None:
             self._finish_shard()
         info = self.info
@@ -329,8 +343,6 @@ class ShardWriter:
         )
         self._target.write_manifest(manifest)
         self._target.finish()
-        self._target.close()
-        self._closed = True
         return manifest
 
     def abort(self) -> None:

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from storage_servers import S3Endpoint
+from storage_servers import FAST_RETRY, S3Endpoint
 
 from shardio import RemoteOptions, verify
 from shardio.errors import OutputExistsError, PackError, StorageError
@@ -264,3 +264,27 @@ def test_cli_packs_to_a_url_and_refuses_a_url_source(
                              capture_output=True, text=True, timeout=120)
     assert refused.returncode == 2 and "s3://bucket/src" in refused.stderr
     assert "local folder" in refused.stderr and not (tmp_path / "out").exists()
+
+
+def test_a_writer_whose_manifest_upload_fails_keeps_its_shards_for_resume(
+    tmp_path: Path, s3: S3Endpoint, staging_tmp: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from shardio.storage import remote
+
+    monkeypatch.setattr(remote, "RetryPolicy", lambda: FAST_RETRY)  # give up in milliseconds
+    s3.plan.reset(slowdown_match="manifest.json")  # every PUT of the manifest: 503, for good
+    with pytest.raises(StorageError, match=r"manifest\.json"), ShardWriter(
+            s3.url, max_shard_samples=10) as writer:
+        _write_samples(writer, 0, 25)
+    assert list(staging_tmp.iterdir()) == []  # released, not left locked
+    s3.plan.reset()
+    names = open_store(s3.url).list_names()
+    assert MANIFEST_NAME not in names and JOURNAL_NAME in names
+    with ShardWriter(s3.url, max_shard_samples=10, resume=True) as writer:
+        assert writer.num_resumed == 25  # all three shards were uploaded and journaled
+    assert open_store(s3.url).exists(MANIFEST_NAME)
+
+
+def test_a_file_url_output_is_the_local_folder(tiny_tree: Path, tmp_path: Path) -> None:
+    summary = pack(tiny_tree, f"file://{tmp_path / 'out'}", options=OPTIONS, num_workers=1)
+    assert summary.shards == 8 and (tmp_path / "out" / MANIFEST_NAME).exists()
