@@ -63,7 +63,11 @@ the like (kinds: flip, truncate, zero, swap, manifest)."""
 
 def make_dataset(root: Path, *, backend: str, codec: str, num_samples: int = 24,
                  per_shard: int = 6, seed: int = 0) -> None:
-    """A labelled dataset: half JPEG-like images (stored raw), half compressible ones."""
+    """A labelled dataset: half JPEG-like images (stored raw), half compressible ones.
+
+    Every fourth image is 5-12 KB, larger than a page: LMDB keeps it on overflow pages,
+    whose damaged page numbers and sizes are what can lead liblmdb past the file's end.
+    """
     from shardio import ShardWriter, WriteOptions
 
     rng = np.random.default_rng(seed)
@@ -71,7 +75,7 @@ def make_dataset(root: Path, *, backend: str, codec: str, num_samples: int = 24,
     options = WriteOptions(backend=backend, codec=codec, max_shard_samples=per_shard)
     with ShardWriter(root, options, classes=classes) as writer:
         for i in range(num_samples):
-            size = int(rng.integers(200, 1500))
+            size = int(rng.integers(5000, 12000) if i % 4 == 3 else rng.integers(200, 1500))
             if i % 2:
                 image = b"\xff\xd8\xff\xe0" + rng.integers(0, 256, size, np.uint8).tobytes()
             else:
@@ -463,8 +467,9 @@ def run(*, flips: int, truncations: int, seed: int, torch: bool,
         "command": "python -m benchmarks.stress_corruption " + " ".join(sys.argv[1:]),
         "seed": seed,
         "readers": [*(READERS if torch else READERS[:2]), "verify", "unpack"],
-        "dataset": "24 labelled samples, 4 shards of 6; half JPEG-like (stored raw), half "
-                   "compressible (zstd); one per backend x codec",
+        "dataset": "24 labelled samples of 0.2-12 KB (one in four on LMDB overflow pages), "
+                   "4 shards of 6; half JPEG-like (stored raw), half compressible (zstd); "
+                   "one per backend x codec",
         "seconds": round(time.perf_counter() - started, 1),
         "machine": machine,
         "libraries": {k: v for k, v in library_versions().items() if k in ("shardio", "lmdb",
