@@ -440,8 +440,8 @@ def all_cases(root: Path, *, flips: int, truncations: int, rng: np.random.Genera
             + zero_cases(root) + swap_cases(root) + manifest_cases(root))
 
 
-def run(*, flips: int, truncations: int, seed: int, torch: bool,
-        case_timeout_s: float) -> dict[str, Any]:
+def run(*, flips: int, truncations: int, seed: int, torch: bool, case_timeout_s: float,
+        command: str) -> dict[str, Any]:
     """Every backend × codec: build the dataset, run its cases, summarize."""
     from benchmarks.machine import describe_machine, library_versions, source_id
 
@@ -464,7 +464,7 @@ def run(*, flips: int, truncations: int, seed: int, torch: bool,
         "question": "does any damage get past verify, make a reader return wrong bytes, "
                     "or kill a process by a signal or hang?",
         "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "command": "python -m benchmarks.stress_corruption " + " ".join(sys.argv[1:]),
+        "command": command,
         "seed": seed,
         "readers": [*(READERS if torch else READERS[:2]), "verify", "unpack"],
         "dataset": "24 labelled samples of 0.2-12 KB (one in four on LMDB overflow pages), "
@@ -526,8 +526,12 @@ def main(argv: list[str] | None = None) -> None:
     if args.child:
         child_main(args.child)
         return
+    # the command that reproduces the figures: every option but where they are written
+    given = [f"--flips {args.flips}", f"--truncations {args.truncations}", f"--seed {args.seed}",
+             "" if args.torch else "--no-torch", f"--case-timeout {args.case_timeout:g}"]
+    command = " ".join(["python -m benchmarks.stress_corruption", *filter(None, given)])
     results = run(flips=args.flips, truncations=args.truncations, seed=args.seed,
-                  torch=args.torch, case_timeout_s=args.case_timeout)
+                  torch=args.torch, case_timeout_s=args.case_timeout, command=command)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(results, indent=1) + "\n")
     print(render_guarantees(results))
