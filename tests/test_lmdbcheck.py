@@ -261,6 +261,22 @@ def node_fields(data: bytes) -> list[int]:
     return spots
 
 
+def test_overflow_headers_checked_on_request(clean: Path, tmp_path: Path) -> None:
+    """A damaged overflow header is harmless to readers (never read); asked for, it is found."""
+    dataset = shutil.copytree(clean, tmp_path / "ds")
+    shard = shard_of(dataset)
+    data = bytearray(shard.read_bytes())
+    node = leaf_node(data, big=True, size=9000)
+    run = struct.unpack_from("=Q", data, node + 8 + NODE_HEADER.unpack_from(data, node)[3])[0]
+    data[run * PSIZE + 10] ^= 0x04  # P_OVERFLOW flag off
+    shard.write_bytes(bytes(data))
+    check_lmdb_file(str(shard))
+    with DatasetReader(dataset) as damaged, DatasetReader(clean) as original:
+        assert list(damaged) == list(original)
+    with pytest.raises(ShardCorruptError, match=rf"overflow header says page {run}, flags 0x0"):
+        check_lmdb_file(str(shard), overflow_headers=True)
+
+
 def test_random_bit_flips_never_kill_hang_or_lie(clean: Path, tmp_path: Path) -> None:
     """Seeded single-bit flips, read in child processes: an error or the original, always.
 

@@ -16,8 +16,9 @@ reach lies inside the file, once, before ``shardio.backends.lmdb`` opens it:
   every node inside its page, keys strictly increasing and inside the range
   their parent branch routes to them, branch pages with at least two children;
 * every leaf value: inline values end inside their page; a big value's run of
-  ``ceil((16 + size) / psize)`` overflow pages lies inside the file, overlaps
-  no other page, and starts with a ``P_OVERFLOW`` header naming itself;
+  ``ceil((16 + size) / psize)`` overflow pages lies inside the file and overlaps
+  no other page (with ``overflow_headers=True`` its ``P_OVERFLOW`` header is read
+  too: liblmdb's read path never uses it, and cold it costs a random read);
 * the page, entry and depth counts the meta page holds match the tree.
 
 The free-page database is only read by write transactions, which shardio never
@@ -100,11 +101,16 @@ class _Meta:
     txnid: int
 
 
-def check_lmdb_file(path: str) -> LmdbLayout:
+def check_lmdb_file(path: str, *, overflow_headers: bool = False) -> LmdbLayout:
     """Prove that liblmdb reading ``path`` stays inside the file.
 
     Args:
         path: an LMDB file (``subdir=False``) with one unnamed database.
+        overflow_headers: also read the first page of every overflow run and check
+            its header. liblmdb's read path never uses those headers, and on a cold
+            file each is a random read (one per big value; see benchmarks/README.md),
+            so readers leave it off: runs are already proved inside the file and
+            disjoint from every other page the tree uses.
 
     Returns:
         The layout the check walked.
@@ -119,7 +125,7 @@ def check_lmdb_file(path: str) -> LmdbLayout:
     try:
         size = os.fstat(fd).st_size
         meta = _pick_meta(fd, path, size)
-        return _TreeCheck(fd, path, meta).run()
+        return _TreeCheck(fd, path, meta, overflow_headers=overflow_headers).run()
     finally:
         os.close(fd)
 
@@ -198,8 +204,9 @@ def _pick_meta(fd: int, path: str, size: int) -> _Meta:
 class _TreeCheck:
     """One depth-first, in-key-order walk of the main database's B-tree."""
 
-    def __init__(self, fd: int, path: str, meta: _Meta) -> None:
+    def __init__(self, fd: int, path: str, meta: _Meta, *, overflow_headers: bool) -> None:
         self.fd, self.path, self.meta = fd, path, meta
+        self.overflow_headers = overflow_headers
         self.psize = meta.page_bytes
         self.seen = bytearray(meta.last_pgno + 1)
         self.seen[0] = self.seen[1] = 1  # the meta pages
@@ -257,49 +264,73 @@ class _TreeCheck:
                 and num >= (2 if flags == P_BRANCH else 1)):
             raise _corrupt(self.path, where, f"free-space bounds {lower}..{upper} do not fit a "
                            f"{self.psize}-byte page with enough nodes")
+        ptrs = struct.unpack_from(f"={num}H", page, PAGE_HEADER_BYTES)
+        if flags == P_LEAF:
+            self._leaf_nodes(page, where, ptrs, upper, low, high)
+            return []
         pgnos: list[int] = []
         bounds: list[bytes | None] = [low]  # bounds[i]..bounds[i + 1] is child i's key range
-        for i, ptr in enumerate(struct.unpack_from(f"={num}H", page, PAGE_HEADER_BYTES)):
-            key_end = ptr + NODE_HEADER_BYTES
-            if ptr < upper or key_end > self.psize:
-                raise _corrupt(self.path, where, f"node {i} at byte {ptr} lies outside the "
-                               f"node area {upper}..{self.psize}")
-            lo, hi, nflags, ksize = NODE_HEADER.unpack_from(page, ptr)
-            key_end += ksize
-            if key_end > self.psize:
-                raise _corrupt(self.path, where, f"node {i}'s {ksize}-byte key runs past the "
-                               "end of the page")
-            if flags == P_BRANCH:
-                pgnos.append(lo | hi << 16 | nflags << 32)
-                if i > 0:  # liblmdb never compares a branch page's first key
-                    key = page[ptr + NODE_HEADER_BYTES:key_end]
-                    self._check_key(key, bounds[-1], high, where, i)
-                    bounds.append(key)
-                continue
-            key = page[ptr + NODE_HEADER_BYTES:key_end]
-            if low is not None and key < low:
-                raise _corrupt(self.path, where, f"node {i}'s key {key[:16]!r} sorts before "
-                               f"{low[:16]!r}, where its parent branch routes this page")
-            self._check_key(key, self.last_key, high, where, i)
-            self.last_key = key
-            self._value(page, where, i, key_end, lo | hi << 16, nflags)
+        for i, ptr in enumerate(ptrs):
+            lo, hi, nflags, key = self._node(page, where, i, ptr, upper)
+            pgnos.append(lo | hi << 16 | nflags << 32)
+            if i > 0:  # liblmdb never compares a branch page's first key
+                after = bounds[-1]
+                if (after is not None and key <= after) or (high is not None and key >= high):
+                    raise self._disorder(where, i, key, after, high)
+                bounds.append(key)
         bounds.append(high)
         return [(pgno, depth + 1, bounds[i], bounds[i + 1]) for i, pgno in enumerate(pgnos)]
 
-    def _check_key(
-        self, key: bytes, after: bytes | None, before: bytes | None, where: str, i: int
+    def _node(
+        self, page: bytes, where: str, i: int, ptr: int, upper: int
+    ) -> tuple[int, int, int, bytes]:
+        """Node ``i`` at byte ``ptr``: ``(lo, hi, flags, key)``, header and key in the page."""
+        if ptr < upper or ptr + NODE_HEADER_BYTES > self.psize:
+            raise _corrupt(self.path, where, f"node {i} at byte {ptr} lies outside the node "
+                           f"area {upper}..{self.psize}")
+        lo, hi, nflags, ksize = NODE_HEADER.unpack_from(page, ptr)
+        if ptr + NODE_HEADER_BYTES + ksize > self.psize:
+            raise _corrupt(self.path, where, f"node {i}'s {ksize}-byte key runs past the end "
+                           "of the page")
+        return lo, hi, nflags, page[ptr + NODE_HEADER_BYTES:ptr + NODE_HEADER_BYTES + ksize]
+
+    def _leaf_nodes(
+        self, page: bytes, where: str, ptrs: tuple[int, ...], upper: int,
+        low: bytes | None, high: bytes | None,
     ) -> None:
-        """Keys strictly increase (memcmp order, as liblmdb's default compare) within range."""
-        if after is not None and key <= after:
-            raise _corrupt(self.path, where, f"node {i}'s key {key[:16]!r} does not sort after "
-                           f"the key before it, {after[:16]!r}")
-        if before is not None and key >= before:
-            raise _corrupt(self.path, where, f"node {i}'s key {key[:16]!r} does not sort before "
-                           f"{before[:16]!r}, where its parent branch routes the next page")
+        """Keys in order and in range, values inside the page or the file (the hot loop)."""
+        psize, node = self.psize, self._node
+        prev = self.last_key
+        for i, ptr in enumerate(ptrs):
+            lo, hi, nflags, key = node(page, where, i, ptr, upper)
+            if prev is not None and key <= prev:  # keys strictly increase from leaf to leaf
+                raise self._disorder(where, i, key, prev, None)
+            prev = key
+            start = ptr + NODE_HEADER_BYTES + len(key)
+            size = lo | hi << 16
+            if nflags or start + size > psize:
+                self._value(page, where, i, start, size, nflags)
+        first = node(page, where, 0, ptrs[0], upper)[3]
+        if low is not None and first < low:
+            raise self._disorder(where, 0, first, low, high)
+        if high is not None and prev is not None and prev >= high:
+            raise self._disorder(where, len(ptrs) - 1, prev, low, high)
+        self.last_key = prev
+        self.entries += len(ptrs)
+
+    def _disorder(
+        self, where: str, i: int, key: bytes, after: bytes | None, before: bytes | None
+    ) -> ShardCorruptError:
+        """Keys must strictly increase (memcmp order, liblmdb's default) within their range."""
+        def show(k: bytes | None) -> str:
+            return "-" if k is None else repr(k[:16])
+
+        return _corrupt(self.path, where, f"node {i}'s key {show(key)} is out of order: keys "
+                        "must strictly increase within the range its parent branch routes "
+                        f"here ({show(after)} .. {show(before)})")
 
     def _value(self, page: bytes, where: str, i: int, start: int, size: int, flags: int) -> None:
         """A leaf node's value lies inside its page, or in an overflow run inside the file."""
-        self.entries += 1
         if flags == 0:
             if start + size > self.psize:
                 raise _corrupt(self.path, where, f"node {i}'s {size}-byte value runs past the "
@@ -312,6 +343,9 @@ class _TreeCheck:
         count = (PAGE_HEADER_BYTES - 1 + size) // self.psize + 1
         run = f"{where} node {i}: overflow pages {first}..{first + count - 1}"
         self._claim(first, count, run)
+        self.counts[P_OVERFLOW] += count
+        if not self.overflow_headers:
+            return
         raw = _read(self.fd, self.path, OVERFLOW_HEADER.size, first * self.psize, run)
         self.reads += 1
         header_pgno, _pad, oflags, pages = OVERFLOW_HEADER.unpack(raw)
@@ -321,4 +355,3 @@ class _TreeCheck:
             raise _corrupt(self.path, run, f"the overflow header says page {header_pgno}, flags "
                            f"{oflags:#x}, {pages} pages; expected page {first}, flags "
                            f"{P_OVERFLOW:#x} (P_OVERFLOW), {count} pages for {size} bytes")
-        self.counts[P_OVERFLOW] += count
