@@ -43,6 +43,7 @@ if TYPE_CHECKING:
     from shardio.dataloader import loader
     from shardio.dataset import IndexedDataset, StreamingDataset
     from shardio.decode import pil_backend
+    from shardio.fields import Fields
     from shardio.location import read_manifest
     from shardio.pack import PackSummary, pack, pack_imagefolder
     from shardio.prefetch import DevicePrefetcher
@@ -71,6 +72,7 @@ _LAZY = {
     "loader": "shardio.dataloader",
     "DevicePrefetcher": "shardio.prefetch",
     "pil_backend": "shardio.decode",
+    "Fields": "shardio.fields",
     "preview": "shardio.preview",
     "read_manifest": "shardio.location",
     "RemoteOptions": "shardio.storage.options",
@@ -84,6 +86,7 @@ __all__ = [
     "DecodeError",
     "DevicePrefetcher",
     "EmptySourceError",
+    "Fields",
     "IndexedDataset",
     "Manifest",
     "ManifestError",

@@ -1,19 +1,22 @@
-"""uint8 image tensors and the collate that batches them for ``decode="tensor"``.
+"""uint8 image tensors, the field decoders of the torch datasets, and the collates.
 
 ``decode_tensor`` turns encoded bytes into a uint8 CHW tensor (a view over
 the decoded pixels, like torchvision's ``pil_to_tensor`` but without its
 extra copy). ``collate_tensor`` stacks ``(image, label)`` samples into one
-``(B, C, H, W)`` uint8 tensor and one int64 label tensor. Inside a DataLoader
-worker the stacked batch is allocated in shared memory (torch's
-``default_collate`` does that), so a batch reaches the main process as two
+``(B, C, H, W)`` uint8 tensor and one int64 label tensor; ``collate_fields``
+does the same per position for the tuples of ``fields=`` (``field_decoder``
+builds their decoder with the image decoder of the decode mode). Inside a
+DataLoader worker the stacked batch is allocated in shared memory (torch's
+``default_collate`` does that), so a batch reaches the main process as a few
 shared-memory tensors instead of pickled arrays. Imports torch; nothing below
 the torch layer may import this module.
 """
 
 from __future__ import annotations
 
+import functools
 import warnings
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -21,6 +24,8 @@ import torch
 from torch.utils.data import default_collate, get_worker_info
 
 from shardio.decode import decode_image, image_to_array
+from shardio.fields import FieldDecoder, Fields, as_fields, to_bytes
+from shardio.manifest import Manifest
 
 
 def decode_tensor(
@@ -127,3 +132,87 @@ def pack_views(images: Sequence[torch.Tensor]) -> tuple[torch.Tensor, list[torch
         views.append(flat[at : at + n].view(image.shape))
         at += n
     return flat, views
+
+
+def _pil(data: bytes | memoryview, *, draft_size: tuple[int, int] | None) -> Any:
+    return decode_image(data, draft_size=draft_size)
+
+
+def _tensor(data: bytes | memoryview, *, draft_size: tuple[int, int] | None) -> torch.Tensor:
+    return decode_tensor(data, draft_size=draft_size)
+
+
+def field_decoder(
+    fields: Fields | Sequence[str],
+    *,
+    mode: str,
+    manifest: Manifest,
+    path: str,
+    transform: Callable[[Any], Any] | None = None,
+    target_transform: Callable[[Any], Any] | None = None,
+    draft_size: tuple[int, int] | None = None,
+) -> FieldDecoder:
+    """The decoder of a dataset built with ``fields=``: image fields per ``mode``
+    (``"pil"``: PIL RGB, ``"tensor"``: uint8 CHW, ``"raw"``: bytes), the rest by name.
+
+    Raises:
+        TypeError: ``fields`` is a str or holds something other than names.
+        ValueError: a name is no field of the dataset (the message lists its
+            fields), the spec is inconsistent, or ``target_transform`` is given
+            (there is no single target: use ``Fields(transforms=...)``).
+    """
+    spec = as_fields(fields)
+    if target_transform is not None:
+        raise ValueError(
+            f"{path}: target_transform applies to ImageFolder (image, label) pairs; with fields= "
+            "pass one transform per field: fields=shardio.Fields(names, transforms=(...))"
+        )
+    unknown = [name for name in spec.names if name not in manifest.fields]
+    if unknown:
+        raise ValueError(
+            f"{path}: no field {unknown[0]!r} in this dataset; its samples have fields "
+            f"{list(manifest.fields)} (a field is the part of a file name after the sample "
+            "key's first dot: x.seg.png -> 'seg.png')"
+        )
+    image: Callable[[Any], Any] = to_bytes
+    if mode in ("pil", "tensor"):
+        image = functools.partial(_pil if mode == "pil" else _tensor, draft_size=draft_size)
+    return FieldDecoder(spec, mode=mode, image=image, path=path, transform=transform)
+
+
+def collate_fields(batch: Sequence[Any]) -> Any:
+    """Batch the tuples of ``fields=`` position by position, as a user expects.
+
+    Per position: tensors of one shape and dtype → one stacked tensor (in shared
+    memory inside a worker); tensors of several shapes → a list of views of one
+    buffer; ints → an int64 tensor; anything else (PIL images, strings, dicts,
+    arrays, None) → a list. Samples that are not tuples of one length (a
+    ``transform`` made something else) go to ``default_collate``, or stay a list
+    where it cannot batch them.
+
+    Raises:
+        ValueError: ``batch`` is empty.
+    """
+    if not batch:
+        raise ValueError("collate_fields got an empty batch")
+    width = len(batch[0]) if isinstance(batch[0], tuple) else -1
+    if width < 0 or any(not isinstance(s, tuple) or len(s) != width for s in batch):
+        try:
+            return default_collate(list(batch))
+        except (TypeError, RuntimeError):
+            return list(batch)
+    return tuple(_collate_column([s[i] for s in batch]) for i in range(width))
+
+
+def _collate_column(values: list[Any]) -> Any:
+    if all(isinstance(v, torch.Tensor) for v in values):
+        if len({(v.dtype, v.device, v.requires_grad) for v in values}) != 1 or (
+            values[0].device.type != "cpu" or values[0].requires_grad
+        ):
+            return values  # pack_views copies through numpy: plain CPU tensors of one dtype
+        flat, views = pack_views(values)
+        first = values[0].shape
+        return flat.view(len(values), *first) if all(v.shape == first for v in values) else views
+    if all(type(v) is int for v in values):
+        return torch.tensor(values, dtype=torch.int64)
+    return values

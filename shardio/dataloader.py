@@ -21,6 +21,7 @@ from torch.utils.data import DataLoader, default_collate
 
 from shardio.batch import RecordBatch
 from shardio.dataset import StreamingDataset
+from shardio.fields import FieldDecoder
 
 
 def collate_items(items: list[Any]) -> Any:
@@ -40,6 +41,10 @@ def collate_items(items: list[Any]) -> Any:
 def collate_for(dataset: StreamingDataset) -> Callable[[list[Any]], Any]:
     """The collate function that suits the dataset's decode mode."""
     mode = dataset.decoder.mode
+    if isinstance(dataset.decoder, FieldDecoder):  # tuples of fields=, whatever the mode
+        from shardio.collate import collate_fields
+
+        return collate_fields
     if mode == "raw" and dataset.decoder.transform is None:
         return RecordBatch.from_samples
     if mode == "tensor" and dataset.decoder.transform is None:
@@ -212,7 +217,8 @@ def loader(
         batch_size: samples per batch; every batch is full but the epoch's last.
         num_workers: worker processes (default: the core count, at most 8).
         collate_fn: override the batch format (default: ``RecordBatch`` for raw
-            samples, stacked uint8 tensors for ``decode="tensor"``, default
+            samples, stacked uint8 tensors for ``decode="tensor"``,
+            ``shardio.collate.collate_fields`` with ``fields=``, default
             collation otherwise).
         pin_memory: default: only when CUDA is available.
         prefetch_factor: batches each worker keeps ready.

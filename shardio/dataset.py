@@ -16,7 +16,10 @@ from typing import Any, Literal
 import torch
 from torch.utils.data import Dataset, IterableDataset, get_worker_info
 
+from shardio.classes import ClassAttributes
+from shardio.collate import field_decoder
 from shardio.errors import ResumeError
+from shardio.fields import FieldDecoder, Fields
 from shardio.plan import PlanConfig, Split, batch_span, samples_per_rank
 from shardio.ranks import env_rank
 from shardio.reader import DatasetReader
@@ -116,18 +119,21 @@ def resolve_decode(decode: str, labelled: bool, path: str) -> str:
         raise ValueError(f"decode must be 'auto', 'raw', 'pil' or 'tensor', got {decode!r}")
     if decode != "raw" and not labelled:
         raise ValueError(
-            f"{path}: decode={decode!r} needs an ImageFolder pack (fields 'image' and 'label'); "
-            "this dataset has none: use decode='raw' and decode fields in a transform"
+            f"{path}: decode={decode!r} alone needs an ImageFolder pack (fields 'image' and "
+            "'label'); this dataset has none: name the fields to decode, e.g. "
+            "fields=('jpg', 'cls'), or use decode='raw'"
         )
     return decode
 
 
-class StreamingDataset(IterableDataset[Any]):
+class StreamingDataset(ClassAttributes, IterableDataset[Any]):
     """Stream a shardio dataset: shuffled, split over ranks and workers, exactly resumable.
 
     On an ImageFolder pack it yields ``(image, label)`` like
     ``torchvision.datasets.ImageFolder`` (a PIL RGB image after ``transform``,
-    an int after ``target_transform``), so a training script changes one line.
+    an int after ``target_transform``) and has its ``classes``, ``class_to_idx``
+    and ``targets`` (``shardio.classes``), so a training script changes one line;
+    ``fields=`` yields chosen fields of any pack, decoded by name.
     Each epoch's order is a pure function of ``(seed, epoch)`` and the split;
     every rank yields ``len(ds)`` samples per epoch (tail padded by repeating
     samples, or dropped with ``drop_last``), and with one rank every sample
@@ -142,6 +148,7 @@ class StreamingDataset(IterableDataset[Any]):
         path: str | os.PathLike[str],
         *,
         decode: Decode = "auto",
+        fields: Fields | Sequence[str] | None = None,
         transform: Callable[[Any], Any] | None = None,
         target_transform: Callable[[Any], Any] | None = None,
         shuffle: bool = True,
@@ -163,8 +170,14 @@ class StreamingDataset(IterableDataset[Any]):
                 (``s3://bucket/train``, ``https://host/train``, any fsspec protocol).
             decode: ``"auto"`` (``"pil"`` on ImageFolder packs, else ``"raw"``),
                 ``"raw"`` (sample dicts with ``__key__`` and ``__index__``), ``"pil"``
-                or ``"tensor"`` (uint8 CHW).
-            transform: applied to the image (or to the sample dict with ``raw``).
+                or ``"tensor"`` (uint8 CHW). With ``fields``, the mode of image fields
+                (``"auto"`` is ``"pil"``, ``"raw"`` keeps their bytes).
+            fields: yield a tuple of these fields, each decoded by its name
+                (``("jpg", "cls", "json")`` → PIL image, int, parsed JSON; see
+                ``shardio.Fields`` for per-field decoders and transforms, and
+                ``missing=``). Without it an ImageFolder pack yields ``(image, label)``.
+            transform: applied to the image (or to the sample dict with ``raw``, to
+                the tuple with ``fields``).
             target_transform: applied to the label.
             shuffle: permute blocks and windows each epoch; False keeps stored order.
             seed: with the epoch, the only input of the order.
@@ -195,9 +208,12 @@ class StreamingDataset(IterableDataset[Any]):
         self.path = str(self.reader.root)
         self.manifest = self.reader.manifest
         self._rank_arg, self._world_arg = rank, world_size
-        mode = resolve_decode(decode, self.manifest.is_labelled, self.path)
-        self.decoder = SampleDecoder(
+        mode = resolve_decode(decode, self.manifest.is_labelled or fields is not None, self.path)
+        self.decoder: SampleDecoder | FieldDecoder = SampleDecoder(
             mode, transform=transform, target_transform=target_transform, draft_size=draft_size
+        ) if fields is None else field_decoder(
+            fields, mode=mode, manifest=self.manifest, path=self.path, transform=transform,
+            target_transform=target_transform, draft_size=draft_size,
         )
         mean = self.manifest.num_bytes / max(self.manifest.num_samples, 1)
         window = shuffle_buffer if shuffle_buffer is not None else default_window(mean)
@@ -454,7 +470,7 @@ class StreamingDataset(IterableDataset[Any]):
         self._shared.write({"epoch": progress.epoch, "resume": progress_to_state(progress)})
 
 
-class IndexedDataset(Dataset[Any]):
+class IndexedDataset(ClassAttributes, Dataset[Any]):
     """Map-style access: ``ds[i]`` in O(1) through the shard index, any Sampler works."""
 
     def __init__(
@@ -462,6 +478,7 @@ class IndexedDataset(Dataset[Any]):
         path: str | os.PathLike[str],
         *,
         decode: Decode = "auto",
+        fields: Fields | Sequence[str] | None = None,
         transform: Callable[[Any], Any] | None = None,
         target_transform: Callable[[Any], Any] | None = None,
         draft_size: tuple[int, int] | None = None,
@@ -469,17 +486,18 @@ class IndexedDataset(Dataset[Any]):
         remote: RemoteOptions | None = None,
     ) -> None:
         """Open the dataset at ``path`` (a folder or a URL); see ``StreamingDataset`` for the
-        decode and ``remote`` options."""
+        decode, ``fields`` and ``remote`` options."""
         self.path = str(path)
         self.verify = verify
         self._reader = DatasetReader(path, verify=verify, remote=remote)
         self._pid = os.getpid()
         self.manifest = self._reader.manifest
-        self.decoder = SampleDecoder(
-            resolve_decode(decode, self.manifest.is_labelled, self.path),
-            transform=transform,
-            target_transform=target_transform,
-            draft_size=draft_size,
+        mode = resolve_decode(decode, self.manifest.is_labelled or fields is not None, self.path)
+        self.decoder: SampleDecoder | FieldDecoder = SampleDecoder(
+            mode, transform=transform, target_transform=target_transform, draft_size=draft_size
+        ) if fields is None else field_decoder(
+            fields, mode=mode, manifest=self.manifest, path=self.path, transform=transform,
+            target_transform=target_transform, draft_size=draft_size,
         )
 
     def _reader_here(self) -> DatasetReader:

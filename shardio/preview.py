@@ -5,8 +5,9 @@ chooses samples (``choose_indices``), reads each by global index through
 ``DatasetReader.get`` (one read per sample, never a scan), and draws every image
 field as a thumbnail captioned with the sample's class name (ImageFolder packs)
 or key (generic packs), whose other fields it keeps as short reprs for the CLI
-to print. ``preview`` saves the sheet. Pillow only; torch-free; nothing here
-imports above the reader.
+to print (``shardio.fields.is_image_field`` says which fields are images).
+``preview`` saves the sheet. Pillow only; torch-free; nothing here imports above
+the reader.
 """
 
 from __future__ import annotations
@@ -25,14 +26,11 @@ from PIL import Image, ImageDraw, ImageFont
 from shardio.catalog import read_label
 from shardio.decode import decode_image
 from shardio.errors import DecodeError
+from shardio.fields import is_image_field
 from shardio.reader import DatasetReader, open_dataset
 from shardio.record import INDEX_FIELD, KEY_FIELD
 from shardio.storage.options import RemoteOptions
 
-IMAGE_EXTENSIONS: Final = frozenset(
-    {"jpg", "jpeg", "png", "webp", "bmp", "tif", "tiff", "ppm", "pgm"}
-)
-"""A generic field is drawn when its name, or the part after its last dot, is one of these."""
 THUMB_PX: Final = 128
 """Longest side of a thumbnail."""
 CAPTION_PX: Final = 16
@@ -44,11 +42,6 @@ MAX_CLASSES_LISTED: Final = 30
 _BACKGROUND: Final = (24, 24, 24)
 _PLACEHOLDER: Final = (72, 40, 40)
 _TEXT: Final = (235, 235, 235)
-
-
-def is_image_field(name: str) -> bool:
-    """Whether field ``name`` holds an encoded image: ``image`` or an image extension."""
-    return name == "image" or name.rsplit(".", 1)[-1].lower() in IMAGE_EXTENSIONS
 
 
 def short_repr(value: Any, limit: int = MAX_REPR) -> str:

@@ -10,7 +10,7 @@ import shardio
 EXPECTED = {
     "BadInputError", "CacheBudgetError", "ChecksumError", "DatasetReader", "DecodeError", "DevicePrefetcher",
     "EmptySourceError", "IndexedDataset", "Manifest", "ManifestError", "ManifestNotFoundError",
-    "OutputExistsError", "PackError", "PackSummary", "RecordBatch", "RecordEncodeError",
+    "Fields", "OutputExistsError", "PackError", "PackSummary", "RecordBatch", "RecordEncodeError",
     "RemoteOptions", "ShardCorruptError", "ShardInfo", "ShardMissingError", "ShardWriter", "ShardioError",
     "StorageError", "StreamingDataset", "TruncatedShardError", "UnsafeKeyError", "UnsupportedVersionError",
     "WriteOptions", "__version__", "loader", "merge_states", "open_dataset", "pack",

@@ -1,0 +1,259 @@
+"""Decoding a sample's fields by their names: ``fields=("jpg", "cls", "json")`` → a tuple.
+
+A WebDataset user writes ``.decode("pil").to_tuple("jpg", "cls")``; here a
+``Fields`` spec says which fields a dataset yields, in which order, and how
+each is decoded: by the name's last extension (``seg.png`` decodes as
+``png``), unless ``decoders`` overrides it. ``FieldDecoder`` applies the spec
+to one sample dict. This module also owns the one definition of which field
+names hold images (``is_image_field``), used by ``shardio.preview`` too.
+Torch-free: the image decoder (PIL, or a uint8 tensor from ``shardio.collate``)
+is passed in by the torch layer; nothing here imports above the record layer.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import re
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Final, Literal
+
+import numpy as np
+
+from shardio.errors import DecodeError
+from shardio.record import INDEX_FIELD, KEY_FIELD
+
+IMAGE_EXTENSIONS: Final = frozenset(
+    {"jpg", "jpeg", "png", "webp", "bmp", "tif", "tiff", "ppm", "pgm"}
+)
+"""A field holds an encoded image when its name, or the part after its last dot, is one of
+these (or the name is ``image``, the field of ImageFolder packs)."""
+INT_EXTENSIONS: Final = frozenset({"cls", "label", "index"})
+TEXT_EXTENSIONS: Final = frozenset({"txt", "text"})
+_INT_TEXT: Final = re.compile(rb"\s*[+-]?[0-9]+\s*")
+"""What a ``.cls`` file holds: ASCII digits, maybe signed, maybe with a newline."""
+
+Kind = Literal["image", "int", "text", "json", "npy", "bytes"]
+Missing = Literal["error", "none"]
+ValueDecoder = Callable[[Any], Any]
+"""Stored value (bytes for a packed file; whatever ``ShardWriter`` was given) → decoded value."""
+
+
+def extension(name: str) -> str:
+    """The part of field ``name`` after its last dot, lower-cased (the name itself without one)."""
+    return name.rsplit(".", 1)[-1].lower()
+
+
+def is_image_field(name: str) -> bool:
+    """Whether field ``name`` holds an encoded image: ``image`` or an image extension."""
+    return name == "image" or extension(name) in IMAGE_EXTENSIONS
+
+
+def field_kind(name: str) -> Kind:
+    """How field ``name`` decodes by default, from its last extension.
+
+    ``image`` and image extensions → ``"image"``; ``cls``, ``label``, ``index`` →
+    ``"int"``; ``txt``, ``text`` → ``"text"``; ``json``; ``npy``; anything else → ``"bytes"``.
+    """
+    if is_image_field(name):
+        return "image"
+    ext = extension(name)
+    if ext in INT_EXTENSIONS:
+        return "int"
+    if ext in TEXT_EXTENSIONS:
+        return "text"
+    if ext in ("json", "npy"):
+        return "json" if ext == "json" else "npy"
+    return "bytes"
+
+
+def _shown(value: Any) -> str:
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        data = bytes(value)
+        return f"{len(data)} bytes starting {data[:16]!r}"
+    return f"a stored {type(value).__name__}"
+
+
+def to_int(value: Any) -> int:
+    """An int stored as an int, or as ASCII digits (``b"3\\n"``) in a file.
+
+    Raises:
+        ValueError: anything else (a bool, a float, text that is not an integer).
+    """
+    if isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_)):
+        return int(value)
+    if isinstance(value, (bytes, bytearray, memoryview)) and _INT_TEXT.fullmatch(bytes(value)):
+        return int(bytes(value))
+    raise ValueError(f"expected an integer (stored as int, or ASCII digits), found {_shown(value)}")
+
+
+def to_text(value: Any) -> str:
+    """A str stored as str, or UTF-8 bytes.
+
+    Raises:
+        ValueError: the bytes are not UTF-8, or the value is neither.
+    """
+    if isinstance(value, str):
+        return value
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        return bytes(value).decode("utf-8")
+    raise ValueError(f"expected UTF-8 text, found {_shown(value)}")
+
+
+def to_json(value: Any) -> Any:
+    """The parsed JSON text (bytes or str); a value stored already parsed is returned as is.
+
+    Raises:
+        ValueError: the text is not JSON.
+    """
+    if isinstance(value, (bytes, bytearray, memoryview, str)):
+        return json.loads(bytes(value) if not isinstance(value, str) else value)
+    return value
+
+
+def to_array(value: Any) -> np.ndarray:
+    """A numpy array from ``.npy`` bytes (never unpickled), or the array stored as one.
+
+    Raises:
+        ValueError: the bytes are not an ``.npy`` file of a plain dtype.
+    """
+    if isinstance(value, np.ndarray):
+        return value
+    if not isinstance(value, (bytes, bytearray, memoryview)):
+        raise ValueError(f"expected .npy bytes or an array, found {_shown(value)}")
+    try:
+        # read_array, not np.load: only the .npy format, and object arrays are refused
+        array: np.ndarray = np.lib.format.read_array(io.BytesIO(value), allow_pickle=False)
+    except (OSError, EOFError) as exc:  # a truncated file: numpy raises these, not ValueError
+        raise ValueError(f"not a complete .npy file ({exc})") from exc
+    return array
+
+
+def to_bytes(value: Any) -> Any:
+    """Bytes as ``bytes`` (not a view of a block); a value stored as something else, as is."""
+    return bytes(value) if isinstance(value, (bytearray, memoryview)) else value
+
+
+_BY_KIND: Final[Mapping[str, ValueDecoder]] = {
+    "int": to_int, "text": to_text, "json": to_json, "npy": to_array, "bytes": to_bytes,
+}
+
+
+@dataclass(frozen=True)
+class Fields:
+    """Which fields a dataset yields as a tuple, in order, and how each is decoded.
+
+    ``StreamingDataset(path, fields=("jpg", "cls"))`` is ``fields=Fields(("jpg", "cls"))``.
+
+    Attributes:
+        names: the fields of each yielded tuple, in order.
+        decoders: ``{name: fn}``: ``fn(stored value)`` replaces the decoding by
+            extension for that field (``bytes`` keeps it raw).
+        transforms: one callable or None per field, applied to the decoded value
+            (before the dataset's ``transform``, which takes the whole tuple).
+        missing: a sample without one of the fields raises ``DecodeError``
+            naming key and field (``"error"``), or gets ``None`` there (``"none"``;
+            that field's transform is then not called).
+    """
+
+    names: tuple[str, ...]
+    decoders: Mapping[str, ValueDecoder] = field(default_factory=dict)
+    transforms: tuple[Callable[[Any], Any] | None, ...] | None = None
+    missing: Missing = "error"
+
+    def __post_init__(self) -> None:
+        if isinstance(self.names, str) or not all(isinstance(n, str) for n in self.names):
+            raise TypeError(
+                f"fields must be a tuple of field names such as ('jpg', 'cls'), got {self.names!r}"
+            )
+        object.__setattr__(self, "names", tuple(self.names))
+        if not self.names:
+            raise ValueError("fields names no field; pass at least one, e.g. ('jpg', 'cls')")
+        unknown = sorted(set(self.decoders) - set(self.names))
+        if unknown:
+            raise ValueError(f"decoders for {unknown}, which are not among fields {self.names}; "
+                             "add them to the fields or drop those decoders")
+        if self.transforms is not None:
+            object.__setattr__(self, "transforms", tuple(self.transforms))
+            if len(self.transforms) != len(self.names):
+                raise ValueError(f"transforms has {len(self.transforms)} entries for "
+                                 f"{len(self.names)} fields {self.names}; give one callable "
+                                 "or None per field")
+        if self.missing not in ("error", "none"):
+            raise ValueError(f"missing must be 'error' or 'none', got {self.missing!r}")
+
+
+def as_fields(fields: Fields | Sequence[str]) -> Fields:
+    """``fields`` as a ``Fields`` spec (a tuple of names becomes one with the defaults)."""
+    return fields if isinstance(fields, Fields) else Fields(tuple(fields))
+
+
+class FieldDecoder:
+    """One sample dict → the tuple of its decoded fields (then ``transform`` on the tuple).
+
+    Built by the torch layer (``shardio.collate.field_decoder``), which checks
+    the names against the dataset's fields and passes the image decoder of the
+    decode mode. ``mode`` and ``transform`` are what ``shardio.loader`` reads to
+    choose its collate.
+    """
+
+    def __init__(
+        self,
+        spec: Fields,
+        *,
+        mode: str,
+        image: ValueDecoder,
+        path: str,
+        transform: Callable[[Any], Any] | None = None,
+    ) -> None:
+        self.fields = spec
+        self.mode = mode
+        self.transform = transform
+        self.path = path
+        transforms = spec.transforms or (None,) * len(spec.names)
+        self._plan = tuple(
+            (name, spec.decoders.get(name), image if field_kind(name) == "image"
+             else _BY_KIND[field_kind(name)], tf)
+            for name, tf in zip(spec.names, transforms, strict=True)
+        )
+
+    def __call__(self, sample: Mapping[str, Any]) -> Any:
+        out: list[Any] = []
+        for name, custom, builtin, tf in self._plan:
+            if name not in sample:
+                if self.fields.missing == "none":
+                    out.append(None)
+                    continue
+                raise DecodeError(self._where(sample, name) + (
+                    f"is missing; the sample has {sorted(set(sample) - {KEY_FIELD, INDEX_FIELD})}."
+                    " Pass fields=shardio.Fields(..., missing='none') to get None for it"),
+                    key=sample.get(KEY_FIELD))
+            value = sample[name]
+            if custom is not None:
+                value = self._custom(custom, value, sample, name)
+            else:
+                try:
+                    value = builtin(value)
+                except (ValueError, TypeError) as exc:  # DecodeError (an image) is a ValueError
+                    raise DecodeError(self._where(sample, name) + (
+                        f"does not decode as {field_kind(name)} ({exc}); decode it yourself "
+                        f"with fields=shardio.Fields(..., decoders={{{name!r}: fn}})"),
+                        key=sample.get(KEY_FIELD)) from exc
+            out.append(value if tf is None else tf(value))
+        result = tuple(out)
+        return result if self.transform is None else self.transform(result)
+
+    def _where(self, sample: Mapping[str, Any], name: str) -> str:
+        return (f"{self.path}: sample {sample.get(KEY_FIELD)!r} (index "
+                f"{sample.get(INDEX_FIELD)}) field {name!r} ")
+
+    def _custom(self, fn: ValueDecoder, value: Any, sample: Mapping[str, Any], name: str) -> Any:
+        """The user's decoder; its error keeps its type and gains a note naming key and field."""
+        try:
+            return fn(value)
+        except Exception as exc:
+            note = getattr(exc, "add_note", None)  # Python 3.11+
+            if note is not None:
+                note(self._where(sample, name) + f"failed in decoders[{name!r}]")
+            raise
