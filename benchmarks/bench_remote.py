@@ -173,7 +173,7 @@ def measure_tree(tree: Tree, args: argparse.Namespace, runner: Runner, server: S
                               "http_url": f"{proxy.url}/{BUCKET}/{upload['prefix']}",
                               "files": upload["files"],
                               "cache_dir": str(args.work_dir / "cache"),
-                              "max_cache_bytes": budgets[budget]}
+                              "max_cache_bytes": budgets[budget], "fork_fix": args.fork_fix}
                     spec = {"system": name, "tree": tree_spec(tree), "remote": remote,
                             "num_workers": workers, "num_epochs": 2, "seed": args.seed + rep,
                             "expected_crc": str(crc), "proxy_url": proxy.url}
@@ -216,6 +216,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--latency-ms", type=float, default=20.0, help="added to every request")
     p.add_argument("--bandwidth-mbs", type=float, default=100.0,
                    help="MB/s shared by all response bodies (0: no cap)")
+    p.add_argument("--no-fork-fix", dest="fork_fix", action="store_false",
+                   help="leave MosaicML's workers on the parent's S3 connection (as shipped)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--data-dir", type=Path, default=DATA_ROOT, help="generated trees cache")
     p.add_argument("--work-dir", type=Path, default=HERE / "work" / "remote",
@@ -275,7 +277,8 @@ def main(argv: list[str] | None = None) -> Path:
         "shardio_source": {**source, "changed_during_run":
                            source_id(REPO / "shardio")["sha256"] != source["sha256"]},
         "config": {"batch_size": 64, "workers": args.workers, "budgets": args.budgets,
-                   "epochs_per_run": 2, "seed": args.seed, "server": "s3rver"},
+                   "epochs_per_run": 2, "seed": args.seed, "server": "s3rver",
+                   "mosaicml_fork_fix": args.fork_fix},
         "trees": raw,
     }
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -36,7 +36,8 @@ def run_epochs(spec: dict[str, Any]) -> dict[str, Any]:
     tree = Tree(t["kind"], Path(t["root"]), t["num_files"], t["num_bytes"], t["num_classes"])
     r = spec["remote"]
     remote = RemoteSpec(url=r["url"], http_url=r["http_url"], files=tuple(r["files"]),
-                        cache_dir=Path(r["cache_dir"]), max_cache_bytes=r["max_cache_bytes"])
+                        cache_dir=Path(r["cache_dir"]), max_cache_bytes=r["max_cache_bytes"],
+                        fork_fix=r.get("fork_fix", True))
     reader = get_reader(spec["system"])
     preload(reader, torch=True)  # type: ignore[arg-type]  (it has .library, all preload reads)
     expected = np.load(spec["expected_crc"])

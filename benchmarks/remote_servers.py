@@ -161,8 +161,12 @@ def proxy_stats(proxy_url: str) -> dict[str, float]:
 
 
 def folder_bytes(folder: Path) -> int:
-    """Bytes of every regular file under ``folder`` (files vanishing meanwhile count 0)."""
-    total = 0
+    """Bytes of the regular files under ``folder``, each inode once (files vanishing count 0).
+
+    A file renamed from one subfolder to another while the walk runs (a download
+    published into place) would otherwise be counted twice.
+    """
+    seen: dict[tuple[int, int], int] = {}
     stack = [folder]
     while stack:
         try:
@@ -174,10 +178,11 @@ def folder_bytes(folder: Path) -> int:
                 if entry.is_dir(follow_symlinks=False):
                     stack.append(Path(entry.path))
                 elif entry.is_file(follow_symlinks=False):
-                    total += entry.stat(follow_symlinks=False).st_size
+                    st = entry.stat(follow_symlinks=False)
+                    seen[(st.st_dev, st.st_ino)] = st.st_size
             except OSError:
                 pass
-    return total
+    return sum(seen.values())
 
 
 class FolderSampler:

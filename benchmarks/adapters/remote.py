@@ -43,6 +43,8 @@ class RemoteSpec:
     cache_dir: Path
     max_cache_bytes: int | None
     """The reader's cache budget; None: its default (for every system here: room for all)."""
+    fork_fix: bool = True
+    """Drop the S3 client MosaicML's DataLoader workers inherit from the parent (see there)."""
 
 
 class RemoteReader(Protocol):
@@ -125,9 +127,28 @@ class MosaicReader:
         loader = streaming.StreamingDataLoader(
             dataset, batch_size=spec.batch_size, num_workers=spec.num_workers,
             collate_fn=collate_pairs,
+            worker_init_fn=_drop_inherited_clients if remote.fork_fix else None,
         )
         for _ in range(spec.num_epochs):
             yield loader
+
+
+def _drop_inherited_clients(worker_id: int) -> None:
+    """In a forked MosaicML worker, forget the boto3 client the parent built for ``index.json``.
+
+    The parent's client keeps its connection open in a pool; forked workers inherit the
+    pool and send their shard GETs over the same socket, so two processes read each
+    other's response bytes: shards shifted by a few KB (a sample that fails to decode,
+    or wrong bytes passed on: MDS keeps no checksum by default) or a request that waits
+    for bytes another process took (60 s, MosaicML's download timeout, then a retry).
+    ``clean_up()`` is what MosaicML itself calls before retrying a failed download.
+    """
+    import torch.utils.data
+
+    info = torch.utils.data.get_worker_info()
+    if info is not None:
+        for stream in info.dataset.streams:
+            stream._downloader.clean_up()
 
 
 def _pair(sample: dict[str, Any]) -> tuple[Any, int]:
@@ -148,7 +169,14 @@ class LitDataReader:
 
     def epochs(self, tree: Tree, remote: RemoteSpec, spec: EpochSpec) -> Iterator[Iterable[Batch]]:
         import litdata
+        import litdata.streaming.downloader as downloader
 
+        # Its chunk GETs go through obstore, whose fixed client options refuse a plain-HTTP
+        # endpoint (real S3 is HTTPS; obstore ignores AWS_ALLOW_HTTP once options are given):
+        # allow HTTP, change nothing else. Set before the workers fork, so they inherit it.
+        options = getattr(downloader, "_OBSTORE_CLIENT_OPTIONS", None)
+        if isinstance(options, dict):
+            downloader._OBSTORE_CLIENT_OPTIONS = {**options, "allow_http": True}
         dataset = litdata.StreamingDataset(
             input_dir=remote.url, cache_dir=str(remote.cache_dir), shuffle=spec.shuffle,
             seed=spec.seed, max_cache_size=remote.max_cache_bytes, transform=_pair,
