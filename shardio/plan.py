@@ -10,6 +10,8 @@ The plan for an epoch:
    blocks of all shards are permuted with ``(seed, epoch)``. Concatenated, they
    form the epoch's global *stream*. Blocks are a few MB, so reading a block is
    one sequential read, and mixing does not depend on the number of shards.
+   (A mixture of datasets, ``shardio.mix.MixConfig``, draws its stream's
+   blocks from each source; everything below is the same for it.)
 2. The stream is split into ``world_size`` contiguous, equal parts (the tail
    padded by wrapping around to the stream's start, or dropped with
    ``drop_last``).
@@ -29,6 +31,10 @@ The plan for an epoch:
    be short and the DataLoader's order depends on ``W``.
 
 With ``shuffle=False`` neither blocks nor windows are permuted.
+
+Steps 2-4 and resuming work on *positions* in the stream, mapped to sample
+indices last: in a mixture a sample can occur at several positions (a source
+upsampled), and what an interrupted epoch has yielded is a set of positions.
 """
 
 from __future__ import annotations
@@ -67,8 +73,12 @@ class PlanConfig:
 
     @property
     def num_samples(self) -> int:
-        """Samples in the dataset."""
+        """Samples in an epoch's stream: the dataset's (a mixture's ``epoch_size``)."""
         return sum(self.shard_sizes)
+
+    def stream_blocks(self, epoch: int) -> tuple[IndexArray, IndexArray]:
+        """``(global start, length)`` of the blocks of ``epoch``'s stream, in stream order."""
+        return epoch_blocks(self, epoch)
 
 
 @dataclass(frozen=True)
@@ -85,37 +95,59 @@ class Split:
             raise ValueError(f"invalid split {self}")
 
 
-def _rng(*words: int) -> np.random.Generator:
+def seeded_rng(*words: int) -> np.random.Generator:
+    """A generator that is a pure function of ``words`` (seed, epoch, purpose, …)."""
     return np.random.default_rng(np.random.SeedSequence([w & 0xFFFFFFFF for w in words]))
+
+
+def cut_blocks(
+    shard_sizes: tuple[int, ...], first: int, block_size: int
+) -> tuple[IndexArray, IndexArray]:
+    """``(global start, length)`` of the blocks of shards holding samples ``first, first + 1, …``.
+
+    A block never crosses a shard's end, so it is one sequential read.
+    """
+    ends = first + np.cumsum(shard_sizes, dtype=np.int64)
+    starts = [
+        np.arange(end - size, end, block_size, dtype=np.int64)
+        for size, end in zip(shard_sizes, ends.tolist(), strict=True)
+    ]
+    block_starts = np.concatenate(starts) if starts else np.zeros(0, np.int64)
+    shard_ends = np.repeat(ends, [len(s) for s in starts])
+    lengths = np.minimum(block_starts + block_size, shard_ends) - block_starts
+    return block_starts, lengths.astype(np.int64)
 
 
 def epoch_blocks(config: PlanConfig, epoch: int) -> tuple[IndexArray, IndexArray]:
     """``(global start, length)`` of every block, in the epoch's stream order."""
-    starts: list[IndexArray] = []
-    first = 0
-    for size in config.shard_sizes:
-        starts.append(np.arange(first, first + size, config.block_size, dtype=np.int64))
-        first += size
-    block_starts = np.concatenate(starts) if starts else np.zeros(0, np.int64)
-    shard_ends = np.repeat(np.cumsum(config.shard_sizes, dtype=np.int64), [len(s) for s in starts])
-    lengths = np.minimum(block_starts + config.block_size, shard_ends) - block_starts
+    block_starts, lengths = cut_blocks(config.shard_sizes, 0, config.block_size)
     if config.shuffle and len(block_starts) > 1:
-        order = _rng(config.seed, epoch, _BLOCKS).permutation(len(block_starts))
+        order = seeded_rng(config.seed, epoch, _BLOCKS).permutation(len(block_starts))
         block_starts, lengths = block_starts[order], lengths[order]
-    return block_starts, lengths.astype(np.int64)
+    return block_starts, lengths
 
 
-def stream_slice(starts: IndexArray, lengths: IndexArray, lo: int, hi: int) -> IndexArray:
-    """Global sample indices at stream positions ``lo..hi``, wrapping past the end (padding)."""
-    total = int(lengths.sum())
+def stream_positions(total: int, lo: int, hi: int) -> IndexArray:
+    """Positions ``lo..hi`` in a stream of ``total`` samples, wrapping past the end (padding)."""
     if hi <= lo:
         return np.zeros(0, np.int64)
     if total == 0:
         raise ValueError("cannot plan an epoch over an empty dataset")
-    positions = np.arange(lo, hi, dtype=np.int64) % total
+    return np.arange(lo, hi, dtype=np.int64) % total
+
+
+def stream_samples(starts: IndexArray, lengths: IndexArray, positions: IndexArray) -> IndexArray:
+    """Global sample indices at stream ``positions`` (each below the stream's length)."""
     ends = np.cumsum(lengths)
     block = np.searchsorted(ends, positions, side="right")
-    return starts[block] + (positions - (ends[block] - lengths[block]))
+    samples: IndexArray = starts[block] + (positions - (ends[block] - lengths[block]))
+    return samples
+
+
+def epoch_samples(config: PlanConfig, epoch: int, positions: IndexArray) -> IndexArray:
+    """Global sample indices at ``positions`` of ``epoch``'s stream."""
+    starts, lengths = config.stream_blocks(epoch)
+    return stream_samples(starts, lengths, positions)
 
 
 def samples_per_rank(num_samples: int, world_size: int, drop_last: bool) -> int:
@@ -138,20 +170,24 @@ def shuffle_windows(
         return order
     out = order.copy()
     for n, lo in enumerate(range(0, len(order), config.window)):
-        rng = _rng(config.seed, epoch, _WINDOWS, split.rank, split.worker, n, salt)
+        rng = seeded_rng(config.seed, epoch, _WINDOWS, split.rank, split.worker, n, salt)
         window = out[lo : lo + config.window]
         out[lo : lo + config.window] = window[rng.permutation(len(window))]
     return out
 
 
-def plan_epoch(config: PlanConfig, epoch: int, split: Split) -> IndexArray:
-    """Global sample indices that ``split`` yields in ``epoch``, in yield order."""
-    starts, lengths = epoch_blocks(config, epoch)
+def epoch_positions(config: PlanConfig, epoch: int, split: Split) -> IndexArray:
+    """Stream positions that ``split`` yields in ``epoch``, in yield order."""
     per_rank = samples_per_rank(config.num_samples, split.world_size, config.drop_last)
     w_lo, w_hi = worker_range(per_rank, split.worker, split.num_workers)
     base = split.rank * per_rank
-    order = stream_slice(starts, lengths, base + w_lo, base + w_hi)
-    return shuffle_windows(order, config, epoch, split)
+    positions = stream_positions(config.num_samples, base + w_lo, base + w_hi)
+    return shuffle_windows(positions, config, epoch, split)
+
+
+def plan_epoch(config: PlanConfig, epoch: int, split: Split) -> IndexArray:
+    """Global sample indices that ``split`` yields in ``epoch``, in yield order."""
+    return epoch_samples(config, epoch, epoch_positions(config, epoch, split))
 
 
 @dataclass(frozen=True)
@@ -186,15 +222,22 @@ class Progress:
         return len(self.consumed) == self.world_size
 
 
+def stage_positions(
+    config: PlanConfig, epoch: int, split: Split, prior: Progress | None
+) -> IndexArray:
+    """The stream positions ``split`` yields in ``epoch``: fresh, or re-planned after ``prior``."""
+    if prior is None:
+        return epoch_positions(config, epoch, split)
+    return resume_positions(config, prior, split)
+
+
 def stage_order(config: PlanConfig, epoch: int, split: Split, prior: Progress | None) -> IndexArray:
     """The full order of ``split`` in ``epoch``: fresh, or re-planned after ``prior``."""
-    if prior is None:
-        return plan_epoch(config, epoch, split)
-    return plan_resume(config, prior, split)
+    return epoch_samples(config, epoch, stage_positions(config, epoch, split, prior))
 
 
 def seen_mask(config: PlanConfig, progress: Progress) -> npt.NDArray[np.bool_]:
-    """Which global samples an interrupted epoch had already yielded (on any rank)."""
+    """Which stream positions an interrupted epoch had already yielded (on any rank)."""
     if not progress.complete:
         raise ValueError(
             f"resuming under another world size needs every rank's progress; got ranks "
@@ -209,7 +252,7 @@ def seen_mask(config: PlanConfig, progress: Progress) -> npt.NDArray[np.bool_]:
     for rank, counts in progress.consumed.items():
         for worker, count in enumerate(counts):
             split = Split(rank, progress.world_size, worker, progress.num_workers)
-            seen[stage_order(config, progress.epoch, split, progress.prior)[:count]] = True
+            seen[stage_positions(config, progress.epoch, split, progress.prior)[:count]] = True
     return seen
 
 
@@ -218,29 +261,31 @@ def same_split(progress: Progress, split: Split) -> bool:
     return (progress.world_size, progress.num_workers) == (split.world_size, split.num_workers)
 
 
-def plan_resume(config: PlanConfig, progress: Progress, split: Split) -> IndexArray:
-    """Order for ``split`` over the samples an interrupted epoch had not yet yielded.
-
-    With the same world size and worker count this is exactly the tail of the
-    uninterrupted order. Otherwise the unseen samples keep their stream order,
-    are split again over the new ranks and workers (equal per rank, padded or
-    dropped like a fresh epoch) and shuffled within windows again, so each
-    not-yet-seen sample arrives exactly once (plus padding).
-    """
+def resume_positions(config: PlanConfig, progress: Progress, split: Split) -> IndexArray:
+    """The stream positions of ``plan_resume``, in yield order."""
     if same_split(progress, split) and split.rank in progress.consumed:
         done = progress.consumed[split.rank][split.worker]
-        return stage_order(config, progress.epoch, split, progress.prior)[done:]
-    seen = seen_mask(config, progress)
-    starts, lengths = epoch_blocks(config, progress.epoch)
-    stream = stream_slice(starts, lengths, 0, config.num_samples)
-    remaining = stream[~seen[stream]]
+        return stage_positions(config, progress.epoch, split, progress.prior)[done:]
+    remaining = np.flatnonzero(~seen_mask(config, progress)).astype(np.int64)
     if len(remaining) == 0:
         return remaining
     per_rank = samples_per_rank(len(remaining), split.world_size, config.drop_last)
     w_lo, w_hi = worker_range(per_rank, split.worker, split.num_workers)
     base = split.rank * per_rank
-    positions = np.arange(base + w_lo, base + w_hi, dtype=np.int64) % len(remaining)
-    return shuffle_windows(remaining[positions], config, progress.epoch, split, salt=_RESUME)
+    picked = remaining[stream_positions(len(remaining), base + w_lo, base + w_hi)]
+    return shuffle_windows(picked, config, progress.epoch, split, salt=_RESUME)
+
+
+def plan_resume(config: PlanConfig, progress: Progress, split: Split) -> IndexArray:
+    """Order for ``split`` over the samples an interrupted epoch had not yet yielded.
+
+    With the same world size and worker count this is exactly the tail of the
+    uninterrupted order. Otherwise the unseen positions keep their stream
+    order, are split again over the new ranks and workers (equal per rank,
+    padded or dropped like a fresh epoch) and shuffled within windows again, so
+    each not-yet-seen sample arrives exactly once (plus padding).
+    """
+    return epoch_samples(config, progress.epoch, resume_positions(config, progress, split))
 
 
 def interleave_batches(
