@@ -63,8 +63,10 @@ def field_kind(name: str) -> Kind:
         return "int"
     if ext in TEXT_EXTENSIONS:
         return "text"
-    if ext in ("json", "npy"):
-        return "json" if ext == "json" else "npy"
+    if ext == "json":
+        return "json"
+    if ext == "npy":
+        return "npy"
     return "bytes"
 
 
