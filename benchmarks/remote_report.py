@@ -1,0 +1,211 @@
+"""Medians, ratios and issue 8's targets from a ``bench_remote`` results file, as markdown.
+
+``remote_block`` renders the ``bench-remote`` block of ``benchmarks/README.md`` from the
+committed ``results/remote.json`` (a full run), or ``results/remote-quick.json`` when no
+full run is committed. ``python -m benchmarks.remote_report [FILE]`` prints the same for
+any results file. Ratios compare figures of the same run; "stored" is the size of the
+system's own uploaded format, the bytes one epoch must download at least.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import statistics
+import sys
+from pathlib import Path
+from typing import Any
+
+RESULTS = Path(__file__).resolve().parent / "results"
+SHARDIO = "shardio-records"
+PEERS = ("mosaicml", "litdata", "webdataset")
+CONFIGS = ("fits-w0", "fits-w2", "half-w0", "half-w2")
+
+
+def load_results(path: Path | None = None) -> tuple[Path, dict[str, Any]]:
+    """The results file ``path``, else the committed full run, else the quick one."""
+    if path is None:
+        path = RESULTS / "remote.json"
+        if not path.exists():
+            path = RESULTS / "remote-quick.json"
+    return path, json.loads(path.read_text(encoding="utf-8"))
+
+
+def _median(values: list[float]) -> float | None:
+    return statistics.median(values) if values else None
+
+
+def summarize_runs(runs: list[dict[str, Any]], stored: int) -> dict[str, Any]:
+    """Medians over the runs of one system and configuration (completed epochs only)."""
+    def per_epoch(i: int, key: str) -> list[float]:
+        return [r["epochs"][i][key] for r in runs if len(r["epochs"]) > i]
+
+    failures = [r["error"] for r in runs if r["error"]]
+    return {
+        "runs": len(runs), "completed": sum(len(r["epochs"]) == 2 and not r["error"]
+                                            for r in runs),
+        "failure": failures[0] if failures else None,
+        "epoch1": _median(per_epoch(0, "samples_per_s")),
+        "first_batch_s": _median(per_epoch(0, "first_batch_s")),
+        "down1": _median([b / stored for b in per_epoch(0, "get_bytes")]),
+        "epoch2": _median(per_epoch(1, "samples_per_s")),
+        "down2": _median([b / stored for b in per_epoch(1, "get_bytes")]),
+        "cache_peak": max((r["cache_peak_bytes"] for r in runs), default=0),
+        "budget": runs[0]["budget_bytes"] if runs else None,
+        "exactly_once": all(e["exactly_once"] for r in runs for e in r["epochs"]),
+        "load": [r["load_1min"][0] for r in runs],
+    }
+
+
+def summarize(results: dict[str, Any]) -> dict[str, dict[str, dict[str, Any]]]:
+    """``tree -> system -> config -> summary`` (``summarize_runs``)."""
+    out: dict[str, dict[str, dict[str, Any]]] = {}
+    for kind, tree in results["trees"].items():
+        out[kind] = {}
+        for name, entry in tree["systems"].items():
+            if entry["status"] != "ok":
+                continue
+            out[kind][name] = {config: summarize_runs(runs, entry["stored_bytes"])
+                               for config, runs in entry["runs"].items()}
+    return out
+
+
+def _num(value: float | None, digits: int = 0) -> str:
+    if value is None:
+        return "–"
+    return f"{value:,.{digits}f}"
+
+
+def _mb(value: float | None) -> str:
+    return "–" if value is None else f"{value / 1e6:,.0f}"
+
+
+def _failure(s: dict[str, Any]) -> str:
+    f = s["failure"]
+    if f is None:
+        return f"{s['completed']}/{s['runs']}"
+    lines = [line.strip() for line in f["message"].splitlines() if line.strip()]
+    named = ([line for line in lines if re.match(rf"([\w.]+\.)?{f['type']}: ", line)]
+             or [line for line in lines if f["type"] in line] or lines or [f["type"]])
+    first = re.sub(r"^[\w.]+\.(\w+: )", r"\1", named[0])[:150].replace("|", "/")
+    minimum = re.search(r"the minimum is (\d+) bytes", f["message"])
+    if minimum:
+        first = f"{first.split(':')[0]}: the minimum is {int(minimum[1]) / 1e6:,.0f} MB"
+    return f"{s['completed']}/{s['runs']}; epoch {f['epoch']}: {first}"
+
+
+def best_peer(systems: dict[str, dict[str, Any]], config: str) -> tuple[str, float] | None:
+    """The peer with the highest median first-epoch samples/s in ``config``."""
+    rates = [(systems[p][config]["epoch1"], p) for p in PEERS
+             if config in systems.get(p, {}) and systems[p][config]["epoch1"] is not None]
+    if not rates:
+        return None
+    rate, name = max(rates)
+    return name, rate
+
+
+def target_rows(systems: dict[str, dict[str, Any]]) -> list[list[str]]:
+    """Issue 8's targets for shardio-records: ``[target, config, value, needs, met]``."""
+    rows: list[list[str]] = []
+    own = systems.get(SHARDIO, {})
+    for config in ("fits-w0", "fits-w2"):
+        s = own.get(config)
+        if s is None:
+            continue
+        best = best_peer(systems, config)
+        if best and s["epoch1"]:
+            ratio = s["epoch1"] / best[1]
+            rows.append([f"first epoch x best peer ({best[0]})", config, f"{ratio:.2f}",
+                         ">= 1.5", "yes" if ratio >= 1.5 else "**NO**"])
+        if s["first_batch_s"] is not None:
+            rows.append(["time to first batch, s", config, f"{s['first_batch_s']:.2f}", "< 2",
+                         "yes" if s["first_batch_s"] < 2 else "**NO**"])
+        if s["down1"] is not None:
+            rows.append(["downloaded / stored bytes, epoch 1 (budget fits)", config,
+                         f"{s['down1']:.2f}", "<= 1.05", "yes" if s["down1"] <= 1.05 else "**NO**"])
+    for config in ("half-w0", "half-w2"):
+        s = own.get(config)
+        if s is None or s["budget"] is None:
+            continue
+        peak = s["cache_peak"]
+        rows.append([f"cache peak / budget ({_mb(s['budget'])} MB)", config,
+                     f"{peak / s['budget']:.2f}", "<= 1.0",
+                     "yes" if peak <= s["budget"] else "**NO**"])
+        refused = s["failure"] is not None and s["failure"]["type"] == "CacheBudgetError"
+        done = s["completed"] == s["runs"]
+        rows.append(["epochs complete at this budget", config, f"{s['completed']}/{s['runs']}",
+                     "all, or refused at once with the minimum",
+                     "yes" if done else ("refused (budget < in flight)" if refused
+                                         and not s["completed"] else "**NO**")])
+    return rows
+
+
+def render(path: Path, results: dict[str, Any]) -> str:
+    """The markdown of one results file: the setting, one table per tree, the targets."""
+    summary = summarize(results)
+    machine, link = results["machine"], results["link"]
+    loads = [v for tree in summary.values() for cfgs in tree.values() for s in cfgs.values()
+             for v in s["load"]]
+    lines = [
+        f"{'Quick' if results['quick'] else 'Full'} run of {results['date']} "
+        f"(`benchmarks/results/{path.name}`, `{results['command']}`, "
+        f"{results['wall_s'] / 60:.0f} min): median of {results['repeats']} interleaved "
+        f"repeat(s), batch size 64, raw bytes, two epochs per fresh process. Link: "
+        f"{link['latency_ms']:.0f} ms per request, {link['bandwidth_mbs']:.0f} MB/s shared "
+        f"by all responses; server s3rver {results['versions'].get('s3rver')} on 127.0.0.1. "
+        f"Machine: {machine['cores']} cores ({machine['cpu'].split()[0]} "
+        f"{' '.join(machine['cpu'].split()[1:3])}), {machine['ram_gib']} GiB RAM, shared "
+        f"with other jobs: 1-minute load average at the start of each run median "
+        f"{_num(_median(loads), 1)} ({_num(min(loads, default=None), 1)}–"
+        f"{_num(max(loads, default=None), 1)}). Budgets: *fits* = none given (each "
+        f"system's default: room for all), *half* = half the source bytes; WebDataset "
+        f"streams without a cache and has no budget.",
+        "",
+    ]
+    for kind, systems in summary.items():
+        tree = results["trees"][kind]
+        lines += [f"**{kind}**: {tree['num_files']:,} files, {tree['num_bytes'] / 1e6:,.0f} MB "
+                  "(stored: " + ", ".join(
+                      f"{n} {_mb(tree['systems'][n]['stored_bytes'])} MB"
+                      for n in systems) + ")", ""]
+        lines += ["| system | config | epoch 1 samples/s | first batch s | downloaded / stored, "
+                  "epoch 1 | epoch 2 samples/s | downloaded / stored, epoch 2 | cache peak MB "
+                  "(budget) | exactly once | runs complete |",
+                  "|---|---|---|---|---|---|---|---|---|---|"]
+        for config in CONFIGS:
+            best = best_peer(systems, config)
+            for name, configs in systems.items():
+                s = configs.get(config)
+                if s is None:
+                    continue
+                rate = _num(s["epoch1"])
+                if name == SHARDIO and best and s["epoch1"]:
+                    rate += f" ({s['epoch1'] / best[1]:.2f}x {best[0]})"
+                budget = "" if s["budget"] is None else f" ({_mb(s['budget'])})"
+                lines.append(
+                    f"| {name} | {config} | {rate} | {_num(s['first_batch_s'], 2)} | "
+                    f"{_num(s['down1'], 2)} | {_num(s['epoch2'])} | {_num(s['down2'], 2)} | "
+                    f"{_mb(s['cache_peak'])}{budget} | {'yes' if s['exactly_once'] else 'NO'} | "
+                    f"{_failure(s)} |")
+        lines.append("")
+        rows = target_rows(systems)
+        if rows:
+            lines += [f"Issue 8's targets for {SHARDIO} ({kind}):", "",
+                      "| target | config | value | needs | met |", "|---|---|---|---|---|"]
+            lines += ["| " + " | ".join(row) + " |" for row in rows]
+            lines.append("")
+        elif SHARDIO not in systems:
+            reason = tree["systems"].get(SHARDIO, {}).get("reason") or "not in this run"
+            lines += [f"{SHARDIO}: not measured ({reason}).", ""]
+    return "\n".join(lines).rstrip("\n") + "\n"
+
+
+def remote_block() -> str:
+    """The ``bench-remote`` block of ``benchmarks/README.md``."""
+    path, results = load_results()
+    return render(path, results)
+
+
+if __name__ == "__main__":
+    file = Path(sys.argv[1]) if len(sys.argv) > 1 else None
+    print(render(*load_results(file)), end="")
