@@ -20,6 +20,8 @@ from shardio.classes import ClassAttributes
 from shardio.collate import field_decoder
 from shardio.errors import ResumeError
 from shardio.fields import FieldDecoder, Fields
+from shardio.mix import Source
+from shardio.mixreader import MixtureReader, open_reader
 from shardio.plan import PlanConfig, Split, batch_span, samples_per_rank
 from shardio.ranks import env_rank
 from shardio.reader import DatasetReader
@@ -145,7 +147,7 @@ class StreamingDataset(ClassAttributes, IterableDataset[Any]):
 
     def __init__(
         self,
-        path: str | os.PathLike[str],
+        path: str | os.PathLike[str] | Source | Sequence[Source],
         *,
         decode: Decode = "auto",
         fields: Fields | Sequence[str] | None = None,
@@ -162,12 +164,15 @@ class StreamingDataset(ClassAttributes, IterableDataset[Any]):
         draft_size: tuple[int, int] | None = None,
         verify: bool = True,
         remote: RemoteOptions | None = None,
+        epoch_size: int | None = None,
     ) -> None:
         """Open the dataset at ``path`` (its manifest is read now; shards when iterating).
 
         Args:
             path: a folder written by ``shardio pack`` / ``ShardWriter``, or its URL
-                (``s3://bucket/train``, ``https://host/train``, any fsspec protocol).
+                (``s3://bucket/train``, ``https://host/train``, any fsspec protocol);
+                or a list of ``shardio.Source`` to mix (see ``shardio.mix``): raw
+                samples then say which one they came from in ``__source__``.
             decode: ``"auto"`` (``"pil"`` on ImageFolder packs, else ``"raw"``),
                 ``"raw"`` (sample dicts with ``__key__`` and ``__index__``), ``"pil"``
                 or ``"tensor"`` (uint8 CHW). With ``fields``, the mode of image fields
@@ -199,12 +204,14 @@ class StreamingDataset(ClassAttributes, IterableDataset[Any]):
             remote: how a URL is reached and cached (``shardio.RemoteOptions``:
                 ``storage_options``, ``cache_dir``, ``max_cache_bytes``); ignored for
                 local paths.
+            epoch_size: samples each epoch draws from the sources (default: their
+                total); with a single path, draws that many of its samples.
         """
         if (rank is None) != (world_size is None):
             raise ValueError("pass both rank and world_size, or neither")
         if batch_size is not None and batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
-        self.reader = DatasetReader(path, verify=verify, remote=remote)
+        self.reader = open_reader(path, epoch_size=epoch_size, verify=verify, remote=remote)
         self.path = str(self.reader.root)
         self.manifest = self.reader.manifest
         self._rank_arg, self._world_arg = rank, world_size
@@ -225,6 +232,8 @@ class StreamingDataset(ClassAttributes, IterableDataset[Any]):
             block_size=block_size or max(1, window // BLOCKS_PER_WINDOW),
             drop_last=drop_last,
         )
+        if isinstance(self.reader, MixtureReader):
+            self.config = self.reader.mix_config(self.config)
         self.verify = verify
         self.batch_size = batch_size
         self.collate: Callable[[list[Any]], Any] | None = None
@@ -276,7 +285,7 @@ class StreamingDataset(ClassAttributes, IterableDataset[Any]):
 
     def __len__(self) -> int:
         """Samples this rank yields per epoch."""
-        return samples_per_rank(self.manifest.num_samples, self.world_size, self.config.drop_last)
+        return samples_per_rank(self.config.num_samples, self.world_size, self.config.drop_last)
 
     def batched(
         self,
@@ -334,6 +343,8 @@ class StreamingDataset(ClassAttributes, IterableDataset[Any]):
                 reader, stage.order, window=self.config.window, max_run=self.config.block_size,
                 skip=stage.skip, zero_copy=self.zero_copy,
             )
+            if isinstance(reader, MixtureReader):
+                samples = reader.tagged(samples)
             if self.collate is None:
                 for sample in samples:
                     self._position += 1

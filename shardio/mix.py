@@ -85,10 +85,11 @@ class Source:
 
 
 def check_sources(sources: Sequence[object]) -> tuple[Source, ...]:
-    """The sources of a mixture, refused when empty, not ``Source`` or named twice.
+    """The sources of a mixture, refused when empty, not ``Source``, or badly named.
 
     Raises:
-        ValueError: an empty list, or two sources with the same name.
+        ValueError: an empty list, some sources named and others not, or two
+            sources with the same name.
         TypeError: an item that is not a ``shardio.Source``.
     """
     if len(sources) == 0:
@@ -103,6 +104,12 @@ def check_sources(sources: Sequence[object]) -> tuple[Source, ...]:
                 f"write shardio.Source({source!r}, weight=1)"
             )
     names = [s.name for s in sources if isinstance(s, Source) and s.name is not None]
+    if names and len(names) != len(sources):
+        raise ValueError(
+            f"{len(names)} of {len(sources)} sources have a name: name every source or none "
+            "(__source__ is then each one's index), so that a batch's __source__ is all str or "
+            "all int"
+        )
     twice = sorted({n for n in names if names.count(n) > 1})
     if twice:
         raise ValueError(

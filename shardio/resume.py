@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from shardio.errors import ResumeError
+from shardio.mix import MixConfig
 from shardio.plan import (
     IndexArray,
     PlanConfig,
@@ -34,14 +35,21 @@ from shardio.plan import (
 
 
 def order_settings(config: PlanConfig) -> dict[str, Any]:
-    """What besides the seed and epoch fixes the order: two states must agree on it."""
-    return {
+    """What besides the seed and epoch fixes the order: two states must agree on it.
+
+    A mixture adds its sources' sizes and counts per epoch (lists, as they
+    come back from msgpack or JSON).
+    """
+    settings: dict[str, Any] = {
         "num_samples": config.num_samples,
         "shuffle": config.shuffle,
         "block_size": config.block_size,
         "window": config.window,
         "drop_last": config.drop_last,
     }
+    if isinstance(config, MixConfig):
+        settings["mix"] = {"sizes": list(config.source_sizes), "counts": list(config.counts)}
+    return settings
 
 
 def progress_to_state(progress: Progress) -> dict[str, Any]:
@@ -224,7 +232,8 @@ def check_same_order(
             + f"; {against} has "
             + ", ".join(f"{name}={wanted[name]!r}" for name in differ)
             + ": the resumed order would not match. Open the dataset with the seed and "
-            "settings (shuffle, shuffle_buffer, block_size, drop_last) the state was saved with"
+            "settings (shuffle, shuffle_buffer, block_size, drop_last; a mixture's sources, "
+            "weights and epoch_size) the state was saved with"
         )
 
 

@@ -14,18 +14,34 @@ sample. Torch-free.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
+from shardio.backends import ShardFileReader
+from shardio.manifest import Manifest
 from shardio.plan import IndexArray
-from shardio.reader import DatasetReader
 from shardio.record import decode_frames
 
 Run = tuple[int, int, int]
 """``(shard, first record, stop record)``."""
+
+
+class RunReader(Protocol):
+    """What samples are read through: a ``DatasetReader``, or a ``MixtureReader`` (the shards
+    of several datasets numbered one after another)."""
+
+    @property
+    def manifest(self) -> Manifest: ...
+
+    @property
+    def verify(self) -> bool: ...
+
+    def shard(self, shard: int) -> ShardFileReader: ...
+
+    def prefetch(self, shards: Iterable[int]) -> None: ...
 
 
 def window_runs(unique: IndexArray, firsts: IndexArray, max_run: int) -> list[Run]:
@@ -46,7 +62,7 @@ def window_runs(unique: IndexArray, firsts: IndexArray, max_run: int) -> list[Ru
 
 
 def iter_samples(
-    reader: DatasetReader,
+    reader: RunReader,
     order: IndexArray,
     *,
     window: int,
@@ -112,7 +128,7 @@ def _plan_window(order: IndexArray, w_lo: int, first: int, window: int, firsts: 
 
 
 def read_run(
-    reader: DatasetReader, run: Run, firsts: IndexArray, zero_copy: bool = False
+    reader: RunReader, run: Run, firsts: IndexArray, zero_copy: bool = False
 ) -> list[dict[str, Any]]:
     """Read and decode one run of records."""
     shard, start, stop = run
@@ -129,7 +145,7 @@ def read_run(
     )
 
 
-def advise(reader: DatasetReader, runs: list[Run]) -> None:
+def advise(reader: RunReader, runs: list[Run]) -> None:
     """Start reading ``runs`` (in this order) while earlier samples are decoded and used."""
     reader.prefetch(dict.fromkeys(shard for shard, _start, _stop in runs))
     for shard, start, stop in runs:

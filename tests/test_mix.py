@@ -179,6 +179,7 @@ def test_counts_weights_fixed_and_default_epoch_size() -> None:
         (lambda: Source("a", num_samples=0), "num_samples must be an int >= 1, got 0"),
         (lambda: check_sources([]), "no sources"),
         (lambda: check_sources([Source("a", name="x"), Source("b", name="x")]), "'x'"),
+        (lambda: check_sources([Source("a", name="x"), Source("b")]), "name every source or none"),
         (lambda: resolve_counts([10, 10], [Source("a", num_samples=30), Source("b")], 20),
          "add up to 30, more than epoch_size=20"),
         (lambda: resolve_counts([10], [Source("a", num_samples=5)], 8), "no source has a weight"),
