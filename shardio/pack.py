@@ -29,6 +29,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from shardio.append import appended_mode, prepare_append
 from shardio.errors import BadInputError, EmptySourceError, PackError, StorageError
 from shardio.location import is_url
 from shardio.packstate import journal_state, pack_manifest, resumable_shards
@@ -62,6 +63,10 @@ class PackSummary:
     skipped: tuple[Bad, ...]
     imagefolder: bool
     resumed_samples: int = 0
+    existing_samples: int = 0
+    """With ``append``: samples the dataset held before (``samples`` counts the new ones)."""
+    existing_skipped: int = 0
+    """With ``skip_existing``: samples of SRC left out because their keys were in the dataset."""
 
     def to_json(self) -> dict[str, Any]:
         """The summary as a JSON-ready dict; ``skipped`` as ``[{"path", "reason"}, …]``."""
@@ -120,6 +125,8 @@ def pack(
     skip_bad: bool = False,
     overwrite: bool = False,
     resume: bool = False,
+    append: bool = False,
+    skip_existing: bool = False,
     progress: bool | None = None,
     storage_options: Mapping[str, Any] | None = None,
 ) -> PackSummary:
@@ -156,6 +163,11 @@ def pack(
         skip_bad: leave bad inputs out (listed in the summary and manifest) instead of failing.
         overwrite: replace the dataset in ``out``.
         resume: finish an interrupted pack of the same input with the same options.
+        append: add SRC's samples to the dataset in ``out`` as new shards after its own
+            (``shardio.append``); ``options`` default to the dataset's, whose backend and
+            codec they must keep. An interrupted append of the same input continues.
+        skip_existing: with ``append``, leave out samples whose keys the dataset holds
+            (counted in the summary) instead of refusing them.
         progress: show a progress bar; ``None`` shows one when stderr is a terminal.
         storage_options: for a URL ``out``, passed to its fsspec filesystem.
 
@@ -163,6 +175,8 @@ def pack(
         BadInputError: an input cannot be packed (and not ``skip_bad``); names the file.
         EmptySourceError: nothing to pack.
         OutputExistsError: ``out`` holds other files and neither ``overwrite`` nor ``resume``.
+        PackError: with ``append``, keys already in the dataset, another backend or codec,
+            or new classes sorting before old ones.
         StorageError: ``src`` is a URL, or ``out``'s store failed after retries.
         PackError: another pack on this host is writing to the same ``out`` URL.
     """
@@ -171,14 +185,17 @@ def pack(
     with contextlib.closing(open_target(out, storage_options)) as target, _gc_paused():
         if isinstance(target, LocalTarget):
             _refuse_nested(root, target.staging)
+        if append and imagefolder is None:  # read SRC as the dataset was read
+            imagefolder = appended_mode(target)
         source = scan_source(src, imagefolder=imagefolder, include=include, exclude=exclude,
                              follow_symlinks=follow_symlinks)
         pack_options = {"imagefolder": source.classes is not None, "include": list(include),
                         "exclude": list(exclude), "follow_symlinks": follow_symlinks,
                         "check_images": check_images}
-        return _pack_source(source, target, options or WriteOptions(), pack_options, seed=seed,
-                            shuffle=shuffle, num_workers=num_workers, skip_bad=skip_bad,
-                            overwrite=overwrite, resume=resume, progress=progress, start=start)
+        return _pack_or_append(source, target, options, pack_options, append=append,
+                               skip_existing=skip_existing, seed=seed, shuffle=shuffle,
+                               num_workers=num_workers, skip_bad=skip_bad, overwrite=overwrite,
+                               resume=resume, progress=progress, start=start)
 
 
 def pack_imagefolder(
@@ -196,6 +213,8 @@ def pack_imagefolder(
     skip_bad: bool = False,
     overwrite: bool = False,
     resume: bool = False,
+    append: bool = False,
+    skip_existing: bool = False,
     progress: bool | None = None,
     storage_options: Mapping[str, Any] | None = None,
 ) -> PackSummary:
@@ -210,8 +229,8 @@ def pack_imagefolder(
     common: dict[str, Any] = {
         "options": options, "seed": seed, "shuffle": shuffle, "num_workers": num_workers,
         "include": include, "exclude": exclude, "check_images": check_images,
-        "skip_bad": skip_bad, "overwrite": overwrite, "resume": resume, "progress": progress,
-        "storage_options": storage_options}
+        "skip_bad": skip_bad, "overwrite": overwrite, "resume": resume, "append": append,
+        "skip_existing": skip_existing, "progress": progress, "storage_options": storage_options}
     if isinstance(dataset_or_root, (str, os.PathLike)):
         return pack(dataset_or_root, out, imagefolder=True, follow_symlinks=follow_symlinks,
                     **common)
@@ -220,9 +239,10 @@ def pack_imagefolder(
         source = dataset_source(dataset_or_root, include=include, exclude=exclude)
         pack_options = {"imagefolder": True, "include": list(include), "exclude": list(exclude),
                         "follow_symlinks": True, "check_images": check_images}
-        return _pack_source(source, target, options or WriteOptions(), pack_options, seed=seed,
-                            shuffle=shuffle, num_workers=num_workers, skip_bad=skip_bad,
-                            overwrite=overwrite, resume=resume, progress=progress, start=start)
+        return _pack_or_append(source, target, options, pack_options, append=append,
+                               skip_existing=skip_existing, seed=seed, shuffle=shuffle,
+                               num_workers=num_workers, skip_bad=skip_bad, overwrite=overwrite,
+                               resume=resume, progress=progress, start=start)
 
 
 def _local_source(src: str | os.PathLike[str]) -> Path:
@@ -244,6 +264,35 @@ def _refuse_nested(src: Path, out: Path) -> None:
         raise PackError(f"{out}: the output folder is inside the source {src}, so the pack "
                         "would read its own output; choose an output folder outside it",
                         path=out)
+
+
+def _pack_or_append(
+    source: Source, target: PackTarget, options: WriteOptions | None,
+    pack_options: dict[str, Any], *, append: bool, skip_existing: bool, overwrite: bool,
+    resume: bool, skip_bad: bool, start: float, **run: Any,
+) -> PackSummary:
+    """``_pack_source``; with ``append``, into an append's staging folder, then published."""
+    if (skip_existing and not append) or (append and overwrite):
+        raise ValueError("skip_existing goes with append, and append never overwrites: "
+                         f"got append={append}, skip_existing={skip_existing}, "
+                         f"overwrite={overwrite}")
+    job = prepare_append(target, source, options, skip_existing=skip_existing) if append else None
+    if job is None:
+        return _pack_source(source, target, options or WriteOptions(), pack_options,
+                            overwrite=overwrite, resume=resume, skip_bad=skip_bad, start=start,
+                            **run)
+    if not job.source.samples and job.existing_skipped:  # nothing new: the dataset stays as is
+        if not skip_bad:
+            _refuse_bad(source)
+        return PackSummary(
+            out=str(job.out), samples=0, files=0, shards=0, input_bytes=0, output_bytes=0,
+            ratio=0.0, seconds=time.perf_counter() - start, files_per_s=0.0, mb_per_s=0.0,
+            hidden_ignored=source.hidden_ignored, skipped=source.bad,
+            imagefolder=source.classes is not None, existing_samples=job.base.num_samples,
+            existing_skipped=job.existing_skipped)
+    summary = _pack_source(job.source, job.target, job.options, pack_options, overwrite=False,
+                           resume=True, skip_bad=skip_bad, start=start, **run)
+    return job.publish(summary)
 
 
 def _pack_source(
