@@ -45,6 +45,7 @@ if TYPE_CHECKING:
     from shardio.decode import pil_backend
     from shardio.fields import Fields
     from shardio.location import read_manifest
+    from shardio.mix import Source
     from shardio.pack import PackSummary, pack, pack_imagefolder
     from shardio.prefetch import DevicePrefetcher
     from shardio.preview import preview
@@ -76,6 +77,7 @@ _LAZY = {
     "preview": "shardio.preview",
     "read_manifest": "shardio.location",
     "RemoteOptions": "shardio.storage.options",
+    "Source": "shardio.mix",
 }
 
 __all__ = [
@@ -102,6 +104,7 @@ __all__ = [
     "ShardMissingError",
     "ShardWriter",
     "ShardioError",
+    "Source",
     "StorageError",
     "StreamingDataset",
     "TruncatedShardError",

@@ -12,8 +12,9 @@ EXPECTED = {
     "EmptySourceError", "IndexedDataset", "Manifest", "ManifestError", "ManifestNotFoundError",
     "Fields", "OutputExistsError", "PackError", "PackSummary", "RecordBatch", "RecordEncodeError",
     "RemoteOptions", "ShardCorruptError", "ShardInfo", "ShardMissingError", "ShardWriter", "ShardioError",
-    "StorageError", "StreamingDataset", "TruncatedShardError", "UnsafeKeyError", "UnsupportedVersionError",
-    "WriteOptions", "__version__", "loader", "merge_states", "open_dataset", "pack",
+    "Source", "StorageError", "StreamingDataset", "TruncatedShardError", "UnsafeKeyError",
+    "UnsupportedVersionError", "WriteOptions", "__version__", "loader", "merge_states",
+    "open_dataset", "pack",
     "pack_imagefolder", "pil_backend", "preview", "read_manifest", "unpack", "verify",
 }
 
