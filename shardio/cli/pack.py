@@ -12,6 +12,7 @@ import json
 from pathlib import Path
 
 import click
+from click.core import ParameterSource
 
 from shardio.cli.options import SIZE, LocalPath
 from shardio.codecs import CODEC_NAMES
@@ -35,6 +36,12 @@ def format_summary(summary: PackSummary) -> str:
         f"  files/s       {summary.files_per_s:,.0f} ({summary.mb_per_s:,.1f} MB/s)",
         f"  hidden        {summary.hidden_ignored:,} hidden entries ignored",
     ]
+    if summary.existing_samples or summary.existing_skipped:
+        lines.append(f"  appended to   {summary.existing_samples:,} samples already in the "
+                     f"dataset ({summary.existing_samples + summary.samples:,} now)")
+    if summary.existing_skipped:
+        lines.append(f"  existing      {summary.existing_skipped:,} samples of SRC skipped: "
+                     "their keys were in the dataset")
     if summary.resumed_samples:
         lines.append(f"  resumed       {summary.resumed_samples:,} samples were already packed")
     lines.append(f"  skipped       {len(summary.skipped):,} files")
@@ -72,6 +79,11 @@ def format_summary(summary: PackSummary) -> str:
               help="Leave out bad inputs (listed in the summary and manifest) instead of failing.")
 @click.option("--overwrite", is_flag=True, help="Replace the dataset in OUT.")
 @click.option("--resume", is_flag=True, help="Finish an interrupted pack into OUT.")
+@click.option("--append", is_flag=True,
+              help="Add SRC's files to the dataset in OUT as new shards (write options not "
+                   "given are the dataset's; an interrupted append of the same SRC continues).")
+@click.option("--skip-existing", is_flag=True,
+              help="With --append: skip samples whose keys OUT already holds instead of failing.")
 @click.option("--progress/--no-progress", default=None,
               help="Show a progress bar [default: when stderr is a terminal].")
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
@@ -80,7 +92,7 @@ def pack_command(
     max_shard_samples: int | None, include: tuple[str, ...], exclude: tuple[str, ...],
     follow_symlinks: bool, seed: int, no_shuffle: bool, num_workers: int | None,
     imagefolder: bool | None, check_images: bool, skip_bad: bool, overwrite: bool,
-    resume: bool, progress: bool | None, as_json: bool,
+    resume: bool, append: bool, skip_existing: bool, progress: bool | None, as_json: bool,
 ) -> None:
     """Pack the files under SRC into shuffled, checksummed shards in OUT.
 
@@ -91,17 +103,25 @@ def pack_command(
     sample (a/x.jpg + a/x.json -> key a/x).
     """
     try:
-        options = WriteOptions(backend=backend, codec=codec, level=level,
-                               max_shard_bytes=max_shard_bytes,
-                               max_shard_samples=max_shard_samples)
+        options: WriteOptions | None = WriteOptions(
+            backend=backend, codec=codec, level=level, max_shard_bytes=max_shard_bytes,
+            max_shard_samples=max_shard_samples)
     except ValueError as exc:
         raise click.BadParameter(str(exc)) from exc
+    if (skip_existing and not append) or (append and overwrite):
+        raise click.UsageError("--skip-existing goes with --append, and --append never "
+                               "overwrites: leave --overwrite out")
+    ctx = click.get_current_context()
+    if append and all(ctx.get_parameter_source(name) is ParameterSource.DEFAULT for name in (
+            "backend", "codec", "level", "max_shard_bytes", "max_shard_samples")):
+        options = None  # the dataset's own
     try:
         summary = pack(
             src, out, options=options, imagefolder=imagefolder, seed=seed,
             shuffle=not no_shuffle, num_workers=num_workers, include=include, exclude=exclude,
             follow_symlinks=follow_symlinks, check_images=check_images, skip_bad=skip_bad,
-            overwrite=overwrite, resume=resume, progress=progress,
+            overwrite=overwrite, resume=resume, append=append, skip_existing=skip_existing,
+            progress=progress,
         )
     except ShardioError as exc:
         raise click.ClickException(str(exc)) from exc
