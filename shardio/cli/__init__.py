@@ -16,6 +16,7 @@ from shardio.version import __version__
 
 COMMANDS: Final[dict[str, tuple[str, str]]] = {
     "pack": ("pack", "Pack the files under SRC into shuffled, checksummed shards in OUT."),
+    "merge": ("merge", "Merge several datasets into one new dataset OUT, without re-encoding."),
     "info": ("inspect", "Show what the manifest of DATASET says."),
     "ls": ("inspect", "List the samples of DATASET: stored size, label and key."),
     "cat": ("inspect", "Print the raw bytes of one field of sample KEY."),

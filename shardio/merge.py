@@ -1,0 +1,256 @@
+"""``shardio.merge``: several datasets into one, without re-encoding a sample.
+
+Each input's shard files become the output's, in input order and renamed in
+sequence (``shard-00000…``): hard-linked when input and output share a
+filesystem (no bytes copied; the files are never modified in place, by shardio
+or by its readers), copied otherwise, never symlinked. The manifests are
+combined: counts and first indices follow the new shard order, fields and
+skipped lists are united, and the output's manifest is written last, so an
+interrupted merge leaves no dataset. Keys must stay unique: they are read from
+the shards' key blocks alone, and a collision is refused unless
+``prefix_keys``, which names every sample ``<input folder name>/<key>``. A
+record stores its own key, so prefixed shards are rewritten record by record
+(``shardio.rekey``: field bytes kept, compressed payloads compressed again).
+Nothing here imports torch.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import shutil
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Final
+
+from shardio.backends import ShardFileReader, create_shard, keys_crc32, shard_name
+from shardio.codecs import get_codec
+from shardio.errors import OutputExistsError, PackError
+from shardio.location import local_path
+from shardio.manifest import (
+    Manifest,
+    ShardInfo,
+    SkippedFile,
+    fsync_dir,
+    read_manifest,
+    write_manifest,
+)
+from shardio.reader import DatasetReader
+from shardio.rekey import rekey_frame
+from shardio.version import __version__
+
+MAX_LISTED: Final = 5
+"""Keys named in a refusal; the message gives the count of the rest."""
+CROSS_DEVICE: Final = (errno.EXDEV, errno.EPERM, errno.EMLINK, errno.ENOTSUP, errno.EOPNOTSUPP)
+"""``os.link`` failures that mean "copy instead": another filesystem, or one without links."""
+
+
+@dataclass(frozen=True)
+class MergeSummary:
+    """What a merge did; ``to_json()`` is what ``shardio merge --json`` prints."""
+
+    out: str
+    inputs: tuple[str, ...]
+    samples: int
+    shards: int
+    output_bytes: int
+    linked: int
+    """Shard files hard-linked from an input."""
+    copied: int
+    """Shard files copied byte for byte (another filesystem, or ``link=False``)."""
+    rewritten: int
+    """Shard files rewritten with prefixed keys."""
+    recompressed: int
+    """Records whose compressed payload was compressed again to change its key."""
+    seconds: float
+
+    def to_json(self) -> dict[str, Any]:
+        """The summary as a JSON-ready dict."""
+        return asdict(self)
+
+
+def merge(
+    inputs: Sequence[str | os.PathLike[str]],
+    out: str | os.PathLike[str],
+    *,
+    prefix_keys: bool = False,
+    link: bool = True,
+) -> MergeSummary:
+    """Build the dataset ``out`` from the datasets ``inputs``, in that order, without re-encoding.
+
+    Args:
+        inputs: local dataset folders sharing backend, codec and classes (or all without).
+        out: the new dataset's folder; absent or empty.
+        prefix_keys: name each sample ``<input folder name>/<key>`` (the inputs'
+            folder names must differ); its shards are then rewritten.
+        link: hard-link shard files where input and output share a filesystem;
+            ``False`` copies them.
+
+    Raises:
+        PackError: the inputs differ in backend, codec or classes, keys collide
+            (without ``prefix_keys``), or two inputs share a folder name (with it).
+        OutputExistsError: ``out`` holds files.
+        StorageError: an input or ``out`` is a URL.
+        ManifestNotFoundError: an input is not a dataset.
+    """
+    start = time.perf_counter()
+    paths = [local_path(p, role="merge input") for p in inputs]
+    dest = local_path(out, role="merge output")
+    if not paths:
+        raise ValueError("merge needs at least one input dataset")
+    manifests = [read_manifest(p) for p in paths]
+    _refuse_mismatch(paths, manifests)
+    names = [p.resolve().name for p in paths]
+    if prefix_keys and len(set(names)) < len(names):
+        raise PackError(
+            f"inputs {', '.join(map(str, paths))}: --prefix-keys names samples by their "
+            f"input's folder name, and these share one ({names}); rename or move a folder",
+            path=paths[0])
+    if dest.exists() and (not dest.is_dir() or os.listdir(dest)):
+        raise OutputExistsError(
+            f"{dest}: the merge output must be absent or an empty folder; choose another, or "
+            "remove it (an interrupted merge leaves shard files and no manifest.json)",
+            path=dest)
+    _refuse_clashes(paths, prefix_keys=prefix_keys)
+    made_dest = not dest.exists()
+    dest.mkdir(parents=True, exist_ok=True)
+    created: list[Path] = []
+    counts = {"linked": 0, "copied": 0, "rewritten": 0, "recompressed": 0}
+    shards: list[ShardInfo] = []
+    try:
+        for path, manifest, name in zip(paths, manifests, names, strict=True):
+            with DatasetReader(path) as reader:
+                for number, info in enumerate(manifest.shards):
+                    target = dest / shard_name(manifest.backend, len(shards))
+                    first = shards[-1].first_index + shards[-1].num_samples if shards else 0
+                    if prefix_keys:
+                        new = _rewrite(reader.shard(number), target, manifest, f"{name}/",
+                                       created, counts)
+                        reader.close_shard(number)
+                        shards.append(ShardInfo(target.name, info.num_samples, first, *new))
+                        continue
+                    counts[_place(path / info.name, target, link, created)] += 1
+                    shards.append(ShardInfo(target.name, info.num_samples, first,
+                                            info.num_bytes, info.checksum, info.keys_crc32))
+        fsync_dir(dest)  # every shard's name is durable before the manifest names it
+    except BaseException:
+        for made in created:  # an error or Ctrl-C leaves the output as it found it
+            made.unlink(missing_ok=True)
+        if made_dest:
+            dest.rmdir()
+        raise
+    write_manifest(dest, _merged_manifest(manifests, names, shards, prefix_keys))
+    return MergeSummary(
+        out=str(dest), inputs=tuple(map(str, paths)),
+        samples=sum(s.num_samples for s in shards), shards=len(shards),
+        output_bytes=sum(s.num_bytes for s in shards), seconds=time.perf_counter() - start,
+        **counts)
+
+
+def _refuse_mismatch(paths: Sequence[Path], manifests: Sequence[Manifest]) -> None:
+    """One backend, one codec and one class list for every input."""
+    for what in ("backend", "codec", "classes"):
+        values = [getattr(m, what) for m in manifests]
+        if any(v != values[0] for v in values):
+            listed = "; ".join(f"{p}: {v!r}" for p, v in zip(paths, values, strict=True))
+            why = ("labels index the classes, so every input must have the same class list "
+                   "(or none): re-pack them together" if what == "classes" else
+                   f"a dataset has one {what}: re-pack the odd ones with --{what} {values[0]}")
+            raise PackError(f"the inputs differ in {what} ({listed}); {why}", path=paths[0])
+
+
+def _refuse_clashes(paths: Sequence[Path], *, prefix_keys: bool) -> None:
+    """Refuse output keys that repeat, reading the inputs' key blocks only."""
+    seen: dict[str, int] = {}
+    clashes: list[tuple[str, int]] = []
+    for number, path in enumerate(paths):
+        prefix = f"{path.resolve().name}/" if prefix_keys else ""
+        with DatasetReader(path) as reader:
+            for key in reader.keys():  # noqa: SIM118 - key blocks; iterating reads records
+                if seen.setdefault(prefix + key, number) != number:
+                    clashes.append((prefix + key, number))
+    if clashes:
+        shown = ", ".join(f"{k!r} (in {paths[seen[k]]} and {paths[n]})"
+                          for k, n in clashes[:MAX_LISTED])
+        more = f" and {len(clashes) - MAX_LISTED} more" if len(clashes) > MAX_LISTED else ""
+        raise PackError(
+            f"{len(clashes)} key(s) are in more than one input: {shown}{more}. Keys name "
+            "samples and must be unique in a dataset: pass --prefix-keys "
+            "(prefix_keys=True) to name samples <input folder name>/<key>, or leave an input "
+            "out", path=paths[0])
+
+
+def _place(src: Path, target: Path, link: bool, created: list[Path]) -> str:
+    """Hard-link ``src`` as ``target``, or copy it (to a hidden name, fsynced, renamed)."""
+    if link:
+        try:
+            os.link(src, target)
+        except OSError as exc:
+            if exc.errno not in CROSS_DEVICE:
+                raise
+        else:
+            created.append(target)
+            return "linked"
+    tmp = target.with_name(f".{target.name}.tmp")
+    created += [tmp, target]
+    with open(src, "rb") as fin, open(tmp, "wb") as fout:
+        shutil.copyfileobj(fin, fout, 1 << 20)
+        fout.flush()
+        os.fsync(fout.fileno())
+    os.replace(tmp, target)
+    return "copied"
+
+
+def _rewrite(reader: ShardFileReader, target: Path, manifest: Manifest, prefix: str,
+             created: list[Path], counts: dict[str, int]) -> tuple[int, str, int]:
+    """Write ``reader``'s records to ``target`` with keys ``prefix + key``.
+
+    Returns ``(bytes, checksum, keys_crc32)`` of the new shard.
+    """
+    codec = get_codec(manifest.codec, int(manifest.options.get("level", 3)))
+    tmp = target.with_name(f".{target.name}.tmp")
+    created += [tmp, target]
+    keys = reader.keys()
+    writer = create_shard(manifest.backend, tmp)
+    new_keys = [prefix + key for key in keys]
+    try:
+        for record, framed in reader.scan():
+            new, again = rekey_frame(framed, new_keys[record], old_key=keys[record], codec=codec,
+                                     path=reader.path, record=record,
+                                     offset=reader.offset(record))
+            writer.append(new_keys[record], new)
+            counts["recompressed"] += again
+        size, checksum = writer.finish()
+    except BaseException:
+        writer.abort()
+        raise
+    os.replace(tmp, target)
+    counts["rewritten"] += 1
+    return size, checksum, keys_crc32(new_keys)
+
+
+def _merged_manifest(manifests: Sequence[Manifest], names: Sequence[str],
+                     shards: Sequence[ShardInfo], prefix_keys: bool) -> Manifest:
+    """The inputs' manifests as one: shards in order, fields and skipped files united."""
+    first = manifests[0]
+    fields: dict[str, None] = {}
+    skipped: list[SkippedFile] = []
+    for manifest, name in zip(manifests, names, strict=True):
+        fields.update(dict.fromkeys(manifest.fields))
+        skipped += [SkippedFile(f"{name}/{s.path}", s.reason) if prefix_keys else s
+                    for s in manifest.skipped]
+    seeds = {m.seed for m in manifests}
+    # options every input agrees on, and what the merge was
+    options = {k: v for k, v in first.options.items()
+               if all(k in m.options and m.options[k] == v for m in manifests)}
+    options["merge"] = {"inputs": list(names), "prefix_keys": prefix_keys}
+    return Manifest(
+        backend=first.backend, codec=first.codec, num_samples=sum(s.num_samples for s in shards),
+        num_bytes=sum(s.num_bytes for s in shards), fields=tuple(fields), shards=tuple(shards),
+        classes=first.classes, class_to_idx=first.class_to_idx,
+        seed=seeds.pop() if len(seeds) == 1 else None, shuffle=all(m.shuffle for m in manifests),
+        options=options, input_bytes=sum(m.input_bytes for m in manifests),
+        skipped=tuple(sorted(skipped, key=lambda s: (s.path, s.reason))),
+        shardio_version=__version__)
