@@ -35,6 +35,7 @@ DOCUMENTS = ("README.md", "benchmarks/README.md")
 """Documents (relative to the repository) scanned for generated blocks."""
 
 BLOCKS: dict[str, str] = {
+    "guarantees": "benchmarks.stress_corruption:guarantees_block",
     "bench-summary": "benchmarks.headline:summary_block",
     "bench-tables": "benchmarks.report:tables_block",
 }
