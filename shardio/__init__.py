@@ -45,6 +45,7 @@ if TYPE_CHECKING:
     from shardio.decode import pil_backend
     from shardio.fields import Fields
     from shardio.location import read_manifest
+    from shardio.merge import MergeSummary, merge
     from shardio.mix import Source
     from shardio.pack import PackSummary, pack, pack_imagefolder
     from shardio.prefetch import DevicePrefetcher
@@ -58,6 +59,8 @@ if TYPE_CHECKING:
 
 _LAZY = {
     "PackSummary": "shardio.pack",
+    "MergeSummary": "shardio.merge",
+    "merge": "shardio.merge",
     "pack": "shardio.pack",
     "pack_imagefolder": "shardio.pack",
     "DatasetReader": "shardio.reader",
@@ -93,6 +96,7 @@ __all__ = [
     "Manifest",
     "ManifestError",
     "ManifestNotFoundError",
+    "MergeSummary",
     "OutputExistsError",
     "PackError",
     "PackSummary",
@@ -113,6 +117,7 @@ __all__ = [
     "WriteOptions",
     "__version__",
     "loader",
+    "merge",
     "merge_states",
     "open_dataset",
     "pack",

@@ -13,7 +13,8 @@ EXPECTED = {
     "Fields", "OutputExistsError", "PackError", "PackSummary", "RecordBatch", "RecordEncodeError",
     "RemoteOptions", "ShardCorruptError", "ShardInfo", "ShardMissingError", "ShardWriter", "ShardioError",
     "Source", "StorageError", "StreamingDataset", "TruncatedShardError", "UnsafeKeyError",
-    "UnsupportedVersionError", "WriteOptions", "__version__", "loader", "merge_states",
+    "UnsupportedVersionError", "WriteOptions", "__version__", "loader", "merge", "merge_states",
+    "MergeSummary",
     "open_dataset", "pack",
     "pack_imagefolder", "pil_backend", "preview", "read_manifest", "unpack", "verify",
 }
@@ -27,7 +28,8 @@ def test_all_is_pinned_and_sorted() -> None:
 def test_every_public_name_resolves() -> None:
     for name in shardio.__all__:
         assert getattr(shardio, name) is not None, name
-    for name in ("pack", "pack_imagefolder", "verify", "unpack", "loader", "merge_states"):
+    for name in ("pack", "pack_imagefolder", "verify", "unpack", "loader", "merge",
+                 "merge_states"):
         assert callable(getattr(shardio, name)), name
 
 
