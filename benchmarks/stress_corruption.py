@@ -484,7 +484,7 @@ def run(*, flips: int, truncations: int, seed: int, torch: bool, case_timeout_s:
 def render_guarantees(results: dict[str, Any]) -> str:
     """The README's table of what the stress run tried and what it found."""
     rows = ["| damage | tried | found by verify | readers raised | readers exact "
-            "| wrong bytes | crashes |", "|---|---:|---:|---:|---:|---:|---:|"]
+            "| wrong bytes or untyped errors | crashes |", "|---|---:|---:|---:|---:|---:|---:|"]
     names = {"flip": "single-bit flip", "truncate": "truncation", "zero": "zeroed 4 KB page",
              "swap": "two shards exchanged", "manifest": "one manifest field changed"}
     for kind, name in names.items():
