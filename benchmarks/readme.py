@@ -38,6 +38,8 @@ BLOCKS: dict[str, str] = {
     "guarantees": "benchmarks.stress_corruption:guarantees_block",
     "bench-summary": "benchmarks.headline:summary_block",
     "bench-tables": "benchmarks.report:tables_block",
+    "bench-remote": "benchmarks.remote_report:remote_block",
+    "bench-remote-summary": "benchmarks.remote_report:summary_block",
 }
 """Block name -> ``"module:function"`` rendering it; imported only when rendered."""
 

@@ -131,12 +131,11 @@ def target_rows(systems: dict[str, dict[str, Any]]) -> list[list[str]]:
         rows.append([f"cache peak / budget ({_mb(s['budget'])} MB)", config,
                      f"{peak / s['budget']:.2f}", "<= 1.0",
                      "yes" if peak <= s["budget"] else "**NO**"])
-        refused = s["failure"] is not None and s["failure"]["type"] == "CacheBudgetError"
         done = s["completed"] == s["runs"]
         rows.append(["epochs complete at this budget", config, f"{s['completed']}/{s['runs']}",
                      "all, or refused at once with the minimum",
-                     "yes" if done else ("refused (budget < in flight)" if refused
-                                         and not s["completed"] else "**NO**")])
+                     "yes" if done else ("refused (budget < in flight)" if _refused(s)
+                                         else "**NO**")])
     return rows
 
 
@@ -197,6 +196,86 @@ def render(path: Path, results: dict[str, Any]) -> str:
         elif SHARDIO not in systems:
             reason = tree["systems"].get(SHARDIO, {}).get("reason") or "not in this run"
             lines += [f"{SHARDIO}: not measured ({reason}).", ""]
+    return "\n".join(lines).rstrip("\n") + "\n"
+
+
+def _half_outcome(s: dict[str, Any] | None) -> str:
+    if s is None:
+        return "–"
+    if s["completed"] == s["runs"]:
+        return (f"{_num(s['epoch2'])} samples/s, {_num(s['down2'], 1)}x downloaded, cache peak "
+                f"{_mb(s['cache_peak'])} MB of {_mb(s['budget'])}")
+    f = s["failure"] or {}
+    if _refused(s):
+        minimum = re.search(r"the minimum is (\d+) bytes", f.get("message", ""))
+        return "refused at once" + (f": needs {int(minimum[1]) / 1e6:,.0f} MB" if minimum else
+                                    " (budget below its minimum)")
+    return f"failed ({f.get('type', '?')}) in {s['runs'] - s['completed']} of {s['runs']} runs"
+
+
+def _refused(s: dict[str, Any]) -> bool:
+    """Every run stopped before its first epoch with an error about the cache budget."""
+    f = s["failure"]
+    return (f is not None and not s["completed"] and f["epoch"] == 1
+            and "cache" in f["message"].lower() and f["type"] in ("CacheBudgetError", "ValueError"))
+
+
+def summary_rows(systems: dict[str, dict[str, Any]]) -> list[list[str]]:
+    """The main README's rows for one tree: ``[what, shardio, best peer]``."""
+    own = systems.get(SHARDIO, {})
+    rows = []
+    for workers in (0, 2):
+        config = f"fits-w{workers}"
+        s, best = own.get(config), best_peer(systems, config)
+        mine = _num(s["epoch1"]) if s else "–"
+        if s and s["epoch1"] and best:
+            mine += f" ({s['epoch1'] / best[1]:.2f}x {best[0]})"
+        rows.append([f"first epoch, samples/s, {workers} workers", mine,
+                     f"{_num(best[1])} ({best[0]})" if best else "–"])
+    for workers in (0, 2):
+        config = f"fits-w{workers}"
+        s = own.get(config)
+        peers = [(systems[p][config]["first_batch_s"], p) for p in PEERS
+                 if config in systems.get(p, {}) and systems[p][config]["first_batch_s"]]
+        fastest = min(peers, default=None)
+        rows.append([f"first batch, s, {workers} workers", _num(s and s["first_batch_s"], 2),
+                     f"{fastest[0]:.2f} ({fastest[1]})" if fastest else "–"])
+    for workers in (0, 2):
+        config = f"fits-w{workers}"
+        s = own.get(config)
+        peers = [(systems[p][config]["down1"], p) for p in PEERS
+                 if config in systems.get(p, {}) and systems[p][config]["down1"]]
+        least = min(peers, default=None)
+        rows.append([f"downloaded / stored bytes, epoch 1, {workers} workers",
+                     _num(s and s["down1"], 2), f"{least[0]:.2f} ({least[1]})" if least else "–"])
+    for workers in (0, 2):
+        config = f"half-w{workers}"
+        peers = [f"{p}: {_half_outcome(systems[p][config])}" for p in PEERS
+                 if config in systems.get(p, {})]
+        rows.append([f"epoch 2 with a budget of half the data, {workers} workers",
+                     _half_outcome(own.get(config)), "; ".join(peers) or "–"])
+    return rows
+
+
+def summary_block() -> str:
+    """The ``bench-remote-summary`` block of the main README: shardio against the best peer."""
+    path, results = load_results()
+    link = results["link"]
+    lines = [
+        f"Streaming from S3 ({'quick' if results['quick'] else 'full'} run of "
+        f"{results['date']}, `benchmarks/results/{path.name}`): s3rver on 127.0.0.1 behind "
+        f"{link['latency_ms']:.0f} ms per request and {link['bandwidth_mbs']:.0f} MB/s, "
+        f"{results['machine']['cores']} shared cores; medians of {results['repeats']} "
+        "repeat(s); method and full tables in "
+        "[benchmarks/README.md](benchmarks/README.md#remote-reading-bench_remotepy).",
+        "",
+    ]
+    for kind, systems in summarize(results).items():
+        tree = results["trees"][kind]
+        lines += [f"| {kind}: {tree['num_files']:,} files, {tree['num_bytes'] / 1e6:,.0f} MB "
+                  "| shardio (records) | best peer |", "|---|---|---|"]
+        lines += ["| " + " | ".join(row) + " |" for row in summary_rows(systems)]
+        lines.append("")
     return "\n".join(lines).rstrip("\n") + "\n"
 
 
