@@ -39,7 +39,7 @@ from benchmarks import SNAPSHOT_ENV
 from benchmarks.adapters import get_adapter
 from benchmarks.adapters.remote import READERS, get_reader
 from benchmarks.datagen import DATA_ROOT, Tree, ensure_tree
-from benchmarks.machine import describe_machine, library_versions, snapshot_shardio, source_id
+from benchmarks.machine import describe_machine, library_versions, source_id
 from benchmarks.remote_servers import (
     BUCKET,
     S3RVER_VERSION,
@@ -59,6 +59,23 @@ QUICK_SIZES = {"images": 2000, "tiny": 20_000}
 SYSTEMS = ("shardio-records", "mosaicml", "litdata", "webdataset")
 """Measured by default; ``shardio-lmdb`` may be added with ``--systems``."""
 BUDGETS = ("fits", "half")
+
+
+def snapshot_head(repo: Path, dest: Path) -> dict[str, Any]:
+    """Extract ``shardio/`` of the committed HEAD into ``dest`` (what the children import).
+
+    Not the working tree: other engineers edit it while a run goes on, and a half-made
+    edit there once broke every pack of a run. Returns the commit and the copy's hash.
+    """
+    shutil.rmtree(dest, ignore_errors=True)
+    dest.mkdir(parents=True)
+    archive = subprocess.run(["git", "-C", str(repo), "archive", "HEAD", "shardio"],
+                             capture_output=True, check=True).stdout
+    subprocess.run(["tar", "-x", "-C", str(dest)], input=archive, check=True)
+    head = subprocess.run(["git", "-C", str(repo), "rev-parse", "--short", "HEAD"],
+                          capture_output=True, text=True, check=True).stdout.strip()
+    return {"git_head": head, "from": "HEAD (committed files only)",
+            "snapshot_sha256": source_id(dest / "shardio")["sha256"]}
 
 
 def pack_and_upload(tree: Tree, name: str, work: Path, runner: Runner, client: Any,
@@ -248,7 +265,7 @@ def main(argv: list[str] | None = None) -> Path:
     out = args.out or HERE / "results" / ("remote-quick.json" if args.quick else "remote.json")
     args.work_dir.mkdir(parents=True, exist_ok=True)
     snapshot = args.work_dir / "snapshot"
-    source = snapshot_shardio(REPO, snapshot)
+    source = snapshot_head(REPO, snapshot)
     runner = Runner(args.work_dir, timeout_s=args.timeout, verbose=args.verbose,
                     snapshot=str(snapshot))
     started = time.time()
@@ -274,8 +291,7 @@ def main(argv: list[str] | None = None) -> Path:
         "link": {"latency_ms": args.latency_ms, "bandwidth_mbs": args.bandwidth_mbs},
         "machine": describe_machine(args.work_dir),
         "versions": {**library_versions(), **remote_versions()},
-        "shardio_source": {**source, "changed_during_run":
-                           source_id(REPO / "shardio")["sha256"] != source["sha256"]},
+        "shardio_source": source,
         "config": {"batch_size": 64, "workers": args.workers, "budgets": args.budgets,
                    "epochs_per_run": 2, "seed": args.seed, "server": "s3rver",
                    "mosaicml_fork_fix": args.fork_fix},
