@@ -166,6 +166,27 @@ def appended_mode(target: PackTarget) -> bool | None:
     return read_manifest(out).is_labelled
 
 
+def settle_interrupted_append(target: PackTarget, *, overwrite: bool, resume: bool) -> None:
+    """Before a pack that is not an append: what to do with an interrupted append's folder.
+
+    ``overwrite`` discards it with the dataset (it is scratch); ``resume`` is
+    refused with the command that does continue it (``--append``).
+
+    Raises:
+        PackError: ``resume`` where an append, not a pack, was interrupted.
+    """
+    if not isinstance(target, LocalTarget) or not (target.staging / STAGING_NAME).is_dir():
+        return
+    if overwrite:
+        shutil.rmtree(target.staging / STAGING_NAME)
+    elif resume:
+        raise PackError(
+            f"{target.staging}: this is a complete dataset with an interrupted append "
+            f"({STAGING_NAME}), not an interrupted pack. Run the append again (the same "
+            "command with --append instead of --resume): it continues where it stopped",
+            path=target.staging)
+
+
 def prepare_append(
     target: PackTarget, source: Source, options: WriteOptions | None, *, skip_existing: bool,
 ) -> AppendJob | None:

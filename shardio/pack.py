@@ -29,7 +29,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from shardio.append import appended_mode, prepare_append
+from shardio.append import appended_mode, prepare_append, settle_interrupted_append
 from shardio.errors import BadInputError, EmptySourceError, PackError, StorageError
 from shardio.location import is_url
 from shardio.packstate import journal_state, pack_manifest, resumable_shards
@@ -276,6 +276,8 @@ def _pack_or_append(
         raise ValueError("skip_existing goes with append, and append never overwrites: "
                          f"got append={append}, skip_existing={skip_existing}, "
                          f"overwrite={overwrite}")
+    if not append:
+        settle_interrupted_append(target, overwrite=overwrite, resume=resume)
     job = prepare_append(target, source, options, skip_existing=skip_existing) if append else None
     if job is None:
         return _pack_source(source, target, options or WriteOptions(), pack_options,

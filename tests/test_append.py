@@ -126,6 +126,11 @@ def test_append_killed_midway_leaves_the_old_dataset_and_a_retry_succeeds(
     leftovers = set(os.listdir(out)) - {MANIFEST_NAME, *(s.name for s in read_manifest(out).shards)}
     if where == "shard":  # the staging folder holds the first new shard and the journal
         assert leftovers == {STAGING_NAME}
+        with pytest.raises(PackError, match=r"interrupted append.*--append instead of --resume"):
+            shardio.pack(src, out, resume=True)
+        shutil.copytree(out, out.with_name("copy"))
+        assert shardio.pack(src, out.with_name("copy"), overwrite=True).samples == 7
+        assert STAGING_NAME not in os.listdir(out.with_name("copy"))
         retry = shardio.pack(src, out, append=True, num_workers=1,
                              options=WriteOptions(max_shard_samples=3))
         assert retry.resumed_samples == 3 and retry.samples == 7
