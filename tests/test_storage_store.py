@@ -270,6 +270,21 @@ def test_storage_options_override_the_environment(
     assert store.read_bytes("x") == b"payload"
 
 
+
+def test_a_changed_endpoint_in_the_environment_gets_a_new_client(
+        s3: S3Endpoint, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Clients are shared per configuration, and the ``AWS_*`` environment is configuration.
+
+    A client cached under the old endpoint once served a later test's store, whose requests
+    then bypassed that test's proxy.
+    """
+    monkeypatch.setenv("AWS_ENDPOINT_URL", s3.moto.url)  # straight to the server, no proxy
+    open_store(s3.url, retry=FAST_RETRY).put_bytes("x", b"payload")
+    monkeypatch.setenv("AWS_ENDPOINT_URL", s3.proxy.url)
+    before = s3.plan.requests
+    assert open_store(s3.url, retry=FAST_RETRY).read_bytes("x") == b"payload"
+    assert s3.plan.requests > before
+
 # --- HTTP ---------------------------------------------------------------------------------------
 
 def test_http_server_with_range_reads_through_faults(http: HttpEndpoint) -> None:

@@ -26,6 +26,9 @@ from shardio.errors import MissingDependencyError
 from shardio.storage.retry import RetryPolicy
 
 HTTP_PROTOCOLS = ("http", "https")
+CONFIG_ENV_PREFIXES = ("AWS_", "GOOGLE_", "AZURE_", "FSSPEC_")
+"""Environment variables that configure a client: part of its key, so a changed endpoint or
+profile gets a new client instead of one resolved for the old settings."""
 S3_PROTOCOLS = ("s3", "s3a")
 REMOTE_EXTRA = "pip install 'shardio[remote]'"
 
@@ -101,11 +104,12 @@ def client_for(protocol: str, options: Mapping[str, Any], policy: RetryPolicy) -
     Raises:
         MissingDependencyError: fsspec or the protocol's package is not installed.
     """
+    env = sorted((k, v) for k, v in os.environ.items() if k.startswith(CONFIG_ENV_PREFIXES))
     try:
-        key = json.dumps([protocol, options, policy.connect_timeout_s, policy.read_timeout_s],
+        key = json.dumps([protocol, options, policy.connect_timeout_s, policy.read_timeout_s, env],
                          sort_keys=True)
     except TypeError:  # options holding objects: a client of its own per options mapping
-        key = f"{protocol}:{id(options)}"
+        key = f"{protocol}:{id(options)}:{json.dumps(env)}"
     with _clients_lock:
         entry = _clients.get(key)
         if entry is None:
