@@ -188,9 +188,9 @@ class _ProxyHandler(BaseHTTPRequestHandler):
         for start in range(0, len(data), RELAY_CHUNK):
             chunk = data[start:start + RELAY_CHUNK]
             self.server.plan.pace(len(chunk))
-            self.wfile.write(chunk)
-            if self.command == "GET":
+            if self.command == "GET":  # counted first: a client that has the bytes sees them
                 self.server.plan.sent(len(chunk), ranged=ranged)
+            self.wfile.write(chunk)
 
     def _stats(self) -> None:
         data = json.dumps(self.server.plan.counters()).encode()

@@ -1,0 +1,79 @@
+"""The proxy of the storage tests and bench_remote (``benchmarks/storage_proxy.py``): counting,
+the shared bandwidth cap, streamed bodies, and its stats endpoint."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from storage_servers import RangeHTTPServer
+
+from benchmarks.storage_proxy import STATS_PATH, FaultPlan, FaultProxy
+
+SIZE = 1 << 20
+
+
+@pytest.fixture
+def served(tmp_path: Path) -> Iterator[tuple[FaultProxy, bytes]]:
+    data = bytes(range(256)) * (SIZE // 256)
+    (tmp_path / "blob.bin").write_bytes(data)
+    server = RangeHTTPServer(tmp_path)
+    proxy = FaultProxy(server.address)
+    yield proxy, data
+    proxy.close()
+    server.close()
+
+
+def get(url: str, headers: dict[str, str] | None = None) -> bytes:
+    with urllib.request.urlopen(urllib.request.Request(url, headers=headers or {}),
+                                timeout=30) as resp:
+        return bytes(resp.read())
+
+
+def test_counts_whole_and_ranged_get_bodies(served: tuple[FaultProxy, bytes]) -> None:
+    proxy, data = served
+    assert get(f"{proxy.url}/blob.bin") == data
+    assert get(f"{proxy.url}/blob.bin", {"Range": "bytes=10-109"}) == data[10:110]
+    plan = proxy.plan
+    assert (plan.gets, plan.ranged_gets) == (2, 1)
+    assert plan.get_bytes == SIZE + 100  # every GET body
+    assert plan.body_bytes == 100  # ranged bodies only, as before
+
+
+def test_stats_endpoint_is_answered_not_forwarded_nor_counted(
+        served: tuple[FaultProxy, bytes]) -> None:
+    proxy, _ = served
+    get(f"{proxy.url}/blob.bin", {"Range": "bytes=0-9"})
+    stats = json.loads(get(proxy.url + STATS_PATH))
+    assert stats["gets"] == 1 and stats["get_bytes"] == 10 and stats["requests"] == 1
+    assert proxy.plan.requests == 1
+
+
+def test_bandwidth_is_shared_by_all_bodies(served: tuple[FaultProxy, bytes]) -> None:
+    proxy, data = served
+    proxy.plan.reset(max_bytes_per_s=8 * SIZE)  # two 1 MiB bodies at once: >= 0.25 s together
+    results: list[bytes] = []
+    start = time.monotonic()
+    threads = [threading.Thread(target=lambda: results.append(get(f"{proxy.url}/blob.bin")))
+               for _ in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert results == [data, data]
+    assert time.monotonic() - start >= 0.24
+    assert proxy.plan.get_bytes == 2 * SIZE
+
+
+def test_reset_clears_the_cap_and_counters() -> None:
+    plan = FaultPlan(max_bytes_per_s=1.0, gets=3, get_bytes=5)
+    plan.reset()
+    assert (plan.max_bytes_per_s, plan.gets, plan.get_bytes) == (0.0, 0, 0)
+    start = time.monotonic()
+    plan.pace(1 << 30)  # no cap: no wait
+    assert time.monotonic() - start < 0.05
