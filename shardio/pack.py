@@ -1,11 +1,12 @@
 """``shardio.pack``: a folder or ImageFolder into shuffled shards, in parallel and resumably.
 
-The pipeline is scan (``shardio.source``) → seeded permutation of the sorted
-samples → shard boundaries planned from the scanned sizes
-(``shardio.shardplan``) → whole shards built by ``num_workers`` forked
-processes, or this one (``shardio.shardbuild``, ``shardio.shardpool``) → the
-manifest. Each shard's bytes depend only on the input and the options, so
-shards and manifest are byte-identical whatever the number of workers. This
+The pipeline is scan (``shardio.source``, its walk split into tasks by
+``shardio.scan``) → seeded permutation of the sorted samples → shard boundaries
+planned from the scanned sizes (``shardio.shardplan``) → whole shards built by
+an engine's tasks (``shardio.shardbuild``; ``shardio.engines``: forked
+processes on this machine, or a Dask cluster) → the manifest. Each shard's
+bytes depend only on the input and the options, so shards and manifest are
+byte-identical whatever the engine and the number of workers. This
 process only journals each finished shard (``shardio.journal``), in whatever
 order they finish, under an identity covering the input listing and every
 option that shapes the output; ``resume=True`` reuses every journaled shard
@@ -30,14 +31,15 @@ from pathlib import Path
 from typing import Any
 
 from shardio.append import appended_mode, prepare_append, settle_interrupted_append
+from shardio.engines import PackEngine, open_engine
 from shardio.errors import BadInputError, EmptySourceError, PackError, StorageError
 from shardio.location import is_url
 from shardio.packstate import journal_state, pack_manifest, resumable_shards
 from shardio.packtarget import LocalTarget, PackTarget, open_target
 from shardio.shardbuild import ShardFailure, ShardJob
 from shardio.shardplan import PLAN_VERSION, framed_bound, plan_shards
-from shardio.shardpool import ProgressBar, build_shards, default_workers
-from shardio.source import IMAGEFOLDER_RULES, Bad, Source, dataset_source, scan_source
+from shardio.shardpool import ProgressBar
+from shardio.source import IMAGEFOLDER_RULES, Bad, Source, dataset_source
 from shardio.writer import WriteOptions
 
 
@@ -129,6 +131,8 @@ def pack(
     skip_existing: bool = False,
     progress: bool | None = None,
     storage_options: Mapping[str, Any] | None = None,
+    engine: str = "local",
+    scheduler: str | None = None,
 ) -> PackSummary:
     """Pack the folder ``src`` into a shardio dataset at ``out``, a folder or a URL.
 
@@ -170,11 +174,18 @@ def pack(
             (counted in the summary) instead of refusing them.
         progress: show a progress bar; ``None`` shows one when stderr is a terminal.
         storage_options: for a URL ``out``, passed to its fsspec filesystem.
+        engine: ``"local"`` (this machine) or ``"dask"``: SRC walked and shards built
+            as tasks on a Dask cluster (``shardio.engines``; ``pip install
+            'shardio[dask]'``), the same bytes. ``src`` and a local ``out`` must be
+            on a filesystem every worker sees at the same path.
+        scheduler: with ``"dask"``, the scheduler's address (``tcp://host:8786``);
+            ``None`` starts a local cluster of ``num_workers`` processes.
 
     Raises:
         BadInputError: an input cannot be packed (and not ``skip_bad``); names the file.
         EmptySourceError: nothing to pack.
         OutputExistsError: ``out`` holds other files and neither ``overwrite`` nor ``resume``.
+        MissingDependencyError: ``engine="dask"`` without dask installed.
         PackError: with ``append``, keys already in the dataset, another backend or codec,
             or new classes sorting before old ones.
         StorageError: ``src`` is a URL, or ``out``'s store failed after retries.
@@ -182,19 +193,21 @@ def pack(
     """
     start = time.perf_counter()
     root = _local_source(src)
-    with contextlib.closing(open_target(out, storage_options)) as target, _gc_paused():
+    with contextlib.closing(open_target(out, storage_options)) as target, contextlib.closing(
+            open_engine(engine, num_workers=num_workers, scheduler=scheduler)) as runner, \
+            _gc_paused():
         if isinstance(target, LocalTarget):
             _refuse_nested(root, target.staging)
         if append and imagefolder is None:  # read SRC as the dataset was read
             imagefolder = appended_mode(target)
-        source = scan_source(src, imagefolder=imagefolder, include=include, exclude=exclude,
+        source = runner.scan(src, imagefolder=imagefolder, include=include, exclude=exclude,
                              follow_symlinks=follow_symlinks)
         pack_options = {"imagefolder": source.classes is not None, "include": list(include),
                         "exclude": list(exclude), "follow_symlinks": follow_symlinks,
                         "check_images": check_images}
         return _pack_or_append(source, target, options, pack_options, append=append,
                                skip_existing=skip_existing, seed=seed, shuffle=shuffle,
-                               num_workers=num_workers, skip_bad=skip_bad, overwrite=overwrite,
+                               engine=runner, skip_bad=skip_bad, overwrite=overwrite,
                                resume=resume, progress=progress, start=start)
 
 
@@ -241,8 +254,9 @@ def pack_imagefolder(
                         "follow_symlinks": True, "check_images": check_images}
         return _pack_or_append(source, target, options, pack_options, append=append,
                                skip_existing=skip_existing, seed=seed, shuffle=shuffle,
-                               num_workers=num_workers, skip_bad=skip_bad, overwrite=overwrite,
-                               resume=resume, progress=progress, start=start)
+                               engine=open_engine("local", num_workers=num_workers),
+                               skip_bad=skip_bad, overwrite=overwrite, resume=resume,
+                               progress=progress, start=start)
 
 
 def _local_source(src: str | os.PathLike[str]) -> Path:
@@ -299,7 +313,7 @@ def _pack_or_append(
 
 def _pack_source(
     source: Source, target: PackTarget, options: WriteOptions,
-    pack_options: dict[str, Any], *, seed: int, shuffle: bool, num_workers: int | None,
+    pack_options: dict[str, Any], *, seed: int, shuffle: bool, engine: PackEngine,
     skip_bad: bool, overwrite: bool, resume: bool, progress: bool | None, start: float,
 ) -> PackSummary:
     if not skip_bad:
@@ -330,8 +344,7 @@ def _pack_source(
     bar = ProgressBar(sys.stderr.isatty() if progress is None else progress, files_upto[-1],
                     sum(files_upto[plan[n].stop] - files_upto[plan[n].start] for n in done))
     try:
-        results = build_shards(job, todo, num_workers=num_workers or default_workers(),
-                               progress=bar.show if bar.bar is not None else None)
+        results = engine.build(job, todo, target, bar.show if bar.bar is not None else None)
         with contextlib.closing(results):
             for result in results:
                 if isinstance(result, ShardFailure):
@@ -339,9 +352,7 @@ def _pack_source(
                         f"{result.path}: {result.reason}. Fix it and run the same command "
                         "with --resume, or add --skip-bad --resume to leave it out",
                         path=result.path)
-                if result.num_samples:  # a shard of only bad samples has no file
-                    target.publish(result.name)
-                done[result.number] = result
+                done[result.number] = result  # the engine put it in the output
                 target.write_journal(journal_state(identity, done))
     finally:
         bar.close()

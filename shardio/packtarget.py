@@ -26,7 +26,7 @@ from shardio.journal import (
 )
 from shardio.manifest import MANIFEST_NAME, Manifest, fsync_dir, write_manifest
 from shardio.remotetarget import RemoteTarget
-from shardio.storage import open_store, split_url
+from shardio.storage import Store, open_store, split_url
 
 
 class PackTarget(Protocol):
@@ -36,6 +36,15 @@ class PackTarget(Protocol):
     """The output folder or URL as the user gave it (for messages and summaries)."""
     staging: Path
     """The local folder shards are built in (``out`` itself for a local target)."""
+
+    @property
+    def store(self) -> Store | None:
+        """The object store shards are uploaded to; None when they are renamed into ``staging``.
+
+        Tasks on other machines (``shardio.engines.dask``) upload their shards
+        to it themselves, or build them in ``staging`` when it is None.
+        """
+        ...
 
     def prepare(self, *, overwrite: bool, resume: bool) -> None:
         """Check that the output may be written; clear an old dataset on ``overwrite``."""
@@ -94,6 +103,7 @@ class LocalTarget:
     def __init__(self, out: Path) -> None:
         self.url = str(out)
         self.staging = out
+        self.store: Store | None = None
 
     def prepare(self, *, overwrite: bool, resume: bool) -> None:
         """See ``prepare_output``."""

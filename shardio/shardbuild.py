@@ -1,10 +1,12 @@
 """Build one planned shard of a pack: read its files, encode its records, write it durably.
 
 ``build_shard`` is the unit of work of ``shardio.pack``: it runs in the main
-process or in a forked worker, touches only its own shard file, and returns a
-small ``ShardResult`` (never record bytes). A shard is written under its hidden
-temporary name, fsynced, renamed and its folder fsynced before the result is
-returned, so whatever the caller journals is on disk. A file that turns out bad
+process, a forked worker or a task on a cluster (``shardio.engines``), touches
+only its own shard file, and returns a small ``ShardResult`` (never record
+bytes). A shard is written under its hidden temporary name (one per attempt
+when tasks may run twice), fsynced, renamed and its folder fsynced before the
+result is returned, so whatever the caller journals is on disk, and a repeated
+build only renames the same bytes over the same name. A file that turns out bad
 while it is read is left out with its whole sample (``skip_bad``), or stops the
 shard (``ShardFailure``, and no file is left behind); either way the shard's
 bytes depend only on the input and the options. Nothing here imports torch.
@@ -16,13 +18,13 @@ import io
 import os
 import struct
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Final
 
 from shardio.backends import create_shard, keys_crc32, shard_name
 from shardio.codecs import Codec, get_codec
-from shardio.errors import RecordEncodeError
+from shardio.errors import PackError, RecordEncodeError
 from shardio.manifest import fsync_dir
 from shardio.record import KEY_FIELD, encode_record
 from shardio.source import IMG_EXTENSIONS, Bad, SourceSample
@@ -39,8 +41,8 @@ class ShardJob:
     """Everything needed to build any shard of one pack; shared by fork, never pickled."""
 
     stream: Sequence[SourceSample]
-    """The samples in pack (post-shuffle) order."""
-    plan: Sequence[range]
+    """The samples in pack (post-shuffle) order, from stream position ``offset`` on."""
+    plan: Sequence[range] | Mapping[int, range]
     """Stream positions of each shard, from ``shardio.shardplan.plan_shards``."""
     out: Path
     backend: str
@@ -50,6 +52,17 @@ class ShardJob:
     skip_bad: bool
     labelled: bool
     """ImageFolder samples: fields ``image`` and ``label`` instead of the file fields."""
+    offset: int = 0
+    """Stream position of ``stream[0]``."""
+    base: str | None = None
+    """The folder relative sample paths are relative to, when not the working folder."""
+
+    def for_shard(self, number: int) -> ShardJob:
+        """This job cut down to shard ``number``: what a task on another machine is sent."""
+        span = self.plan[number]
+        return replace(self, stream=tuple(self.stream[span.start - self.offset:
+                                                      span.stop - self.offset]),
+                       plan={number: span}, offset=span.start)
 
 
 @dataclass(frozen=True)
@@ -119,18 +132,21 @@ Framed = tuple["bytes | None", int, "str | None"]
 """``(framed record, or None with the failing field's position and the reason)``."""
 
 
-def frame_sample(sample: SourceSample, codec: Codec, check_images: bool) -> Framed:
+def frame_sample(
+    sample: SourceSample, codec: Codec, check_images: bool, dir_fd: int | None = None
+) -> Framed:
     """Read ``sample``'s files and frame them as one record, or say which file is bad and why.
 
     Each file is read with one ``read`` of its scanned size + 1, which also
-    finds files that changed since the scan.
+    finds files that changed since the scan. Relative paths are opened from
+    ``dir_fd`` when given, so that errors name them as the scan did.
     """
     values: dict[str, Any] = {KEY_FIELD: sample.key}
     paths, sizes = sample.paths, sample.sizes
     for i, name in enumerate(sample.fields):
         size = sizes[i]
         try:
-            fd = os.open(paths[i], os.O_RDONLY)
+            fd = os.open(paths[i], os.O_RDONLY, dir_fd=dir_fd)
             try:
                 data = os.read(fd, size + 1)
                 if len(data) != size:
@@ -155,16 +171,46 @@ def frame_sample(sample: SourceSample, codec: Codec, check_images: bool) -> Fram
         return None, 0, f"cannot be stored as a record ({exc})"
 
 
-def build_shard(job: ShardJob, number: int, report: Report | None = None) -> ShardOutcome:
+def temporary_name(name: str, attempt: str = "") -> str:
+    """The hidden name shard ``name`` is built under; ``attempt`` makes it one's own."""
+    if not attempt:
+        return f".{name}.tmp"
+    stem, dot, suffix = name.partition(".")
+    return f".{stem}-{attempt}{dot}{suffix}.tmp"  # still .shard-*.rec.tmp: resume removes it
+
+
+def build_shard(
+    job: ShardJob, number: int, report: Report | None = None, *, attempt: str = ""
+) -> ShardOutcome:
     """Write shard ``number`` of ``job`` and return what the journal and manifest need.
 
     Without ``job.skip_bad``, the first bad file stops the shard: its partial
     file is removed and a ``ShardFailure`` names the file. On any exception the
-    partial file is removed too.
+    partial file is removed too. Give each ``attempt`` of a build that may run
+    twice at once (a task retried on a cluster) its own string: each then
+    writes its own temporary file, and the renames put the same bytes in place.
     """
+    if job.base is None:
+        return _build_shard(job, number, report, attempt, None)
+    try:
+        base = os.open(job.base, os.O_RDONLY | os.O_DIRECTORY)
+    except OSError as exc:
+        raise PackError(
+            f"{job.base}: the working folder the source paths are relative to cannot be opened "
+            f"here ({exc.strerror}); give SRC as an absolute path on a filesystem that every "
+            "worker sees at the same path", path=job.base) from exc
+    try:
+        return _build_shard(job, number, report, attempt, base)
+    finally:
+        os.close(base)
+
+
+def _build_shard(job: ShardJob, number: int, report: Report | None, attempt: str,
+                 dir_fd: int | None) -> ShardOutcome:
     stream, codec, check = job.stream, get_codec(job.codec, job.level), job.check_images
     name = shard_name(job.backend, number)
-    tmp = job.out / f".{name}.tmp"
+    tmp = job.out / temporary_name(name, attempt)
+    offset = job.offset
     fields: dict[str, None] = dict.fromkeys(("image", "label")) if job.labelled else {}
     left_out: list[int] = []
     skipped: list[Bad] = []
@@ -173,8 +219,8 @@ def build_shard(job: ShardJob, number: int, report: Report | None = None) -> Sha
     files = nbytes = 0
     try:
         for pos in job.plan[number]:
-            sample = stream[pos]
-            framed, failed, reason = frame_sample(sample, codec, check)
+            sample = stream[pos - offset]
+            framed, failed, reason = frame_sample(sample, codec, check, dir_fd)
             if framed is not None:
                 writer.append(sample.key, framed)
                 keys.append(sample.key)

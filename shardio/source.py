@@ -7,7 +7,7 @@ an ImageFolder), ImageFolder detection and its classes, the samples' canonical
 order, the input digest a resume checks, and which files are bad as samples
 (not an image in an ImageFolder, a reserved field name, …). It never reads file
 contents (``shardio.shardbuild`` does that) and imports nothing from shardio
-but ``errors`` and ``walk``.
+but ``errors``, ``walk`` and ``scan`` (the walk split into parallel tasks).
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Any, Final, NamedTuple
 
 from shardio.errors import BadInputError
+from shardio.scan import WalkPool, WalkSpec, walk_tree
 from shardio.walk import Bad, Walker, display_path, is_utf8, selector
 
 IMG_EXTENSIONS: Final = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")
@@ -110,6 +111,8 @@ def scan_source(
     include: Sequence[str] = (),
     exclude: Sequence[str] = (),
     follow_symlinks: bool = False,
+    pool: WalkPool | None = None,
+    walk_root: str | None = None,
 ) -> Source:
     """Walk ``src`` and return its samples in canonical order with everything left out.
 
@@ -139,6 +142,11 @@ def scan_source(
         include: keep only files matching one of these globs (all when empty).
         exclude: drop files matching one of these globs.
         follow_symlinks: read the targets of symbolic links and enter linked folders.
+        pool: walk subtrees in these parallel tasks (``shardio.scan``); the result
+            is the same as without.
+        walk_root: the path the tasks walk, when it is not ``src`` (the absolute
+            path, for workers whose working folder differs); samples still name
+            their files under ``src``.
 
     Raises:
         BadInputError: ``src`` is not a folder.
@@ -148,14 +156,14 @@ def scan_source(
         what = "does not exist" if not os.path.lexists(root) else "is not a folder"
         raise BadInputError(f"{root}: the source {what}; pass a folder to pack", path=root)
     walker = Walker(root, selector(include, exclude), follow_symlinks)
-    st = os.stat(root)
-    walker.walk(root, "", frozenset({(st.st_dev, st.st_ino)}))
+    spec = WalkSpec(walk_root or root, tuple(include), tuple(exclude), follow_symlinks)
+    walk_tree(spec, walker, pool)
     if imagefolder is None:
         imagefolder = _looks_like_imagefolder(walker)
     builder = _imagefolder_samples if imagefolder else _generic_samples
     classes, samples, bad, rows = builder(walker)
     bad.extend(walker.bad_dirs)
-    rows += [(rel, "", 0, 0, reason) for rel, reason in sorted(walker.bad_dirs)]
+    rows += [(rel, 0, 0, reason) for rel, reason in sorted(walker.bad_dirs)]
     head = "generic\n" if classes is None else "imagefolder\n" + "\0".join(classes) + "\n"
     return Source(
         root=root, samples=tuple(samples), classes=classes, hidden_ignored=walker.hidden,
@@ -171,14 +179,15 @@ def _hash(head: str, rows: Sequence[_Row]) -> str:
     """sha256 over ``rel, size, mtime_ns, reason`` of rows laid out like ``FileEntry``."""
     digest = hashlib.sha256(head.encode("utf-8", "surrogateescape"))
     for i in range(0, len(rows), 4096):
-        text = "".join([f"{f[0]}\0{f[2]}\0{f[3]}\0{f[4] or ''}\n" for f in rows[i : i + 4096]])
+        text = "".join([f"{f[0]}\0{f[1]}\0{f[2]}\0{f[3] or ''}\n" for f in rows[i : i + 4096]])
         digest.update(text.encode("utf-8", "surrogateescape"))
     return digest.hexdigest()
 
 
 def _generic_samples(walker: Walker) -> _Built:
-    groups: dict[str, list[tuple[str, str, int, int, str | None, str]]] = {}
-    for rel, path, size, mtime, reason in walker.files:
+    prefix = os.path.join(walker.root, "")  # + rel: the path scandir gives, made here
+    groups: dict[str, list[tuple[str, int, int, str | None, str]]] = {}
+    for rel, size, mtime, reason in walker.files:
         dot = rel.find(".", rel.rfind("/") + 1)
         key, fld = (rel, "") if dot < 0 else (rel[:dot], rel[dot + 1 :])
         if reason is None and dot >= 0 and not fld:
@@ -187,9 +196,9 @@ def _generic_samples(walker: Walker) -> _Built:
             reason = f"field name {fld!r} is reserved; rename the file"
         group = groups.get(key)
         if group is None:
-            groups[key] = [(rel, path, size, mtime, reason, fld)]
+            groups[key] = [(rel, size, mtime, reason, fld)]
         else:
-            group.append((rel, path, size, mtime, reason, fld))
+            group.append((rel, size, mtime, reason, fld))
     samples: list[SourceSample] = []
     bad: list[Bad] = []
     rows: list[_Row] = []
@@ -197,21 +206,22 @@ def _generic_samples(walker: Walker) -> _Built:
         files = groups[key]
         if len(files) == 1:
             rows.append(files[0])
-            rel, path, size, _, reason, fld = files[0]
+            rel, size, _, reason, fld = files[0]
             if reason is None:
-                samples.append(SourceSample(key, (fld,), (path,), (size,), None, size))
+                samples.append(SourceSample(key, (fld,), (prefix + rel,), (size,), None, size))
                 continue
         else:
             files.sort()  # by name, which is by field: they share the key as prefix
             rows += files
-        culprit = next((f[0] for f in files if f[4] is not None), None)
+        culprit = next((f[0] for f in files if f[3] is not None), None)
         if culprit is None:
-            samples.append(SourceSample(key, tuple(f[5] for f in files), tuple(f[1] for f in files),
-                                        tuple(f[2] for f in files), None, sum(f[2] for f in files)))
+            samples.append(SourceSample(
+                key, tuple(f[4] for f in files), tuple(prefix + f[0] for f in files),
+                tuple(f[1] for f in files), None, sum(f[1] for f in files)))
         else:
             note = (f"left out with the rest of sample {display_path(key)!r} because "
                     f"{display_path(culprit)} is bad")
-            bad += [(display_path(f[0]), f[4] or note) for f in files]
+            bad += [(display_path(f[0]), f[3] or note) for f in files]
     return None, samples, bad, rows
 
 
@@ -239,25 +249,26 @@ def imagefolder_order(rel: str, class_index: int) -> tuple[int, str, str]:
 
 
 def _imagefolder_samples(walker: Walker) -> _Built:
+    prefix = os.path.join(walker.root, "")
     classes = tuple(sorted(walker.top_dirs))
     index = {c: i for i, c in enumerate(classes)}
-    good: list[tuple[tuple[int, str, str], str, str, int, int]] = []
+    good: list[tuple[tuple[int, str, str], str, int]] = []
     bad: list[Bad] = []
     rows: list[_Row] = []
-    for rel, path, size, mtime, reason in sorted(walker.files):
+    for rel, size, mtime, reason in sorted(walker.files):
         top, slash, _ = rel.partition("/")
         if reason is None and not slash:
             reason = LOOSE_FILE
         elif reason is None and not rel.lower().endswith(IMG_EXTENSIONS):
             reason = NOT_AN_IMAGE
-        rows.append((rel, path, size, mtime, reason))
+        rows.append((rel, size, mtime, reason))
         if reason is not None:
             bad.append((display_path(rel), reason))
         else:
-            good.append((imagefolder_order(rel, index[top]), rel, path, size, mtime))
+            good.append((imagefolder_order(rel, index[top]), rel, size))
     good.sort(key=lambda g: g[0])
-    samples = [SourceSample(rel, ("image",), (path,), (size,), order[0], size)
-               for order, rel, path, size, _ in good]
+    samples = [SourceSample(rel, ("image",), (prefix + rel,), (size,), order[0], size)
+               for order, rel, size in good]
     return classes, samples, bad, rows
 
 
@@ -313,7 +324,7 @@ def dataset_source(
         if reason is None and not is_utf8(rel):
             reason = "name is not valid UTF-8; rename it"
         seen.add(rel)
-        rows.append((f"{label}\0{rel}", path, size, mtime, reason))
+        rows.append((f"{label}\0{rel}", size, mtime, reason))
         if reason is None:
             samples.append(SourceSample(rel, ("image",), (path,), (size,), label, size))
         else:

@@ -6,7 +6,11 @@ followed (without loops), and every file that cannot be packed gets a reason
 (empty, special, unreadable by its mode, a name that is not UTF-8, a broken or
 looping link). It reads directory entries and ``lstat`` results only, never
 file contents, knows nothing of samples or ImageFolders (``shardio.source``
-builds those), and imports nothing from shardio.
+builds those), and imports nothing from shardio. The walk goes folder by
+folder from a stack, and can stop after a number of entries and hand back the
+folders it has not listed (``Walker.walk_some``): that is how ``shardio.scan``
+splits SRC into subtrees walked in parallel, whose results add up
+(``Walker.add``) to what one walk finds.
 """
 
 from __future__ import annotations
@@ -17,13 +21,23 @@ import os
 import re
 import stat
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 Bad = tuple[str, str]
 """``(path relative to the source, reason)`` of one input that was not packed."""
 
-FileEntry = tuple[str, str, int, int, "str | None"]
-"""``(relative POSIX path, OS path, size, mtime_ns, reason it is bad or None)``."""
+FileEntry = tuple[str, int, int, "str | None"]
+"""``(relative POSIX path, size, mtime_ns, reason it is bad or None)``.
+
+The OS path is ``os.path.join(root, rel)`` (as ``scandir`` builds it); it is
+not kept, so that a listing made on another machine, or from the absolute
+root, names files exactly as a walk of the root as given would.
+"""
+
+Folder = tuple[str, str, "frozenset[tuple[int, int]]"]
+"""A folder still to list: ``(OS path, relative path + "/" ("" for SRC), (st_dev, st_ino) of
+the folders it is in)``; the last is kept only with ``follow_symlinks``, to see loops."""
 
 
 def display_path(rel: str) -> str:
@@ -55,12 +69,27 @@ _SPECIAL = {stat.S_IFIFO: "a named pipe", stat.S_IFSOCK: "a socket",
             stat.S_IFCHR: "a character device", stat.S_IFBLK: "a block device"}
 
 
-class Walker:
-    """One recursive ``scandir`` pass: ``files``, ``bad_dirs``, top-level entries and counts.
+@dataclass(frozen=True)
+class WalkPart:
+    """What the walk of some folders found, without the callables (it crosses processes)."""
 
-    Call ``walk(root, "", ancestors)`` once; ``files`` then holds every file
-    that counts as ``(relative POSIX path, OS path, size, mtime_ns, reason it
-    is bad or None)`` in directory order.
+    files: list[FileEntry]
+    bad_dirs: list[Bad]
+    top_dirs: list[str]
+    top_other: int
+    hidden: int
+    excluded: int
+    entries: int
+    pending: list[Folder]
+    """Folders found but not listed yet: the rest of the subtrees."""
+
+
+class Walker:
+    """A ``scandir`` walk: ``files``, ``bad_dirs``, top-level entries and counts.
+
+    Call ``walk(root, "", frozenset())`` once; ``files`` then holds every file
+    that counts as a ``FileEntry``, in no particular order (``shardio.source``
+    sorts). ``walk_some`` walks part of a tree and returns the rest.
     """
 
     def __init__(
@@ -75,18 +104,58 @@ class Walker:
         self.top_other = 0
         self.hidden = 0
         self.excluded = 0
+        self.entries = 0
+        """Folders listed plus the entries in them (hidden ones included): the walk's work."""
         self.euid = os.geteuid() if hasattr(os, "geteuid") else 0
         self.groups = set(os.getgroups()) | {os.getegid()} if self.euid else set()
+        self._todo: list[Folder] = []
 
     def walk(self, path: str, rel: str, ancestors: frozenset[tuple[int, int]]) -> None:
         """Collect everything under folder ``path`` (``rel`` is its relative path + "/")."""
+        self.walk_some([(path, rel, ancestors)], None)
+
+    def walk_some(self, folders: Sequence[Folder], max_entries: int | None) -> list[Folder]:
+        """List ``folders`` and the folders found in them until ``max_entries`` entries were seen.
+
+        A folder is always listed whole; the walk stops between folders.
+
+        Returns:
+            The folders found but not listed (empty once the subtrees are done).
+        """
+        todo = self._todo = list(reversed(folders))
+        stop = self.entries + max_entries if max_entries is not None else None
+        while todo and (stop is None or self.entries < stop):
+            self._list(*todo.pop())
+        return todo[::-1]
+
+    def part(self, pending: list[Folder]) -> WalkPart:
+        """What this walker found, to send to the walker of the whole tree (``add``)."""
+        return WalkPart(self.files, self.bad_dirs, self.top_dirs, self.top_other, self.hidden,
+                        self.excluded, self.entries, pending)
+
+    def add(self, part: WalkPart) -> None:
+        """Take in what a walker of other folders of the same tree found."""
+        self.files += part.files
+        self.bad_dirs += part.bad_dirs
+        self.top_dirs += part.top_dirs
+        self.top_other += part.top_other
+        self.hidden += part.hidden
+        self.excluded += part.excluded
+        self.entries += part.entries
+
+    def _list(self, path: str, rel: str, ancestors: frozenset[tuple[int, int]]) -> None:
+        """Sort the entries of one folder; push its sub-folders onto the stack."""
         try:
+            if not rel and self.follow:  # SRC is its own first ancestor, found where it is listed
+                st = os.stat(path)
+                ancestors = ancestors | {(st.st_dev, st.st_ino)}
             with os.scandir(path) as it:
                 entries = list(it)
         except OSError as exc:
             reason = f"folder cannot be read ({exc.strerror})"
             self.bad_dirs.append((display_path(rel or "."), reason))
             return
+        self.entries += len(entries) + 1  # a folder counts too: a tree of empty ones ends
         select, files, fast = self.select, self.files, bool(rel) and not self.euid
         for entry in entries:
             name = entry.name
@@ -97,8 +166,8 @@ class Walker:
             try:
                 if not name.isascii() and not is_utf8(name):
                     folder = entry.is_dir(follow_symlinks=False)
-                    self._bad(erel, entry.path, "folder name is not valid UTF-8; rename it (e.g. "
-                              "with `convmv`); nothing inside it was packed" if folder else
+                    self._bad(erel, "folder name is not valid UTF-8; rename it (e.g. with "
+                              "`convmv`); nothing inside it was packed" if folder else
                               "name is not valid UTF-8; rename it (e.g. with `convmv`)", folder)
                 elif entry.is_dir(follow_symlinks=False):
                     self._enter(entry.path, erel, ancestors, entry)
@@ -107,13 +176,13 @@ class Walker:
                 elif select is None or select(erel):
                     st = entry.stat(follow_symlinks=False)
                     if fast and st.st_size and stat.S_ISREG(st.st_mode):
-                        files.append((erel, entry.path, st.st_size, st.st_mtime_ns, None))
+                        files.append((erel, st.st_size, st.st_mtime_ns, None))
                     else:
-                        self._add(erel, entry.path, st)
+                        self._add(erel, st)
                 else:
                     self.excluded += 1
             except OSError as exc:
-                self._bad(erel, entry.path, f"cannot be examined ({exc.strerror})")
+                self._bad(erel, f"cannot be examined ({exc.strerror})")
 
     def _enter(
         self, path: str, rel: str, ancestors: frozenset[tuple[int, int]], entry: Any = None
@@ -123,13 +192,13 @@ class Walker:
             ancestors = ancestors | {(st.st_dev, st.st_ino)}
         if "/" not in rel:
             self.top_dirs.append(rel)
-        self.walk(path, rel + "/", ancestors)
+        self._todo.append((path, rel + "/", ancestors))
 
-    def _bad(self, rel: str, path: str, reason: str, folder: bool = False) -> None:
+    def _bad(self, rel: str, reason: str, folder: bool = False) -> None:
         if folder:
             self.bad_dirs.append((display_path(rel) + "/", reason))
         elif self.select is None or self.select(rel):
-            self.files.append((rel, path, 0, 0, reason))
+            self.files.append((rel, 0, 0, reason))
         else:
             self.excluded += 1
             return
@@ -142,29 +211,29 @@ class Walker:
             st = os.stat(path)
         except OSError as exc:
             what = {errno.ELOOP: "symbolic link loop", errno.ENOENT: "broken symbolic link"}
-            self._bad(rel, path, f"{what.get(exc.errno or 0, 'symbolic link cannot be followed')}"
+            self._bad(rel, f"{what.get(exc.errno or 0, 'symbolic link cannot be followed')}"
                                  f" (-> {target}: {exc.strerror})")
             return
         folder = stat.S_ISDIR(st.st_mode)
         if not self.follow:
-            self._bad(rel, path, f"symbolic link to a {'folder' if folder else 'file'} (-> "
+            self._bad(rel, f"symbolic link to a {'folder' if folder else 'file'} (-> "
                       f"{target}); links are not followed by default: pass --follow-symlinks "
                       "to pack what it points to", folder)
         elif folder and (st.st_dev, st.st_ino) in ancestors:
-            self._bad(rel, path, f"symbolic link loop (-> {target} is one of its own parents)",
+            self._bad(rel, f"symbolic link loop (-> {target} is one of its own parents)",
                       True)
         elif folder:
             self._enter(path, rel, ancestors)
         elif self.select is None or self.select(rel):
-            self._add(rel, path, st)
+            self._add(rel, st)
         else:
             self.excluded += 1
 
-    def _add(self, rel: str, path: str, st: os.stat_result) -> None:
+    def _add(self, rel: str, st: os.stat_result) -> None:
         reason = self.verdict(st)
         if "/" not in rel:
             self.top_other += 1
-        self.files.append((rel, path, st.st_size if reason is None else 0, st.st_mtime_ns, reason))
+        self.files.append((rel, st.st_size if reason is None else 0, st.st_mtime_ns, reason))
 
     def verdict(self, st: os.stat_result) -> str | None:
         """Why a file with this ``stat`` cannot be packed, or None when it can."""

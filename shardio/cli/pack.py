@@ -16,6 +16,7 @@ from click.core import ParameterSource
 
 from shardio.cli.options import SIZE, LocalPath
 from shardio.codecs import CODEC_NAMES
+from shardio.engines import ENGINES
 from shardio.errors import ShardioError
 from shardio.manifest import BACKENDS
 from shardio.pack import PackSummary, pack
@@ -84,6 +85,13 @@ def format_summary(summary: PackSummary) -> str:
                    "given are the dataset's; an interrupted append of the same SRC continues).")
 @click.option("--skip-existing", is_flag=True,
               help="With --append: skip samples whose keys OUT already holds instead of failing.")
+@click.option("--engine", type=click.Choice(ENGINES), default="local", show_default=True,
+              help="Where SRC is walked and shards are built: this machine, or a Dask cluster "
+                   "(pip install 'shardio[dask]'; SRC and a local OUT on a filesystem every "
+                   "worker sees at the same path). The output is the same.")
+@click.option("--scheduler", metavar="ADDRESS", default=None,
+              help="With --engine dask: the scheduler, e.g. tcp://host:8786 [default: a local "
+                   "cluster of --num-workers processes].")
 @click.option("--progress/--no-progress", default=None,
               help="Show a progress bar [default: when stderr is a terminal].")
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
@@ -92,7 +100,8 @@ def pack_command(
     max_shard_samples: int | None, include: tuple[str, ...], exclude: tuple[str, ...],
     follow_symlinks: bool, seed: int, no_shuffle: bool, num_workers: int | None,
     imagefolder: bool | None, check_images: bool, skip_bad: bool, overwrite: bool,
-    resume: bool, append: bool, skip_existing: bool, progress: bool | None, as_json: bool,
+    resume: bool, append: bool, skip_existing: bool, engine: str, scheduler: str | None,
+    progress: bool | None, as_json: bool,
 ) -> None:
     """Pack the files under SRC into shuffled, checksummed shards in OUT.
 
@@ -111,6 +120,8 @@ def pack_command(
     if (skip_existing and not append) or (append and overwrite):
         raise click.UsageError("--skip-existing goes with --append, and --append never "
                                "overwrites: leave --overwrite out")
+    if scheduler is not None and engine != "dask":
+        raise click.UsageError("--scheduler goes with --engine dask")
     ctx = click.get_current_context()
     if append and all(ctx.get_parameter_source(name) is ParameterSource.DEFAULT for name in (
             "backend", "codec", "level", "max_shard_bytes", "max_shard_samples")):
@@ -121,7 +132,7 @@ def pack_command(
             shuffle=not no_shuffle, num_workers=num_workers, include=include, exclude=exclude,
             follow_symlinks=follow_symlinks, check_images=check_images, skip_bad=skip_bad,
             overwrite=overwrite, resume=resume, append=append, skip_existing=skip_existing,
-            progress=progress,
+            progress=progress, engine=engine, scheduler=scheduler,
         )
     except ShardioError as exc:
         raise click.ClickException(str(exc)) from exc

@@ -1,0 +1,258 @@
+"""The dask engine: SRC walked and shards built as tasks on a Dask cluster.
+
+This process (the *driver*) stays the only one that plans and journals: it
+walks the first part of SRC itself, hands the folders left over to walk tasks
+(``shardio.scan``), plans the shards from what they found exactly as a local
+pack does, then submits one build task per shard, each sent only its own
+samples (``ShardJob.for_shard``), keeping a few per worker thread in flight.
+A task builds its shard under a temporary name of its own attempt and renames
+it when complete (``build_shard(attempt=...)``), or, for a URL output, builds
+it in the worker's temporary folder and uploads it (one atomic PUT); a task
+that Dask retries after its worker died, or that runs twice, therefore only
+puts the same bytes under the same name again. The driver journals shards as
+they come back and writes the manifest last, so ``--resume`` after a killed
+driver works as after a killed local pack.
+
+Paths: SRC is walked at its absolute path, a local OUT is written at its
+absolute path, and sample paths relative to this process's working folder are
+opened relative to it on the workers (``ShardJob.base``), so messages name
+files exactly as a local pack does. All of them must be on a filesystem every
+worker sees at the same path. Progress comes from the tasks as Dask events
+(``PROGRESS_TOPIC``). Imported only when engine ``dask`` is used.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import tempfile
+import threading
+import time
+import uuid
+from collections import deque
+from collections.abc import Generator, Sequence
+from dataclasses import replace
+from pathlib import Path
+from typing import Any, Final
+
+import distributed
+
+from shardio.errors import PackError
+from shardio.packtarget import PackTarget
+from shardio.scan import WalkSpec, walk_part
+from shardio.shardbuild import ShardJob, ShardOutcome, ShardResult, build_shard
+from shardio.shardpool import Progress, default_workers
+from shardio.source import Source, scan_source
+from shardio.storage import Store
+from shardio.walk import Folder, WalkPart
+
+MAX_ENTRIES: Final = 16384
+"""Entries per walk task: a task costs the scheduler about a millisecond, so larger than local."""
+TASKS_PER_THREAD: Final = 2
+"""Build tasks in flight per worker thread: one running, one queued behind it."""
+POLL_S: Final = 0.2
+"""How often the driver refreshes the progress bar while it waits for shards."""
+REPORT_S: Final = 0.2
+"""A task sends a progress event at most this often."""
+PROGRESS_TOPIC: Final = "shardio-pack-progress"
+"""Events ``{"run", "shard", "files", "bytes", "pid"}``: files and bytes of the shard so far."""
+
+
+def _slots(client: distributed.Client) -> int:
+    threads: dict[str, int] = client.nthreads()
+    return max(1, sum(threads.values()))
+
+
+def _wait_any(client: distributed.Client, futures: list[distributed.Future],
+              timeout: float | None = None) -> set[distributed.Future]:
+    """The futures done once one is (or ``timeout`` passed: maybe none)."""
+    with client.as_current():  # distributed.wait talks to the current client, not the futures'
+        try:
+            return set(distributed.wait(futures, timeout=timeout,
+                                        return_when="FIRST_COMPLETED").done)
+        except TimeoutError:
+            return set()
+
+
+class DaskWalkPool:
+    """A ``WalkPool`` whose tasks run on the cluster."""
+
+    def __init__(self, client: distributed.Client, max_entries: int = MAX_ENTRIES) -> None:
+        self.client = client
+        self.slots = _slots(client)
+        self.max_entries = max_entries
+        self._running: set[distributed.Future] = set()
+
+    def submit(self, spec: WalkSpec, folders: list[Folder]) -> None:
+        """Start a walk task."""
+        self._running.add(self.client.submit(
+            walk_part, spec, folders, self.max_entries, key=f"shardio-walk-{uuid.uuid4().hex}"))
+
+    def next_done(self) -> WalkPart:
+        """The part of a finished walk task; re-raises its error."""
+        future = _wait_any(self.client, list(self._running)).pop()
+        self._running.discard(future)
+        part: WalkPart = future.result()
+        return part
+
+    def close(self) -> None:
+        """Cancel the walks still running (after an error)."""
+        if self._running:
+            self.client.cancel(list(self._running))
+            self._running.clear()
+
+
+class _TaskProgress:
+    """Sends ``(files, bytes)`` of one shard being built as Dask events, at most every REPORT_S."""
+
+    def __init__(self, run: str, number: int) -> None:
+        self.worker = distributed.get_worker()
+        self.run, self.number = run, number
+        self.files = self.bytes = 0
+        self.sent = 0.0
+
+    def report(self, files: int, nbytes: int) -> None:
+        self.files += files
+        self.bytes += nbytes
+        now = time.monotonic()
+        if now - self.sent >= REPORT_S:
+            self.sent = now
+            self.worker.log_event(PROGRESS_TOPIC, {
+                "run": self.run, "shard": self.number, "files": self.files,
+                "bytes": self.bytes, "pid": os.getpid()})
+
+
+def build_task(job: ShardJob, number: int, store: Store | None, run: str) -> ShardOutcome:
+    """A build task: shard ``number`` of ``job`` (cut down to it), put in place when complete."""
+    attempt = f"{run[:8]}-{uuid.uuid4().hex[:8]}"
+    report = _TaskProgress(run, number).report
+    if store is None:
+        return build_shard(job, number, report, attempt=attempt)
+    with tempfile.TemporaryDirectory(prefix="shardio-shard-") as staging:
+        outcome = build_shard(replace(job, out=Path(staging)), number, report, attempt=attempt)
+        if isinstance(outcome, ShardResult) and outcome.num_samples:
+            store.put_file(outcome.name, Path(staging) / outcome.name)
+        return outcome
+
+
+class _DriverProgress:
+    """The files and bytes of this run: finished shards exactly, shards in flight from events."""
+
+    def __init__(self, job: ShardJob, run: str) -> None:
+        self.job, self.run = job, run
+        self.lock = threading.Lock()
+        self.partial: dict[int, tuple[int, int]] = {}
+        self.files = self.bytes = 0
+
+    def event(self, event: tuple[float, dict[str, Any]]) -> None:
+        """A task's event (called on the client's event loop thread)."""
+        msg = event[1]
+        if msg.get("run") == self.run:
+            with self.lock:
+                old = self.partial.get(msg["shard"], (0, 0))
+                self.partial[msg["shard"]] = max(old, (msg["files"], msg["bytes"]))
+
+    def finished(self, number: int) -> None:
+        """Shard ``number`` is done: count it whole."""
+        samples = [self.job.stream[p - self.job.offset] for p in self.job.plan[number]]
+        with self.lock:
+            self.partial.pop(number, None)
+            self.files += sum(len(s.paths) for s in samples)
+            self.bytes += sum(s.num_bytes for s in samples)
+
+    def totals(self) -> tuple[int, int]:
+        """``(files, bytes)`` handled so far."""
+        with self.lock:
+            return (self.files + sum(f for f, _ in self.partial.values()),
+                    self.bytes + sum(b for _, b in self.partial.values()))
+
+
+def _remove_attempts(out: Path, run: str) -> None:
+    """Remove temporary files of this run's attempts whose workers died mid-shard."""
+    mark = f"-{run[:8]}-"
+    for name in os.listdir(out):
+        if name.startswith(".shard-") and mark in name and name.endswith(".tmp"):
+            (out / name).unlink(missing_ok=True)
+
+
+class DaskEngine:
+    """Walk and build on a Dask cluster: at ``scheduler``, or a local one of ``num_workers``."""
+
+    name = "dask"
+
+    def __init__(self, *, num_workers: int | None = None, scheduler: str | None = None) -> None:
+        self.cluster: distributed.LocalCluster | None = None
+        if scheduler is None:
+            # one single-threaded process per core: packing is CPU-bound Python (the GIL)
+            self.cluster = distributed.LocalCluster(
+                n_workers=num_workers or default_workers(), threads_per_worker=1,
+                processes=True, host="127.0.0.1", dashboard_address=None,
+                silence_logs=logging.WARNING)
+        self.client = distributed.Client(scheduler or self.cluster, set_as_default=False)
+
+    def scan(
+        self, src: str | os.PathLike[str], *, imagefolder: bool | None, include: Sequence[str],
+        exclude: Sequence[str], follow_symlinks: bool,
+    ) -> Source:
+        """``scan_source`` with the walk in cluster tasks, at SRC's absolute path."""
+        pool = DaskWalkPool(self.client)
+        try:
+            return scan_source(src, imagefolder=imagefolder, include=include, exclude=exclude,
+                               follow_symlinks=follow_symlinks, pool=pool,
+                               walk_root=os.path.abspath(src))
+        finally:
+            pool.close()
+
+    def build(
+        self, job: ShardJob, numbers: Sequence[int], target: PackTarget,
+        progress: Progress | None,
+    ) -> Generator[ShardOutcome, None, None]:
+        """Build tasks for ``numbers``; yield each outcome once its shard is in ``target``."""
+        store = target.store
+        relative = bool(job.stream) and not os.path.isabs(job.stream[0].paths[0])
+        job = replace(job, out=job.out.absolute(), base=os.getcwd() if relative else None)
+        run = uuid.uuid4().hex
+        tracker = _DriverProgress(job, run)
+        if progress is not None:
+            self.client.subscribe_topic(PROGRESS_TOPIC, tracker.event)
+        todo = deque(numbers)
+        running: dict[distributed.Future, int] = {}
+        try:
+            while todo or running:
+                window = TASKS_PER_THREAD * _slots(self.client)
+                while todo and len(running) < window:
+                    number = todo.popleft()
+                    running[self.client.submit(
+                        build_task, job.for_shard(number), number, store, run,
+                        key=f"shardio-shard-{number:05d}-{run}", retries=0)] = number
+                for future in _wait_any(self.client, list(running), POLL_S):
+                    number = running.pop(future)
+                    outcome: ShardOutcome = _result(future, number, job)
+                    tracker.finished(number)
+                    yield outcome
+                if progress is not None:
+                    progress(*tracker.totals())
+        finally:
+            if running:
+                self.client.cancel(list(running))
+            if progress is not None:
+                self.client.unsubscribe_topic(PROGRESS_TOPIC)
+            if store is None:
+                _remove_attempts(job.out, run)
+
+    def close(self) -> None:
+        """Close the client, and the local cluster if this engine started one."""
+        self.client.close()
+        if self.cluster is not None:
+            self.cluster.close()
+
+
+def _result(future: distributed.Future, number: int, job: ShardJob) -> Any:
+    """The task's outcome; a shard whose workers kept dying becomes a PackError."""
+    try:
+        return future.result()
+    except distributed.KilledWorker as exc:
+        raise PackError(
+            f"{job.out}: the workers building shard {number} died, again after Dask retried it "
+            f"on others ({exc}); run the same command with --resume to finish",
+            path=str(job.out)) from exc
