@@ -31,6 +31,7 @@ from typing import Any, Final, TypeVar
 
 from shardio.backends import shard_name
 from shardio.errors import OutputExistsError, PackError, StorageError
+from shardio.location import is_url
 from shardio.manifest import (
     MANIFEST_NAME,
     Manifest,
@@ -227,16 +228,33 @@ def prepare_append(
                                                 digest=digest))
 
 
+def appended_options(out: str | os.PathLike[str],
+                     given: Mapping[str, Any]) -> WriteOptions | None:
+    """The write options of an append to the dataset in ``out``: its own, ``given`` replacing.
+
+    What ``shardio pack --append`` passes for the options named on its command
+    line. None where ``out`` holds no local dataset (``pack`` then packs anew,
+    or says why it cannot append).
+    """
+    if is_url(out) or not (Path(out) / MANIFEST_NAME).is_file():
+        return None
+    return dataclasses.replace(_dataset_options(read_manifest(out)), **given)
+
+
+def _dataset_options(base: Manifest) -> WriteOptions:
+    """The options the dataset was written with (its manifest's), for the new shards."""
+    stored = base.options
+    samples = stored.get("max_shard_samples")
+    return WriteOptions(backend=base.backend, codec=base.codec, level=int(stored.get("level", 3)),
+                        max_shard_bytes=int(stored.get("max_shard_bytes",
+                                                       DEFAULT_MAX_SHARD_BYTES)),
+                        max_shard_samples=None if samples is None else int(samples))
+
+
 def _write_options(out: Path, base: Manifest, options: WriteOptions | None) -> WriteOptions:
     """``options``, or the dataset's own; another backend or codec is refused."""
     if options is None:
-        stored = base.options
-        samples = stored.get("max_shard_samples")
-        return WriteOptions(backend=base.backend, codec=base.codec,
-                            level=int(stored.get("level", 3)),
-                            max_shard_bytes=int(stored.get("max_shard_bytes",
-                                                           DEFAULT_MAX_SHARD_BYTES)),
-                            max_shard_samples=None if samples is None else int(samples))
+        return _dataset_options(base)
     if (options.backend, options.codec) != (base.backend, base.codec):
         raise PackError(
             f"{out}: the dataset is backend {base.backend!r} with codec {base.codec!r}, but "

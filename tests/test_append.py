@@ -204,6 +204,12 @@ def test_backend_and_codec_must_match(tmp_path: Path) -> None:
     assert shardio.verify(out).ok
     with shardio.open_dataset(out) as reader:
         assert len(reader) == 9 and reader.get(0)["image"] == files[reader.get(0)["__key__"]]
+    make_tree(tmp_path / "c", {"cat": range(9, 14)}, seed=5)
+    result = CliRunner().invoke(main, ["pack", str(tmp_path / "c"), str(out), "--append",
+                                       "--max-shard-samples", "2", "--num-workers", "1"])
+    assert result.exit_code == 0, result.output  # backend and codec: the dataset's
+    assert [(s.name, s.num_samples) for s in read_manifest(out).shards[-3:]] == [
+        ("shard-00002.mdb", 2), ("shard-00003.mdb", 2), ("shard-00004.mdb", 1)]
     with pytest.raises(StorageError, match="appending to a dataset at a URL is not supported"):
         shardio.pack(tmp_path / "b", "memory://bucket/ds", append=True)
     assert shardio.pack(tmp_path / "b", tmp_path / "fresh", append=True).samples == 4

@@ -14,6 +14,7 @@ from pathlib import Path
 import click
 from click.core import ParameterSource
 
+from shardio.append import appended_options
 from shardio.cli.options import SIZE, LocalPath
 from shardio.codecs import CODEC_NAMES
 from shardio.engines import ENGINES
@@ -112,7 +113,7 @@ def pack_command(
     sample (a/x.jpg + a/x.json -> key a/x).
     """
     try:
-        options: WriteOptions | None = WriteOptions(
+        options = WriteOptions(
             backend=backend, codec=codec, level=level, max_shard_bytes=max_shard_bytes,
             max_shard_samples=max_shard_samples)
     except ValueError as exc:
@@ -123,10 +124,13 @@ def pack_command(
     if scheduler is not None and engine != "dask":
         raise click.UsageError("--scheduler goes with --engine dask")
     ctx = click.get_current_context()
-    if append and all(ctx.get_parameter_source(name) is ParameterSource.DEFAULT for name in (
-            "backend", "codec", "level", "max_shard_bytes", "max_shard_samples")):
-        options = None  # the dataset's own
+    given = {name: value for name, value in (
+        ("backend", backend), ("codec", codec), ("level", level),
+        ("max_shard_bytes", max_shard_bytes), ("max_shard_samples", max_shard_samples))
+        if ctx.get_parameter_source(name) is not ParameterSource.DEFAULT}
     try:
+        if append:  # the write options not on the command line are the dataset's
+            options = appended_options(out, given) or options
         summary = pack(
             src, out, options=options, imagefolder=imagefolder, seed=seed,
             shuffle=not no_shuffle, num_workers=num_workers, include=include, exclude=exclude,
