@@ -44,7 +44,8 @@ def merge_command(inputs: tuple[Path, ...], out: Path, prefix_keys: bool, copy: 
     how = ", ".join(f"{n} {what}" for what, n in (
         ("linked", summary.linked), ("copied", summary.copied),
         ("rewritten with prefixed keys", summary.rewritten)) if n)
-    click.echo(f"merged {len(summary.inputs)} datasets into {summary.out}: "
+    count = len(summary.inputs)
+    click.echo(f"merged {count} dataset{'s' * (count != 1)} into {summary.out}: "
                f"{summary.samples:,} samples in {summary.shards:,} shards "
                f"({format_size(summary.output_bytes)}; {how}) in {summary.seconds:.2f} s")
     if summary.recompressed:
