@@ -74,9 +74,11 @@ class LocalEngine:
     name = "local"
 
     def __init__(self, num_workers: int | None = None, *,
-                 scan_with: Literal["processes", "threads"] = "processes") -> None:
+                 scan_with: Literal["processes", "threads"] = "processes",
+                 max_walk_entries: int = MAX_ENTRIES) -> None:
         self.num_workers = num_workers or default_workers()
         self.scan_with = scan_with
+        self.max_walk_entries = max_walk_entries
 
     def scan(
         self, src: str | os.PathLike[str], *, imagefolder: bool | None, include: Sequence[str],
@@ -86,7 +88,8 @@ class LocalEngine:
         if self.num_workers <= 1:
             return scan_source(src, imagefolder=imagefolder, include=include, exclude=exclude,
                                follow_symlinks=follow_symlinks)
-        pool = ExecutorWalkPool(self.num_workers, kind=self.scan_with)
+        pool = ExecutorWalkPool(self.num_workers, kind=self.scan_with,
+                                max_entries=self.max_walk_entries)
         with contextlib.closing(pool):
             return scan_source(src, imagefolder=imagefolder, include=include, exclude=exclude,
                                follow_symlinks=follow_symlinks, pool=pool)
