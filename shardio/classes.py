@@ -5,14 +5,17 @@
 ``torchvision.datasets.ImageFolder``: the first two from the manifest, and
 ``targets`` (the label of every sample, in the dataset's own global index
 order) read once, lazily, with ``catalog.read_label``: one record header per
-sample, no image bytes checked or decoded. Torch-free; nothing here imports
-above the reader.
+sample, no image bytes checked or decoded. A mixture of sources with the same
+classes has the first two; ``targets`` only when it has one source, since
+several sources share no index order. Torch-free; nothing here imports above
+the mixture reader.
 """
 
 from __future__ import annotations
 
 from shardio.catalog import read_label
 from shardio.manifest import Manifest
+from shardio.mixreader import MixtureReader
 from shardio.reader import DatasetReader
 
 
@@ -39,8 +42,24 @@ class ClassAttributes:
     manifest: Manifest
     path: str
 
+    def _own_reader(self) -> DatasetReader | MixtureReader:
+        # the dataset's own reader (StreamingDataset.reader, IndexedDataset._reader), so the
+        # labels come from the manifest it was built with
+        own: DatasetReader | MixtureReader = (self.__dict__.get("reader")
+                                              or self.__dict__["_reader"])
+        return own
+
     def _classes_or_raise(self, name: str) -> tuple[str, ...]:
         classes = self.manifest.classes
+        own = self._own_reader()
+        if classes is None and isinstance(own, MixtureReader) and any(
+                r.manifest.classes is not None for r in own.readers):
+            raise AttributeError(
+                f"{self.path}: {type(self).__name__} has no {name!r}: the sources of this "
+                "mixture do not all have the same classes, so a label does not name one "
+                "class; mix ImageFolder packs with the same classes, or read each source's "
+                f"{name} from shardio.IndexedDataset(source.path)"
+            )
         if classes is None:
             raise AttributeError(
                 f"{self.path}: {type(self).__name__} has no {name!r}: this is a generic pack, "
@@ -71,14 +90,26 @@ class ClassAttributes:
         samples permuted, and ``pack --no-shuffle`` keeps torchvision's, where
         ``targets`` equals ``ImageFolder(root).targets``. Read once, on first
         use, without decoding any image (see ``read_targets``), then kept.
+
+        A mixture of one source (``StreamingDataset(path, epoch_size=n)``) has
+        its source's ``targets``, indexed by the ``__index__`` its samples carry.
+        A mixture of several has none: its samples carry their own source's
+        ``__index__`` and each epoch draws anew, so no single index order exists.
         """
         self._classes_or_raise("targets")
         cached: list[int] | None = self.__dict__.get("_targets")
         if cached is None:
-            # the dataset's own reader (StreamingDataset.reader, IndexedDataset._reader), so the
-            # labels come from the manifest it was built with; a clone, closed after, so that no
-            # shard stays open here
-            own: DatasetReader = self.__dict__.get("reader") or self.__dict__["_reader"]
+            own = self._own_reader()
+            if isinstance(own, MixtureReader):
+                if len(own.readers) > 1:
+                    raise AttributeError(
+                        f"{self.path}: {type(self).__name__} has no 'targets': a mixture of "
+                        f"{len(own.readers)} sources has no fixed index order (each sample's "
+                        "__index__ is its own source's, and every epoch draws anew); use each "
+                        "source's targets, shardio.IndexedDataset(source.path).targets"
+                    )
+                own = own.readers[0]
+            # a clone, closed after, so that no shard stays open here
             reader = own.reopened()
             try:
                 cached = read_targets(reader)

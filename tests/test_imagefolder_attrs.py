@@ -107,3 +107,34 @@ def test_generic_pack_has_no_classes(tiny_tree: Path, tmp_path: Path) -> None:
                                                      "this is a generic pack, which has no "
                                                      "classes"):
                 getattr(ds, name)
+
+
+def test_mixture_has_classes_but_targets_only_of_one_source(
+    awkward: Path, imagefolder: Path, tmp_path: Path
+) -> None:
+    packed = {}
+    for name, src in (("a", awkward), ("b", awkward), ("other", imagefolder)):
+        packed[name] = tmp_path / name
+        shardio.pack(src, packed[name], seed=len(name), num_workers=1)
+    classes, class_to_idx, _ = torchvision_reference(awkward)
+    mixture = StreamingDataset([shardio.Source(packed["a"]), shardio.Source(packed["b"])])
+    assert (mixture.classes, mixture.class_to_idx) == (classes, class_to_idx)
+    assert not hasattr(mixture, "targets")
+    with pytest.raises(AttributeError, match="StreamingDataset has no 'targets': a mixture of 2 "
+                                             "sources has no fixed index order.*use each "
+                                             r"source's targets"):
+        _ = mixture.targets
+
+    # one source drawn epoch_size at a time: its samples carry its own __index__
+    one = StreamingDataset(packed["a"], epoch_size=7, decode="raw")
+    assert one.targets == IndexedDataset(packed["a"]).targets
+    for num_workers in (0, 2):
+        samples = list(DataLoader(one, batch_size=None, num_workers=num_workers))
+        assert len(samples) == 7
+        assert all(one.targets[int(s["__index__"])] == s["label"] for s in samples)
+
+    other = StreamingDataset([shardio.Source(packed["a"]), shardio.Source(packed["other"])])
+    for name in ("classes", "class_to_idx", "targets"):
+        with pytest.raises(AttributeError, match=f"has no '{name}': the sources of this mixture "
+                                                 "do not all have the same classes"):
+            getattr(other, name)
