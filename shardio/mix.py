@@ -25,14 +25,11 @@ import os
 from collections.abc import Sequence
 from dataclasses import KW_ONLY, dataclass
 from fractions import Fraction
-from typing import Final
 
 import numpy as np
 
 from shardio.plan import IndexArray, PlanConfig, cut_blocks, seeded_rng
-
-SOURCE_FIELD: Final = "__source__"
-"""The field of a mixture's raw samples naming their source (its ``name``, else its index)."""
+from shardio.record import SOURCE_FIELD as SOURCE_FIELD  # reserved there: writers refuse it
 
 _DRAW = 3  # rng purposes after plan's blocks (0), windows (1) and resume (2)
 _MIX = 4

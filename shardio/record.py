@@ -22,6 +22,8 @@ from shardio.format import CODEC_NONE, CODEC_ZSTD, FRAME, FRAME_SIZE, frame, unf
 
 KEY_FIELD: Final = "__key__"
 INDEX_FIELD: Final = "__index__"
+SOURCE_FIELD: Final = "__source__"
+"""Set by readers of a mixture to the sample's source, so no stored field may use it."""
 ZERO_COPY_MIN_BYTES: Final = 16 << 10
 """Below this payload size msgpack's C decoder beats viewing the map from Python."""
 EXT_NDARRAY: Final = 1

@@ -25,7 +25,8 @@ from shardio.walk import Bad, Walker, display_path, is_utf8, selector
 IMG_EXTENSIONS: Final = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")
 """torchvision's ``IMG_EXTENSIONS``, matched case-insensitively against the end of the name."""
 
-RESERVED_FIELDS: Final = ("__key__", "__index__")
+RESERVED_FIELDS: Final = ("__key__", "__index__", "__source__")
+"""Set by readers (``__source__`` in a mixture), so no file may name a field so."""
 
 __all__ = ["IMAGEFOLDER_RULES", "IMG_EXTENSIONS", "RESERVED_FIELDS", "Bad", "Source",
            "SourceSample", "dataset_source", "display_path", "imagefolder_order", "scan_source"]

@@ -38,7 +38,7 @@ from shardio.manifest import (
 )
 from shardio.packtarget import PackTarget, open_target
 from shardio.packtarget import prepare_output as prepare_output  # where pack found it
-from shardio.record import INDEX_FIELD, KEY_FIELD, encode_record
+from shardio.record import INDEX_FIELD, KEY_FIELD, SOURCE_FIELD, encode_record
 from shardio.storage import is_remote
 from shardio.version import __version__
 
@@ -236,11 +236,13 @@ class ShardWriter:
             raise RecordEncodeError(
                 f"every sample needs a non-empty str {KEY_FIELD!r}, got {key!r}"
             )
-        if INDEX_FIELD in sample:
-            raise RecordEncodeError(
-                f"sample {key!r}: field {INDEX_FIELD!r} is reserved (readers set it to the "
-                "sample's position); rename the field"
-            )
+        for name, set_to in ((INDEX_FIELD, "the sample's position"),
+                             (SOURCE_FIELD, "the sample's source in a mixture")):
+            if name in sample:
+                raise RecordEncodeError(
+                    f"sample {key!r}: field {name!r} is reserved (readers set it to {set_to}); "
+                    "rename the field"
+                )
         if self.classes is not None:
             _check_labelled(sample, key, self.classes)
         self._write_encoded(key, encode_record(sample, self._codec), sample.keys())

@@ -101,7 +101,7 @@ def test_imagefolder_detection(imagefolder: Path, tmp_path: Path) -> None:
 
 
 def test_images_with_non_image_stem_siblings_make_a_generic_tree(tmp_path: Path) -> None:
-    """README's generic example: a/b/x.jpg + a/b/x.json is one sample, not a one-class ImageFolder."""
+    """README's generic example: a/b/x.jpg + a/b/x.json is one sample, not a 1-class ImageFolder."""
     for stem in ("x", "y"):
         _touch(tmp_path / f"a/b/{stem}.jpg")
         _touch(tmp_path / f"a/b/{stem}.json", b'{"caption": "a cat"}')
@@ -153,6 +153,7 @@ BAD_CASES = {
     "fifo": ("x/pipe", "named pipe"),
     "trailing dot": ("x/name.", "ends in its only dot"),
     "reserved field": ("x/k.__key__", "reserved"),
+    "reserved source field": ("x/k.__source__", "field name '__source__' is reserved"),
 }
 
 
@@ -298,3 +299,15 @@ def test_dataset_source_reports_missing_and_empty_files(imagefolder: Path, tmp_p
         "class_00/empty.jpg": "empty file (0 bytes)",
         "class_00/gone.jpg": "cannot be examined (No such file or directory)",
     }
+
+
+def test_pack_refuses_a_file_named_as_a_reserved_field(tmp_path: Path) -> None:
+    """``x.__source__`` would be overwritten by a mixture's reader: pack stops, naming it."""
+    from shardio import pack
+
+    _touch(tmp_path / "src/x.jpg")
+    _touch(tmp_path / "src/x.__source__", b"web")
+    with pytest.raises(BadInputError) as info:
+        pack(tmp_path / "src", tmp_path / "out", num_workers=1)
+    assert "x.__source__" in str(info.value) and "'__source__' is reserved" in str(info.value)
+    assert not (tmp_path / "out" / "manifest.json").exists()

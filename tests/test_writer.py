@@ -189,11 +189,14 @@ def test_writer_with_classes_takes_numpy_integer_labels(tmp_path: Path) -> None:
         assert reader[0]["label"] == 2 and type(reader[0]["label"]) is int
 
 
-def test_reserved_index_field_is_refused(tmp_path: Path) -> None:
-    with pytest.raises(RecordEncodeError, match="'__index__' is reserved"), ShardWriter(
-        tmp_path
-    ) as writer:
-        writer.write({"__key__": "a", "__index__": 7, "bin": b"x"})
+@pytest.mark.parametrize("field", ["__index__", "__source__"])
+def test_reserved_fields_are_refused(tmp_path: Path, field: str) -> None:
+    """Readers set both (``__source__`` in a mixture): a stored one would be overwritten."""
+    refused = pytest.raises(RecordEncodeError, match=f"sample 'a': field '{field}' is reserved "
+                                                     r"\(readers set it to .*rename the field")
+    with refused, ShardWriter(tmp_path) as writer:
+        writer.write({"__key__": "a", field: 7, "bin": b"x"})
+    assert not (tmp_path / "manifest.json").exists()
 
 
 def test_framed_records_cannot_be_written_past_the_checks(tmp_path: Path) -> None:
