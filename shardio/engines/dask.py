@@ -77,7 +77,7 @@ def _wait_any(client: distributed.Client, futures: list[distributed.Future],
 class DaskWalkPool:
     """A ``WalkPool`` whose tasks run on the cluster."""
 
-    def __init__(self, client: distributed.Client, max_entries: int = MAX_ENTRIES) -> None:
+    def __init__(self, client: distributed.Client, max_entries: int) -> None:
         self.client = client
         self.slots = _slots(client)
         self.max_entries = max_entries
@@ -195,7 +195,7 @@ class DaskEngine:
         exclude: Sequence[str], follow_symlinks: bool,
     ) -> Source:
         """``scan_source`` with the walk in cluster tasks, at SRC's absolute path."""
-        pool = DaskWalkPool(self.client)
+        pool = DaskWalkPool(self.client, MAX_ENTRIES)
         try:
             return scan_source(src, imagefolder=imagefolder, include=include, exclude=exclude,
                                follow_symlinks=follow_symlinks, pool=pool,
