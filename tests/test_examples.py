@@ -6,18 +6,18 @@ Collected, one test each:
 * docstring examples of every module, class and function under ``shardio/``: doctest
   ``>>>`` lines, and literal blocks (``::``) introduced by ``Example::`` or starting
   with an import (diagrams such as the error tree are not code);
-* the ```` ```bash ```` blocks of README's "Pack", "Look before you train" and "Remote
-  datasets" sections, run
-  line by line by bash, with ``shardio`` meaning ``python -m shardio`` of this interpreter.
-  (The other bash blocks install packages; they are not run here.)
+* the ```` ```bash ```` blocks of every README section, run line by line by bash, with
+  ``shardio`` meaning ``python -m shardio`` of this interpreter; the sections whose
+  blocks change the Python environment itself are collected but skipped, each with
+  its reason (``BASH_NOT_RUN``).
 
 Each example runs in a fresh temporary directory prepared with what the examples
 name, and nothing else (``FIXTURE`` below is the whole list):
 
 * ``./train``: a small ImageFolder, classes ``class_a`` and ``class_b``, images
   ``img_000.jpg``…, and ``./anything``: a generic tree ``a/b/x.jpg`` + ``a/b/x.json``;
-* ``out/train``: ``./train`` packed, for the Python examples that name it (the bash
-  block packs it itself; others, such as ``ShardWriter("out/")``, write their own);
+* ``out/train``: ``./train`` packed, for the Python examples that name it (bash blocks
+  pack it themselves; others, such as ``ShardWriter("out/")``, write their own);
 * names the Python examples use without defining them: ``shardio`` and ``torch``
   imported; ``my_samples()`` yielding ``(key, jpeg bytes, label)``; ``tf``, a transform
   from a PIL image to a 3×32×32 uint8 tensor; ``epochs = 1``;
@@ -47,7 +47,7 @@ import subprocess
 import sys
 import textwrap
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -60,6 +60,13 @@ BROKEN: dict[str, str] = {}
 """Example id -> why it fails today (someone else's file); xfail(strict=True) until fixed."""
 CANNOT_RUN: dict[str, str] = {}
 """Example id -> why it cannot run on this machine at all (none so far)."""
+BASH_NOT_RUN: dict[str, str] = {
+    "Set up": "makes a virtual environment and installs torch and shardio into it from the "
+              "network",
+    "Pillow or pillow-simd": "uninstalls Pillow from the environment and builds pillow-simd "
+                             "from source",
+}
+"""README section -> why its bash blocks are not run here; every other section's are."""
 
 
 @dataclass(frozen=True)
@@ -67,8 +74,9 @@ class Example:
     """One example: where it is, what language, its code."""
 
     id: str
-    kind: str  # "python" or "bash"
+    kind: str  # "python", "bash" or "doctest"
     code: str
+    section: str = ""  # the README section of a bash block
 
 
 def _fenced(path: Path, kind: str, text: str | None = None) -> Iterator[Example]:
@@ -80,10 +88,17 @@ def _fenced(path: Path, kind: str, text: str | None = None) -> Iterator[Example]
         yield Example(f"{rel}:{line}", kind, match[1])
 
 
-def _readme_pack_section() -> str:
+def readme_sections() -> dict[str, str]:
+    """README's ``## `` sections: title -> text, the title line included."""
     text = (REPO / "README.md").read_text(encoding="utf-8")
-    return "".join(text.split(f"\n## {title}\n", 1)[1].split("\n## ", 1)[0]
-                   for title in ("Pack", "Look before you train", "Remote datasets"))
+    return {part.split("\n", 1)[0]: part for part in text.split("\n## ")[1:]}
+
+
+def readme_bash() -> Iterator[Example]:
+    """The bash blocks of README, each with its section."""
+    for title, text in readme_sections().items():
+        for example in _fenced(REPO / "README.md", "bash", text):
+            yield replace(example, section=title)
 
 
 def _literal_blocks(doc: str) -> Iterator[tuple[str, str]]:
@@ -134,7 +149,7 @@ def collect() -> list[Example]:
     """Every example this test runs."""
     found = [e for path in [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
              for e in _fenced(path, "python")]
-    found += _fenced(REPO / "README.md", "bash", _readme_pack_section())
+    found += readme_bash()
     found += docstring_examples()
     return found
 
@@ -150,6 +165,9 @@ def _params() -> list[Any]:
             marks.append(pytest.mark.xfail(strict=True, reason=BROKEN[example.id]))
         if example.id in CANNOT_RUN:
             marks.append(pytest.mark.skip(reason=CANNOT_RUN[example.id]))
+        if example.kind == "bash" and example.section in BASH_NOT_RUN:
+            marks.append(pytest.mark.skip(
+                reason=f"README {example.section!r}: {BASH_NOT_RUN[example.section]}"))
         out.append(pytest.param(example, id=example.id, marks=marks))
     return out
 
@@ -283,3 +301,7 @@ def test_examples_are_found() -> None:
     assert any(i.startswith("shardio/writer.py:ShardWriter:") for i in ids)
     assert not any(i.startswith("shardio/errors.py") for i in ids), "a diagram is not code"
     assert set(BROKEN) <= ids and set(CANNOT_RUN) <= ids
+    bash_sections = {e.section for e in EXAMPLES if e.kind == "bash"}
+    assert {"Pack", "Look before you train", "Growing a dataset",
+            "Remote datasets"} <= bash_sections - set(BASH_NOT_RUN)
+    assert set(BASH_NOT_RUN) <= bash_sections, "a section listed as not run has no bash block"
