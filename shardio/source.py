@@ -2,12 +2,14 @@
 
 This module owns the rules that turn the files of SRC (found by
 ``shardio.walk``: which files count, which are bad and why) into samples: how
-files group into samples (the WebDataset stem rule, or one image per sample in
-an ImageFolder), ImageFolder detection and its classes, the samples' canonical
-order, the input digest a resume checks, and which files are bad as samples
-(not an image in an ImageFolder, a reserved field name, …). It never reads file
-contents (``shardio.shardbuild`` does that) and imports nothing from shardio
-but ``errors``, ``walk`` and ``scan`` (the walk split into parallel tasks).
+files group into samples (the WebDataset stem rule of ``shardio.stems``, or one
+image per sample in an ImageFolder), ImageFolder detection and its classes, the
+samples' canonical order, the input digest a resume checks, and which files
+are bad as samples (not an image in an ImageFolder, a reserved field name, …).
+The walk and the rules that need one folder only run in tasks
+(``shardio.scan``); this module merges and orders what they return. It never
+reads file contents (``shardio.shardbuild`` does that) and imports nothing
+from shardio but ``errors``, ``walk``, ``stems`` and ``scan``.
 """
 
 from __future__ import annotations
@@ -16,44 +18,16 @@ import hashlib
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Final, NamedTuple
+from operator import itemgetter
+from typing import Any, Final
 
 from shardio.errors import BadInputError
-from shardio.scan import WalkPool, WalkSpec, walk_tree
+from shardio.scan import Listing, WalkPool, WalkSpec, walk_tree
+from shardio.stems import IMG_EXTENSIONS, RESERVED_FIELDS, SourceSample, row
 from shardio.walk import Bad, Walker, display_path, is_utf8, selector
-
-IMG_EXTENSIONS: Final = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")
-"""torchvision's ``IMG_EXTENSIONS``, matched case-insensitively against the end of the name."""
-
-RESERVED_FIELDS: Final = ("__key__", "__index__", "__source__")
-"""Set by readers (``__source__`` in a mixture), so no file may name a field so."""
 
 __all__ = ["IMAGEFOLDER_RULES", "IMG_EXTENSIONS", "RESERVED_FIELDS", "Bad", "Source",
            "SourceSample", "dataset_source", "display_path", "imagefolder_order", "scan_source"]
-
-
-class SourceSample(NamedTuple):
-    """One sample to pack: its key, and per field the file holding the field's bytes."""
-
-    key: str
-    fields: tuple[str, ...]
-    paths: tuple[str, ...]
-    sizes: tuple[int, ...]
-    label: int | None
-    num_bytes: int
-
-    def rel_paths(self) -> tuple[str, ...]:
-        """Each field's file relative to the source root, as the naming rules rebuild it."""
-        if self.label is not None:
-            return (self.key,)
-        return tuple(f"{self.key}.{f}" if f else self.key for f in self.fields)
-
-    def bad(self, failed: int, reason: str) -> list[Bad]:
-        """The skipped entries when file ``failed`` is bad: it, and its companions."""
-        rels = [display_path(r) for r in self.rel_paths()]
-        return [(rel, reason if i == failed else f"left out with the rest of sample "
-                 f"{display_path(self.key)!r} because {rels[failed]} is bad")
-                for i, rel in enumerate(rels)]
 
 
 @dataclass(frozen=True)
@@ -76,7 +50,7 @@ IMAGEFOLDER_RULES: Final = (NOT_AN_IMAGE, LOOSE_FILE)
 """Reasons a file is bad only because SRC is read as an ImageFolder (generic mode keeps it)."""
 
 
-def _looks_like_imagefolder(walker: Walker) -> bool:
+def _looks_like_imagefolder(listing: Listing) -> bool:
     """Class folders of images: every visible top-level entry is a folder holding an image,
     there are no loose files, and no image shares its name stem with a non-image file.
 
@@ -86,23 +60,10 @@ def _looks_like_imagefolder(walker: Walker) -> bool:
     does not make a tree generic: packing it without labels would be the silent
     surprise, so it is reported as bad in ImageFolder mode instead.
     """
-    if not walker.top_dirs or walker.top_other:
+    walker = listing.walker
+    if not walker.top_dirs or walker.top_other or listing.clash:
         return False
-    with_images: set[str] = set()
-    image_stems: set[str] = set()
-    other_stems: set[str] = set()
-    for f in walker.files:
-        rel = f[0]
-        dot = rel.find(".", rel.rfind("/") + 1)
-        stem = rel if dot < 0 else rel[:dot]
-        if rel[-5:].lower().endswith(IMG_EXTENSIONS):
-            with_images.add(rel.partition("/")[0])
-            image_stems.add(stem)
-        else:
-            other_stems.add(stem)
-    if not image_stems.isdisjoint(other_stems):
-        return False
-    return all(d in with_images for d in walker.top_dirs)
+    return all(d in listing.image_tops for d in walker.top_dirs)
 
 
 def scan_source(
@@ -157,14 +118,16 @@ def scan_source(
         what = "does not exist" if not os.path.lexists(root) else "is not a folder"
         raise BadInputError(f"{root}: the source {what}; pass a folder to pack", path=root)
     walker = Walker(root, selector(include, exclude), follow_symlinks)
-    spec = WalkSpec(walk_root or root, tuple(include), tuple(exclude), follow_symlinks)
-    walk_tree(spec, walker, pool)
+    listing = Listing(walker)
+    spec = WalkSpec(walk_root or root, os.path.join(root, ""), tuple(include), tuple(exclude),
+                    follow_symlinks, imagefolder)
+    walk_tree(spec, listing, pool)
     if imagefolder is None:
-        imagefolder = _looks_like_imagefolder(walker)
+        imagefolder = _looks_like_imagefolder(listing)
     builder = _imagefolder_samples if imagefolder else _generic_samples
-    classes, samples, bad, rows = builder(walker)
+    classes, samples, bad, rows = builder(listing)
     bad.extend(walker.bad_dirs)
-    rows += [(rel, 0, 0, reason) for rel, reason in sorted(walker.bad_dirs)]
+    rows += [row(rel, 0, 0, reason) for rel, reason in sorted(walker.bad_dirs)]
     head = "generic\n" if classes is None else "imagefolder\n" + "\0".join(classes) + "\n"
     return Source(
         root=root, samples=tuple(samples), classes=classes, hidden_ignored=walker.hidden,
@@ -172,58 +135,23 @@ def scan_source(
     )
 
 
-_Row = tuple[Any, ...]
-_Built = tuple["tuple[str, ...] | None", list[SourceSample], list[Bad], list[_Row]]
+_Built = tuple["tuple[str, ...] | None", list[SourceSample], list[Bad], list[str]]
 
 
-def _hash(head: str, rows: Sequence[_Row]) -> str:
-    """sha256 over ``rel, size, mtime_ns, reason`` of rows laid out like ``FileEntry``."""
+def _hash(head: str, rows: Sequence[str]) -> str:
+    """sha256 over the ``stems.row`` lines (``rel, size, mtime_ns, reason``) of every file."""
     digest = hashlib.sha256(head.encode("utf-8", "surrogateescape"))
     for i in range(0, len(rows), 4096):
-        text = "".join([f"{f[0]}\0{f[1]}\0{f[2]}\0{f[3] or ''}\n" for f in rows[i : i + 4096]])
-        digest.update(text.encode("utf-8", "surrogateescape"))
+        digest.update("".join(rows[i : i + 4096]).encode("utf-8", "surrogateescape"))
     return digest.hexdigest()
 
 
-def _generic_samples(walker: Walker) -> _Built:
-    prefix = os.path.join(walker.root, "")  # + rel: the path scandir gives, made here
-    groups: dict[str, list[tuple[str, int, int, str | None, str]]] = {}
-    for rel, size, mtime, reason in walker.files:
-        dot = rel.find(".", rel.rfind("/") + 1)
-        key, fld = (rel, "") if dot < 0 else (rel[:dot], rel[dot + 1 :])
-        if reason is None and dot >= 0 and not fld:
-            reason = "name ends in its only dot, which the sample naming cannot restore; rename it"
-        elif reason is None and fld in RESERVED_FIELDS:
-            reason = f"field name {fld!r} is reserved; rename the file"
-        group = groups.get(key)
-        if group is None:
-            groups[key] = [(rel, size, mtime, reason, fld)]
-        else:
-            group.append((rel, size, mtime, reason, fld))
-    samples: list[SourceSample] = []
-    bad: list[Bad] = []
-    rows: list[_Row] = []
-    for key in sorted(groups):
-        files = groups[key]
-        if len(files) == 1:
-            rows.append(files[0])
-            rel, size, _, reason, fld = files[0]
-            if reason is None:
-                samples.append(SourceSample(key, (fld,), (prefix + rel,), (size,), None, size))
-                continue
-        else:
-            files.sort()  # by name, which is by field: they share the key as prefix
-            rows += files
-        culprit = next((f[0] for f in files if f[3] is not None), None)
-        if culprit is None:
-            samples.append(SourceSample(
-                key, tuple(f[4] for f in files), tuple(prefix + f[0] for f in files),
-                tuple(f[1] for f in files), None, sum(f[1] for f in files)))
-        else:
-            note = (f"left out with the rest of sample {display_path(key)!r} because "
-                    f"{display_path(culprit)} is bad")
-            bad += [(display_path(f[0]), f[3] or note) for f in files]
-    return None, samples, bad, rows
+def _generic_samples(listing: Listing) -> _Built:
+    """The samples the tasks grouped, in key order (keys are unique)."""
+    groups = sorted(listing.groups, key=itemgetter(0))
+    samples = [g[2] for g in groups if g[2] is not None]
+    bad = [b for g in groups if g[3] for b in g[3]]
+    return None, samples, bad, [g[1] for g in groups]
 
 
 def imagefolder_order(rel: str, class_index: int) -> tuple[int, str, str]:
@@ -249,20 +177,21 @@ def imagefolder_order(rel: str, class_index: int) -> tuple[int, str, str]:
     return class_index, folder, name
 
 
-def _imagefolder_samples(walker: Walker) -> _Built:
+def _imagefolder_samples(listing: Listing) -> _Built:
+    walker = listing.walker
     prefix = os.path.join(walker.root, "")
     classes = tuple(sorted(walker.top_dirs))
     index = {c: i for i, c in enumerate(classes)}
     good: list[tuple[tuple[int, str, str], str, int]] = []
     bad: list[Bad] = []
-    rows: list[_Row] = []
+    rows: list[str] = []
     for rel, size, mtime, reason in sorted(walker.files):
         top, slash, _ = rel.partition("/")
         if reason is None and not slash:
             reason = LOOSE_FILE
         elif reason is None and not rel.lower().endswith(IMG_EXTENSIONS):
             reason = NOT_AN_IMAGE
-        rows.append((rel, size, mtime, reason))
+        rows.append(row(rel, size, mtime, reason))
         if reason is not None:
             bad.append((display_path(rel), reason))
         else:
@@ -302,7 +231,7 @@ def dataset_source(
     seen: set[str] = set()
     samples: list[SourceSample] = []
     bad: list[Bad] = []
-    rows: list[_Row] = []
+    rows: list[str] = []
     for path, label in pairs:
         rel = os.path.relpath(path, root).replace(os.sep, "/")
         if not isinstance(label, int) or not 0 <= label < len(classes):
@@ -325,7 +254,7 @@ def dataset_source(
         if reason is None and not is_utf8(rel):
             reason = "name is not valid UTF-8; rename it"
         seen.add(rel)
-        rows.append((f"{label}\0{rel}", size, mtime, reason))
+        rows.append(row(f"{label}\0{rel}", size, mtime, reason))
         if reason is None:
             samples.append(SourceSample(rel, ("image",), (path,), (size,), label, size))
         else:

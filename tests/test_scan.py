@@ -9,10 +9,10 @@ from typing import Literal
 import pytest
 
 from shardio.engines.local import ExecutorWalkPool, LocalEngine
-from shardio.scan import WalkSpec, split_folders, walk_part
+from shardio.scan import ScanPart, WalkSpec, split_folders, walk_part
 from shardio.source import scan_source
 from shardio.synth import make_photo, make_tiny_tree
-from shardio.walk import Folder, WalkPart
+from shardio.walk import Folder
 
 
 class CountingPool(ExecutorWalkPool):
@@ -27,9 +27,9 @@ class CountingPool(ExecutorWalkPool):
         self.tasks.append(folders)
         super().submit(spec, folders)
 
-    def next_done(self) -> WalkPart:
+    def next_done(self) -> ScanPart:
         part = super().next_done()
-        self.entries.append(part.entries)
+        self.entries.append(part.walk.entries)
         return part
 
 
@@ -96,13 +96,15 @@ def test_tasks_walking_the_absolute_root_name_files_as_given(
 
 def test_a_task_returns_the_folders_it_did_not_reach(tmp_path: Path) -> None:
     make_tiny_tree(tmp_path, num_files=300, seed=1, files_per_folder=10)
-    spec = WalkSpec(str(tmp_path))
+    spec = WalkSpec(str(tmp_path), "src/")
     part = walk_part(spec, [(str(tmp_path), "", frozenset())], 25)
-    assert part.pending and len(part.files) < 300
-    rest = walk_part(spec, part.pending, None)
-    assert not rest.pending
-    assert sorted(f[0] for f in part.files + rest.files) == sorted(
+    assert part.walk.pending and len(part.walk.files) < 300
+    rest = walk_part(spec, part.walk.pending, None)
+    assert not rest.walk.pending
+    assert sorted(f[0] for f in part.walk.files + rest.walk.files) == sorted(
         p.relative_to(tmp_path).as_posix() for p in tmp_path.rglob("*.bin"))
+    samples = [g[2] for g in part.groups + rest.groups]  # grouped in the tasks
+    assert len(samples) == 300 and all(s and s.paths[0] == f"src/{s.key}.bin" for s in samples)
 
 
 def test_split_folders_deals_round_robin() -> None:
@@ -128,7 +130,7 @@ def test_local_engine_starts_its_pool_only_beyond_one_task(
     serial = scan_source(tmp_path / "src")
     for budget, tasks in ((4096, 0), (16, 3)):
         started.clear()
-        engine = LocalEngine(2, max_walk_entries=budget)
+        engine = LocalEngine(2, scan_with="processes", max_walk_entries=budget)
         assert engine.scan(tmp_path / "src", imagefolder=None, include=(), exclude=(),
                            follow_symlinks=False) == serial
         assert len(started) >= tasks and (tasks or not started)

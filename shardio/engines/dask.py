@@ -39,12 +39,12 @@ import distributed
 
 from shardio.errors import PackError
 from shardio.packtarget import PackTarget
-from shardio.scan import WalkSpec, walk_part
+from shardio.scan import ScanPart, WalkSpec, walk_task
 from shardio.shardbuild import ShardJob, ShardOutcome, ShardResult, build_shard
 from shardio.shardpool import Progress, default_workers
 from shardio.source import Source, scan_source
 from shardio.storage import Store
-from shardio.walk import Folder, WalkPart
+from shardio.walk import Folder
 
 MAX_ENTRIES: Final = 16384
 """Entries per walk task: a task costs the scheduler about a millisecond, so larger than local."""
@@ -86,14 +86,13 @@ class DaskWalkPool:
     def submit(self, spec: WalkSpec, folders: list[Folder]) -> None:
         """Start a walk task."""
         self._running.add(self.client.submit(
-            walk_part, spec, folders, self.max_entries, key=f"shardio-walk-{uuid.uuid4().hex}"))
+            walk_task, spec, folders, self.max_entries, key=f"shardio-walk-{uuid.uuid4().hex}"))
 
-    def next_done(self) -> WalkPart:
+    def next_done(self) -> ScanPart:
         """The part of a finished walk task; re-raises its error."""
         future = _wait_any(self.client, list(self._running)).pop()
         self._running.discard(future)
-        part: WalkPart = future.result()
-        return part
+        return ScanPart.from_bytes(future.result())
 
     def close(self) -> None:
         """Cancel the walks still running (after an error)."""

@@ -1,13 +1,17 @@
 """The local engine: walk tasks and shard builds in processes forked on this machine.
 
-The walk (``shardio.scan``) runs in a pool of ``num_workers`` forked processes,
-started only when the tree is larger than what one task walks; each task's
-part comes back through a pipe. Shards are built by ``shardio.shardpool``'s
+With ``PARALLEL_SCAN_WORKERS`` workers or more, the walk (``shardio.scan``)
+runs in a pool of ``num_workers`` forked processes, started only when the tree
+is larger than what one task walks; each task's part comes back through a pipe
+as msgpack. With fewer, SRC is walked in this process: on a warm local disk a
+file costs about 2 µs to walk and 2 µs to group, and moving its part between
+processes plus rebuilding the sample about 2 µs more, so two cores (one of
+which also runs this process) walk no faster than one (``python -m
+benchmarks.bench_pack --scan-only``). Threads (``scan_with="threads"``) were
+slower still: ``scandir`` and ``lstat`` release the GIL, the Python work
+around each entry does not. Shards are built by ``shardio.shardpool``'s
 workers, forked after planning so that they inherit the job. With one worker
-everything runs in this process. Threads instead of processes for the walk
-(``scan_with="threads"``) were measured slower: ``scandir`` and ``lstat``
-release the GIL, but the per-entry Python work between them does not
-(``benchmarks/bench_pack.py --scan-only``).
+everything runs in this process.
 """
 
 from __future__ import annotations
@@ -18,14 +22,14 @@ import multiprocessing
 import os
 import signal
 from collections.abc import Generator, Sequence
-from typing import Literal
+from typing import Final, Literal
 
 from shardio.packtarget import PackTarget
-from shardio.scan import MAX_ENTRIES, WalkSpec, walk_part
+from shardio.scan import MAX_ENTRIES, ScanPart, WalkSpec, walk_part, walk_task
 from shardio.shardbuild import ShardJob, ShardOutcome, ShardResult
 from shardio.shardpool import Progress, build_shards, default_workers
 from shardio.source import Source, scan_source
-from shardio.walk import Folder, WalkPart
+from shardio.walk import Folder
 
 
 def _ignore_sigint() -> None:
@@ -41,7 +45,7 @@ class ExecutorWalkPool:
         self.max_entries = max_entries
         self.kind = kind
         self._executor: cf.Executor | None = None
-        self._running: set[cf.Future[WalkPart]] = set()
+        self._running: set[cf.Future[ScanPart | bytes]] = set()
 
     def submit(self, spec: WalkSpec, folders: list[Folder]) -> None:
         """Start a walk of ``folders`` (and the pool, the first time)."""
@@ -52,14 +56,16 @@ class ExecutorWalkPool:
                 method = "fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn"
                 self._executor = cf.ProcessPoolExecutor(
                     self.slots, multiprocessing.get_context(method), _ignore_sigint)
-        self._running.add(self._executor.submit(walk_part, spec, folders, self.max_entries))
+        task = walk_part if self.kind == "threads" else walk_task  # a process sends msgpack
+        self._running.add(self._executor.submit(task, spec, folders, self.max_entries))
 
-    def next_done(self) -> WalkPart:
+    def next_done(self) -> ScanPart:
         """The part of a finished walk task; re-raises its error."""
         done, _ = cf.wait(self._running, return_when=cf.FIRST_COMPLETED)
         future = done.pop()
         self._running.discard(future)
-        return future.result()
+        part = future.result()
+        return part if isinstance(part, ScanPart) else ScanPart.from_bytes(part)
 
     def close(self) -> None:
         """Stop the pool: tasks not started are dropped, running ones are waited for."""
@@ -68,24 +74,36 @@ class ExecutorWalkPool:
             self._executor = None
 
 
+PARALLEL_SCAN_WORKERS: Final = 3
+"""The fewest workers whose walk runs in a pool by default (see the module docstring)."""
+
+ScanWith = Literal["processes", "threads", "serial"]
+
+
 class LocalEngine:
-    """Walk and build on this machine with ``num_workers`` processes (default: every core)."""
+    """Walk and build on this machine with ``num_workers`` processes (default: every core).
+
+    ``scan_with`` chooses how SRC is walked: ``"processes"``, ``"threads"`` or
+    ``"serial"`` (here); ``None`` picks processes from ``PARALLEL_SCAN_WORKERS``
+    workers on, else serial.
+    """
 
     name = "local"
 
-    def __init__(self, num_workers: int | None = None, *,
-                 scan_with: Literal["processes", "threads"] = "processes",
+    def __init__(self, num_workers: int | None = None, *, scan_with: ScanWith | None = None,
                  max_walk_entries: int = MAX_ENTRIES) -> None:
         self.num_workers = num_workers or default_workers()
-        self.scan_with = scan_with
+        if scan_with is None:
+            scan_with = "processes" if self.num_workers >= PARALLEL_SCAN_WORKERS else "serial"
+        self.scan_with: ScanWith = scan_with
         self.max_walk_entries = max_walk_entries
 
     def scan(
         self, src: str | os.PathLike[str], *, imagefolder: bool | None, include: Sequence[str],
         exclude: Sequence[str], follow_symlinks: bool,
     ) -> Source:
-        """``scan_source`` with the walk split over the worker processes."""
-        if self.num_workers <= 1:
+        """``scan_source``, its walk split over ``num_workers`` processes or threads."""
+        if self.num_workers <= 1 or self.scan_with == "serial":
             return scan_source(src, imagefolder=imagefolder, include=include, exclude=exclude,
                                follow_symlinks=follow_symlinks)
         pool = ExecutorWalkPool(self.num_workers, kind=self.scan_with,
