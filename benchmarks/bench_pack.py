@@ -9,15 +9,21 @@ the order of the settings rotates from round to round.
 Each pack runs in a fresh process and is timed inside it (interpreter start-up
 excluded). ``--baseline REV`` also times the ``shardio`` package of git
 revision ``REV`` (extracted with ``git archive``) in the same rounds, so a
-change is compared with what it replaces under the same load. The target is
-one worker at at least 0.8 times tar's files/s on both trees.
+change is compared with what it replaces under the same load. ``--dask-workers
+N`` also times ``pack(engine="dask")`` on a ``distributed.LocalCluster`` of N
+single-threaded worker processes, started once per tree before the rounds (its
+start-up is recorded, not timed with the packs), each pack connecting to it by
+address from a fresh process; its CPU seconds include the workers'. Targets
+(issue 9): local pack with default workers at least 0.8 times tar's files/s on
+both trees, dask on one machine at least 0.8 times the local pack.
 
 The machine is shared, so rates drift with other jobs: "× tar" is the median
 over rounds of tar's time / pack's time *in the same round*, and the 1-minute
 load average is recorded after every round.
 
 Usage: ``python -m benchmarks.bench_pack [--quick] [--images N] [--tiny N]
-[--repeats R] [--workers 1,2] [--codec zstd|none] [--baseline REV] [--json PATH]``.
+[--repeats R] [--workers 1,2] [--dask-workers N] [--codec zstd|none] [--baseline REV]
+[--json PATH]``.
 Prints a markdown table and writes every run to a JSON file (default
 ``benchmarks/results/pack.json``).
 """
@@ -28,6 +34,7 @@ import argparse
 import contextlib
 import datetime
 import json
+import logging
 import os
 import platform
 import resource
@@ -53,15 +60,20 @@ def cpu():
     return sum(u.ru_utime + u.ru_stime for u in (
         resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)))
 
-src, out, workers, codec = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
+src, out, workers, codec, scheduler = sys.argv[1:6]
+engine = "dask" if scheduler else "local"
+if scheduler:
+    import shardio.engines.dask  # imports are not timed, as for the local pack
 cpu0, start = cpu(), time.perf_counter()
-summary = pack(src, out, options=WriteOptions(codec=codec), num_workers=workers, progress=False)
+summary = pack(src, out, options=WriteOptions(codec=codec), num_workers=int(workers),
+               progress=False, engine=engine, scheduler=scheduler or None)
 seconds = time.perf_counter() - start
 print(json.dumps({"seconds": seconds, "cpu_s": cpu() - cpu0, "samples": summary.samples,
                   "output_bytes": summary.output_bytes,
                   "module": sys.modules["shardio.pack"].__file__}))
 """
-"""One timed pack, run as ``python -P -c CHILD SRC OUT WORKERS CODEC`` in a fresh process.
+"""One timed pack, run as ``python -P -c CHILD SRC OUT WORKERS CODEC SCHEDULER`` in a fresh
+process (``SCHEDULER`` empty for the local engine).
 
 ``-P`` keeps the working directory off ``sys.path``, so ``PYTHONPATH`` decides
 which ``shardio`` is timed; the child reports the module it imported.
@@ -102,21 +114,29 @@ def time_tar(tree: Tree, work: Path) -> dict[str, float]:
 
 
 def time_pack(
-    tree: Tree, work: Path, num_workers: int, codec: str, source: Path | None = None
+    tree: Tree, work: Path, num_workers: int, codec: str, source: Path | None = None,
+    cluster: DaskCluster | None = None,
 ) -> dict[str, Any]:
     """One ``shardio.pack`` of the tree into ``work`` in a fresh process; wall and CPU seconds.
 
     ``source`` is a folder holding another ``shardio`` package to time instead
-    of the installed one. CPU seconds include the pack's worker processes.
+    of the installed one. CPU seconds include the pack's worker processes, or
+    with ``cluster`` (engine dask) the cluster's.
     """
     shutil.rmtree(work / "packed", ignore_errors=True)  # untimed, like tar's old archive
     env = dict(os.environ)
     if source is not None:
         env["PYTHONPATH"] = os.pathsep.join([str(source), env.get("PYTHONPATH", "")])
+    workers_cpu = cluster.cpu_s() if cluster is not None else 0.0
     done = subprocess.run(
         [sys.executable, "-P", "-c", CHILD, str(tree.root), str(work / "packed"), str(num_workers),
-         codec], check=True, capture_output=True, text=True, env=env)
+         codec, cluster.address if cluster is not None else ""], check=True, capture_output=True,
+        text=True, env=env)
     result: dict[str, Any] = json.loads(done.stdout)
+    if cluster is not None:  # the driver's CPU and the workers', apart: the 10^7 estimate
+        result["driver_cpu_s"] = result["cpu_s"]
+        result["workers_cpu_s"] = cluster.cpu_s() - workers_cpu
+        result["cpu_s"] += result["workers_cpu_s"]
     expected = (source or HERE.parent) / "shardio"
     if Path(result["module"]).parent != expected:
         raise RuntimeError(f"timed {result['module']}, expected the shardio in {expected}")
@@ -139,9 +159,36 @@ def extract_revision(rev: str, work: Path) -> Path:
     return target
 
 
+class DaskCluster:
+    """A ``distributed.LocalCluster`` of single-threaded worker processes, and their CPU time."""
+
+    def __init__(self, num_workers: int) -> None:
+        import distributed
+        import psutil  # a dependency of distributed
+
+        start = time.perf_counter()
+        self.cluster = distributed.LocalCluster(
+            n_workers=num_workers, threads_per_worker=1, processes=True, host="127.0.0.1",
+            dashboard_address=None, silence_logs=logging.ERROR)
+        self.client = distributed.Client(self.cluster, set_as_default=False)
+        self.client.wait_for_workers(num_workers)
+        self.start_s = time.perf_counter() - start
+        self.address: str = self.cluster.scheduler_address
+        self.processes = [psutil.Process(pid) for pid in self.client.run(os.getpid).values()]
+
+    def cpu_s(self) -> float:
+        """User + system seconds the worker processes have run so far."""
+        return sum(p.cpu_times().user + p.cpu_times().system for p in self.processes)
+
+    def close(self) -> None:
+        """Stop the workers and the scheduler."""
+        self.client.close()
+        self.cluster.close()
+
+
 def bench_tree(
     tree: Tree, *, workers: list[int], repeats: int, codec: str, work: Path,
-    baseline: tuple[str, Path] | None = None,
+    baseline: tuple[str, Path] | None = None, dask_workers: int = 0,
 ) -> dict[str, Any]:
     """Interleaved rounds of tar and every pack setting on one tree; medians and all runs."""
     work.mkdir(parents=True, exist_ok=True)
@@ -149,18 +196,26 @@ def bench_tree(
     settings: list[tuple[str, int, Path | None]] = [(f"pack_w{w}", w, None) for w in workers]
     if baseline is not None:
         settings += [(f"{baseline[0]}_w{w}", w, baseline[1]) for w in workers]
+    cluster = DaskCluster(dask_workers) if dask_workers else None
+    if dask_workers:
+        settings.append((f"dask_w{dask_workers}", dask_workers, None))
     runs: dict[str, list[dict[str, Any]]] = {"tar": []}
     runs.update({name: [] for name, _, _ in settings})
     load = [os.getloadavg()[0]]
     order: list[tuple[str, int, Path | None]] = [("tar", 0, None), *settings]
-    for round_ in range(repeats):
-        # rotate: whatever runs first in a round pays for the memory the last one left dirty
-        for name, w, source in order[round_ % len(order):] + order[:round_ % len(order)]:
-            if name == "tar":
-                runs["tar"].append(time_tar(tree, work))
-            else:
-                runs[name].append(time_pack(tree, work, w, codec, source))
-        load.append(os.getloadavg()[0])
+    try:
+        for round_ in range(repeats):
+            # rotate: whatever runs first in a round pays for the memory the last one left dirty
+            for name, w, source in order[round_ % len(order):] + order[:round_ % len(order)]:
+                if name == "tar":
+                    runs["tar"].append(time_tar(tree, work))
+                else:
+                    runs[name].append(time_pack(tree, work, w, codec, source, cluster
+                                                if name.startswith("dask") else None))
+            load.append(os.getloadavg()[0])
+    finally:
+        if cluster is not None:
+            cluster.close()
     tar_s = [r["seconds"] for r in runs["tar"]]
     synced_s = [r["seconds"] + r["fsync_s"] for r in runs["tar"]]
     medians = {}
@@ -169,6 +224,8 @@ def bench_tree(
         medians[name] = {
             "seconds": seconds,
             "cpu_s": statistics.median(r["cpu_s"] for r in rows),
+            **{k: statistics.median(r[k] for r in rows)
+               for k in ("driver_cpu_s", "workers_cpu_s") if k in rows[0]},
             "files_per_s": tree.num_files / seconds,
             "mb_per_s": tree.num_bytes / 1e6 / seconds,
             "vs_tar": statistics.median(
@@ -177,10 +234,16 @@ def bench_tree(
                 t / r["seconds"] for t, r in zip(synced_s, rows, strict=True)),
         }
     medians["tar"]["fsync_s"] = statistics.median(r["fsync_s"] for r in runs["tar"])
+    if dask_workers and f"pack_w{dask_workers}" in runs:  # the local pack, same rounds
+        local = runs[f"pack_w{dask_workers}"]
+        medians[f"dask_w{dask_workers}"]["vs_local"] = statistics.median(
+            a["seconds"] / b["seconds"]
+            for a, b in zip(local, runs[f"dask_w{dask_workers}"], strict=True))
     shutil.rmtree(work / "packed", ignore_errors=True)
     (work / "tree.tar").unlink(missing_ok=True)
     return {"kind": tree.kind, "num_files": tree.num_files, "num_bytes": tree.num_bytes,
-            "medians": medians, "runs": runs, "load_average_1min": load}
+            "medians": medians, "runs": runs, "load_average_1min": load,
+            "dask_cluster_start_s": None if cluster is None else cluster.start_s}
 
 
 def markdown(results: list[dict[str, Any]], workers: list[int], baseline: str | None) -> str:
@@ -216,6 +279,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--tiny", type=int, help=f"tiny files (default {FULL_SIZES['tiny']})")
     parser.add_argument("--repeats", type=int, default=5, help="timed rounds per tree")
     parser.add_argument("--workers", default="1,2", help="worker counts, comma-separated")
+    parser.add_argument("--dask-workers", type=int, default=0, metavar="N",
+                        help="also time engine dask on a local cluster of N workers")
     parser.add_argument("--codec", default="zstd", choices=("zstd", "none"))
     parser.add_argument("--baseline", metavar="REV",
                         help="also time the shardio package of this git revision")
@@ -232,7 +297,8 @@ def main(argv: list[str] | None = None) -> None:
     for kind, num_files in sizes.items():
         tree = ensure_tree(kind, num_files)
         results.append(bench_tree(tree, workers=workers, repeats=args.repeats,
-                                  codec=args.codec, work=work, baseline=baseline))
+                                  codec=args.codec, work=work, baseline=baseline,
+                                  dask_workers=args.dask_workers))
         print(f"{kind}: done", flush=True)
     report = {
         "question": "pack files/s and MB/s against tar -cf of the same tree",
@@ -240,7 +306,8 @@ def main(argv: list[str] | None = None) -> None:
         "machine": {"platform": platform.platform(), "python": platform.python_version(),
                     "cores": len(os.sched_getaffinity(0)), "cpu": _cpu_model()},
         "codec": args.codec, "repeats": args.repeats, "workers": workers,
-        "baseline": args.baseline, "results": results,
+        "dask_workers": args.dask_workers, "baseline": args.baseline, "results": results,
+        "command": " ".join(["python -m benchmarks.bench_pack", *(argv or sys.argv[1:])]),
     }
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps(report, indent=1), encoding="utf-8")
