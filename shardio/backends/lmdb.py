@@ -16,28 +16,38 @@ LMDB checks no checksums of its own and trusts every page number it reads, so
 the reader first proves the file's B-tree structure sound
 (``shardio.backends.lmdbcheck``: no page reference or value leaves the file),
 then checks every value's length against its frame header; LMDB errors are
-translated into shardio errors here. This module imports only ``errors``,
-``format`` and ``backends.lmdbcheck`` from shardio.
+translated into shardio errors here.
+
+py-lmdb refuses to open one file twice in a process, so the readers of a file
+share one environment (``shardio.backends.lmdbenv``, which also runs the
+structure check and translates errors at open); each reader keeps its own read
+transaction. A reader a forked child inherited is never used there: it lets go
+of the parent's transaction and says to open the shard again. This module
+imports only ``errors``, ``format``, ``backends.lmdbcheck`` and
+``backends.lmdbenv`` from shardio.
 """
 
 from __future__ import annotations
 
 import os
+import weakref
 import zlib
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Any, Final
+from typing import Any, Final, NoReturn
 
 import lmdb
 import msgpack
 
 from shardio.backends.lmdbcheck import check_lmdb_file
+from shardio.backends.lmdbenv import REPACK as _REPACK
+from shardio.backends.lmdbenv import SharedEnv, acquire_env, release_env
+from shardio.backends.lmdbenv import translate_error as _translate
 from shardio.errors import (
     ChecksumError,
     PackError,
     ShardCorruptError,
     ShardioError,
-    ShardMissingError,
     TruncatedShardError,
     UnsupportedVersionError,
 )
@@ -56,29 +66,10 @@ BATCH_BYTES: Final = 32 << 20
 """Framed bytes buffered per write transaction: large enough that commits are rare."""
 READ_CHUNK_BYTES: Final = 8 << 20
 
-_REPACK = "the shard is damaged: restore it from a copy or re-pack"
-
 
 def record_key(index: int) -> bytes:
     """The LMDB key of record ``index``: 8 bytes, big-endian, so keys sort by index."""
     return index.to_bytes(8, "big")
-
-
-def _translate(exc: lmdb.Error, path: str, doing: str, record: int | None = None) -> ShardioError:
-    """The shardio error for an LMDB error met while ``doing`` something to ``path``."""
-    where = path if record is None else f"{path}: record {record}"
-    detail = f"{type(exc).__name__}: {exc}"
-    if isinstance(exc, lmdb.VersionMismatchError):
-        return UnsupportedVersionError(
-            f"{where}: {doing} failed: written by an incompatible LMDB version ({detail}); "
-            "re-pack it with this shardio",
-            path=path, record=record,
-        )
-    if isinstance(exc, lmdb.InvalidError):
-        detail = f"not an LMDB file: {detail}"
-    return ShardCorruptError(
-        f"{where}: {doing} failed ({detail}); {_REPACK}", path=path, record=record
-    )
 
 
 def _write_error(exc: lmdb.Error, path: Path, doing: str, record: int | None = None) -> PackError:
@@ -171,6 +162,45 @@ class LmdbShardWriter:
         self.path.unlink(missing_ok=True)
 
 
+_LIVE: weakref.WeakSet[LmdbShardReader] = weakref.WeakSet()
+"""Every open reader of this process, so that a forked child can let go of their transactions."""
+
+
+def _forget_inherited_readers() -> None:
+    """In a forked child: every reader lets go of its parent's transaction and environment."""
+    for reader in list(_LIVE):
+        reader._txn = _InheritedTxn(reader.path)
+        reader._shared = None
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_inherited_readers)
+
+
+class _InheritedTxn:
+    """Stands in, in a forked child, for the read transaction a reader had in its parent."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    def _refuse(self) -> NoReturn:
+        raise ShardioError(
+            f"{self.path}: this LMDB shard reader was opened before the process forked, and "
+            "liblmdb forbids using its environment in the child; open the shard again here "
+            "(shardio's datasets and DatasetReader do so by themselves)",
+            path=self.path,
+        )
+
+    def get(self, key: bytes) -> NoReturn:
+        self._refuse()
+
+    def cursor(self) -> NoReturn:
+        self._refuse()
+
+    def abort(self) -> None:
+        """Nothing to end: the transaction is the parent's."""
+
+
 class LmdbShardReader:
     """Opens one LMDB shard read-only, without a lock file, and serves its frames.
 
@@ -179,39 +209,32 @@ class LmdbShardReader:
     once the shard is closed. ``offset(i)`` returns ``i``: LMDB places values on
     pages as it sees fit, so a record has no stable byte offset to report. One
     reader holds one LMDB read transaction: use it from one thread at a time.
+    Readers of one file in one process share its environment (``lmdbenv``), so
+    any number of them may be open at once.
     """
 
     def __init__(self, path: str | Path) -> None:
         self.path = str(path)
-        try:
-            self._size = os.stat(self.path).st_size
-        except FileNotFoundError as exc:
-            raise ShardMissingError(
-                f"{self.path}: shard file is missing; the dataset is incomplete. Restore the "
-                "file, or re-pack the dataset",
-                path=self.path,
-            ) from exc
         self._closed = False
         self._keys: list[str] | None = None
         self._fd = -1
+        self._pid = os.getpid()
         # liblmdb follows page numbers and value sizes unchecked, so a damaged page can make
-        # it read past the end of the file (SIGBUS); prove every reachable page is inside first.
-        check_lmdb_file(self.path)
-        try:
-            self._env = lmdb.open(
-                self.path, subdir=False, readonly=True, lock=False, create=False,
-                max_spare_txns=0,
-            )
-        except lmdb.Error as exc:
-            raise _translate(exc, self.path, "opening the shard") from exc
+        # it read past the end of the file (SIGBUS): the file is proved sound before this
+        # process first maps it (looked up here at each open, so that tests and benchmarks
+        # can stand in for it)
+        shared, self._size = acquire_env(self.path, check=check_lmdb_file)
+        self._shared: SharedEnv | None = shared
+        txn: lmdb.Transaction[memoryview] | None = None
         try:
             try:
-                stat, info = self._env.stat(), self._env.info()
-                self._txn = self._env.begin(buffers=True)
+                stat, info = shared.env.stat(), shared.env.info()
+                txn = shared.env.begin(buffers=True)
             except lmdb.Error as exc:
                 raise _translate(exc, self.path, "opening the shard") from exc
+            self._txn: lmdb.Transaction[memoryview] | _InheritedTxn = txn
             needed = (info["last_pgno"] + 1) * stat["psize"]
-            if self._size < needed:  # replaced since the check: refuse before any page is read
+            if self._size < needed:  # shrunk since the check: refuse before any page is read
                 raise TruncatedShardError(
                     f"{self.path}: shard is {self._size} bytes but its LMDB header says "
                     f"{needed}; it is truncated: restore it from a copy or re-pack",
@@ -219,9 +242,12 @@ class LmdbShardReader:
                 )
             self._meta = self._read_meta(stat["entries"] - NUM_META_ENTRIES)
         except BaseException:
-            self._env.close()
+            if txn is not None:
+                txn.abort()
+            release_env(shared)
             raise
         self.num_records: int = self._meta["num_records"]
+        _LIVE.add(self)
 
     def _get(self, key: bytes, doing: str, record: int | None = None) -> memoryview | None:
         try:
@@ -363,14 +389,23 @@ class LmdbShardReader:
             raise ValueError(f"{self.path}: the shard reader is closed")
 
     def close(self) -> None:
-        """End the read transaction and close the file; frames handed out stay valid."""
+        """End the read transaction and let go of the file; frames handed out stay valid.
+
+        The environment closes with the last reader of the file in this process.
+        In a forked child a reader opened in the parent touches nothing of LMDB's.
+        """
         if self._closed:
             return
         self._closed = True
+        _LIVE.discard(self)
         if self._fd >= 0:
             os.close(self._fd)
             self._fd = -1
+        shared, self._shared = self._shared, None
+        if shared is None or self._pid != os.getpid():  # inherited: py-lmdb's to finalize
+            self._txn = _InheritedTxn(self.path)
+            return
         try:
             self._txn.abort()
         finally:
-            self._env.close()
+            release_env(shared)
