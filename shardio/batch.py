@@ -6,12 +6,16 @@ shared-memory segment and a file-descriptor transfer *per tensor* (about a
 millisecond each on a small machine, measured in ``benchmarks/``). A
 ``RecordBatch`` is one ``bytes`` buffer holding every bytes field of every
 sample back to back, small numpy arrays of offsets, indices and integer
-fields, and the keys: a handful of objects however large the batch. Torch is
-imported only to hand out tensors on request.
+fields, and the keys: a handful of objects however large the batch. Through
+``shardio.loader`` with workers it does not even cross as that: the worker
+writes it into shared memory it reuses (``write_shared``, ``shardio.shmring``)
+and the main process wraps the same bytes (``from_shared``) without copying
+them. Torch is imported only to hand out tensors on request.
 """
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -25,6 +29,14 @@ if TYPE_CHECKING:
 
 Int64Array = npt.NDArray[np.int64]
 BoolArray = npt.NDArray[np.bool_]
+UInt8Array = npt.NDArray[np.uint8]
+SharedLayout = tuple[Any, ...]
+"""Where ``write_shared`` put each part of a batch, relative to its start (see there)."""
+_ALIGN = 8
+
+
+def _aligned(n: int) -> int:
+    return -(-n // _ALIGN) * _ALIGN
 
 
 class RecordBatch:
@@ -34,14 +46,16 @@ class RecordBatch:
     ``batch.labels`` the ``label`` field as an int64 tensor; ``batch["n"]`` an
     int field as a numpy array (other values as lists); ``batch.sample(i)`` or
     iteration rebuilds the sample dicts. Fields are the union over the
-    samples; where a sample lacks one, all three give None.
+    samples; where a sample lacks one, all three give None. A batch that
+    came from a worker's shared memory (``from_shared``) gives read-only views
+    of that memory, which stays valid as long as any of them is held.
     """
 
     def __init__(
         self,
-        keys: list[str],
+        keys: list[str] | None,
         indices: Int64Array,
-        buffer: bytes | Sequence[bytes | memoryview],
+        buffer: bytes | memoryview | Sequence[bytes | memoryview],
         offsets: Mapping[str, Int64Array],
         values: Mapping[str, Int64Array | list[Any]],
         *,
@@ -55,25 +69,50 @@ class RecordBatch:
         another process, or when ``buffer`` is asked for.
 
         Args:
-            keys: each sample's ``__key__``.
+            keys: each sample's ``__key__`` (None: ``from_shared`` sets them).
             indices: each sample's ``__index__`` (-1 where unknown).
-            buffer: the bytes fields, field by field, sample by sample.
+            buffer: the bytes fields, field by field, sample by sample: whole
+                (``bytes``, or a ``memoryview`` of shared memory) or in pieces.
             offsets: per bytes field, ``len(keys) + 1`` offsets into ``buffer``.
             values: the other fields, one column each.
             missing: per bytes field that some samples lack, True where the
                 sample lacks it (its slice of ``buffer`` is empty).
         """
-        self.keys = keys
+        self._keys: list[str] | None = keys
+        self._key_blob: tuple[UInt8Array, Int64Array] | None = None
         self.indices = indices
-        self._buffer = buffer if isinstance(buffer, bytes) else None
-        self._pieces = None if isinstance(buffer, bytes) else list(buffer)
+        self._buffer: bytes | memoryview | None = None
+        self._pieces: list[bytes | memoryview] | None = None
+        if isinstance(buffer, (bytes, memoryview)):
+            self._buffer = buffer
+        else:
+            self._pieces = list(buffer)
         self.offsets = dict(offsets)
         self.values = dict(values)
         self.missing = dict(missing or {})
 
     @property
-    def buffer(self) -> bytes:
-        """Every bytes field of every sample, back to back (see ``offsets``)."""
+    def keys(self) -> list[str]:
+        """Each sample's ``__key__`` (decoded on first use in a batch from shared memory)."""
+        if self._keys is None:
+            blob, ends = self._key_blob or (np.empty(0, np.uint8), np.zeros(1, np.int64))
+            raw = blob.tobytes()
+            bounds = ends.tolist()
+            if raw.isascii():  # byte offsets are character offsets: slice the str
+                text = raw.decode("ascii")
+                self._keys = [text[a:b] for a, b in itertools.pairwise(bounds)]
+            else:
+                self._keys = [raw[a:b].decode() for a, b in itertools.pairwise(bounds)]
+            self._key_blob = None
+        return self._keys
+
+    @property
+    def buffer(self) -> bytes | memoryview:
+        """Every bytes field of every sample, back to back (see ``offsets``).
+
+        ``bytes``, or a read-only ``memoryview`` of shared memory for a batch
+        that came from a ``shardio.loader`` worker.
+        """
         if self._buffer is None:
             self._buffer = b"".join(self._pieces or ())
             self._pieces = None
@@ -81,8 +120,99 @@ class RecordBatch:
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
-        state["_buffer"], state["_pieces"] = self.buffer, None
+        state["_keys"], state["_key_blob"] = self.keys, None
+        state["_buffer"], state["_pieces"] = bytes(self.buffer), None
         return state
+
+    def shared_nbytes(self) -> int:
+        """Bytes ``write_shared`` needs for this batch."""
+        n = len(self.indices)
+        words = n + (n + 1) * (len(self.offsets) + 1) + n * len(self._int_columns())
+        flags = len(self.missing) * _aligned(n)
+        key_bytes = 4 * sum(map(len, self.keys))  # utf-8: at most 4 bytes a character
+        return _aligned(self.nbytes) + 8 * words + flags + _aligned(key_bytes) + 8 * _ALIGN
+
+    def _int_columns(self) -> list[str]:
+        return [name for name, col in self.values.items() if isinstance(col, np.ndarray)]
+
+    def write_shared(self, dst: UInt8Array, at: int = 0) -> tuple[SharedLayout, int]:
+        """Copy the batch into ``dst`` from byte ``at`` on: buffer, arrays and keys.
+
+        Args:
+            dst: writable bytes, at least ``at + shared_nbytes()`` long.
+            at: where to start (a multiple of 8).
+
+        Returns:
+            The layout ``from_shared`` needs (small: offsets and names, plus the
+            columns that are not int arrays, which travel as they are), and the
+            byte after the last one written.
+        """
+        out = dst.data
+        n = len(self.indices)
+        start = at
+        if self._pieces is not None:
+            for piece in self._pieces:
+                size = len(piece) if isinstance(piece, bytes) else piece.nbytes
+                out[at : at + size] = piece
+                at += size
+        else:
+            size = len(self.buffer)
+            out[at : at + size] = self.buffer
+            at += size
+        buffer_part = (start, at - start)
+        at = _aligned(at)
+
+        def put(array: npt.NDArray[Any]) -> int:
+            nonlocal at
+            where = at
+            raw = np.ascontiguousarray(array).view(np.uint8).reshape(-1)
+            dst[where : where + raw.size] = raw
+            at = _aligned(where + raw.size)
+            return where
+
+        indices = put(self.indices.astype(np.int64, copy=False))
+        offsets = tuple((name, put(offs)) for name, offs in self.offsets.items())
+        ints = tuple((name, put(np.asarray(self.values[name]))) for name in self._int_columns())
+        others = {name: col for name, col in self.values.items() if not isinstance(col, np.ndarray)}
+        missing = tuple((name, put(flags)) for name, flags in self.missing.items())
+        encoded = [k.encode() for k in self.keys]
+        ends = np.zeros(n + 1, np.int64)
+        np.cumsum(np.fromiter(map(len, encoded), np.int64, n), out=ends[1:])
+        key_ends = put(ends)
+        blob = b"".join(encoded)
+        out[at : at + len(blob)] = blob
+        keys_part = (at, len(blob), key_ends)
+        at = _aligned(at + len(blob))
+        order = tuple(name for name in self.values)
+        layout = (n, buffer_part, indices, offsets, ints, others, missing, keys_part, order)
+        return layout, at
+
+    @classmethod
+    def from_shared(cls, base: UInt8Array, layout: SharedLayout) -> RecordBatch:
+        """The batch ``write_shared`` wrote into ``base`` (at the same offsets), without a copy.
+
+        The arrays and views hand out ``base``'s memory; whoever owns it must
+        keep it unchanged while they are held (``shardio.shmring`` does, by
+        reference counting).
+        """
+        n, (start, size), indices, offsets, ints, others, missing, keys_part, order = layout
+
+        def column(at: int, count: int, dtype: type[Any]) -> Any:
+            return base[at : at + count * np.dtype(dtype).itemsize].view(dtype)
+
+        columns = {name: column(at, n, np.int64) for name, at in ints}
+        values = {name: columns[name] if name in columns else others[name] for name in order}
+        batch = cls(
+            None,
+            column(indices, n, np.int64),
+            base[start : start + size].data.toreadonly(),
+            {name: column(at, n + 1, np.int64) for name, at in offsets},
+            values,
+            missing={name: column(at, n, np.bool_) for name, at in missing},
+        )
+        blob_at, blob_size, ends = keys_part
+        batch._key_blob = (base[blob_at : blob_at + blob_size], column(ends, n + 1, np.int64))
+        return batch
 
     @classmethod
     def from_samples(cls, samples: Sequence[Mapping[str, Any]]) -> RecordBatch:
@@ -125,7 +255,7 @@ class RecordBatch:
         return cls(keys, indices, chunks, offsets, values, missing=missing)
 
     def __len__(self) -> int:
-        return len(self.keys)
+        return len(self.indices)
 
     @property
     def fields(self) -> list[str]:

@@ -5,11 +5,14 @@ the decoded pixels, like torchvision's ``pil_to_tensor`` but without its
 extra copy). ``collate_tensor`` stacks ``(image, label)`` samples into one
 ``(B, C, H, W)`` uint8 tensor and one int64 label tensor; ``collate_fields``
 does the same per position for the tuples of ``fields=`` (``field_decoder``
-builds their decoder with the image decoder of the decode mode). Inside a
-DataLoader worker the stacked batch is allocated in shared memory (torch's
-``default_collate`` does that), so a batch reaches the main process as a few
-shared-memory tensors instead of pickled arrays. Imports torch; nothing below
-the torch layer may import this module.
+builds their decoder with the image decoder of the decode mode).
+``ImageBatchDecoder`` is ``shardio.loader``'s collate for ``decode="tensor"``:
+it decodes a batch of raw samples straight into one buffer, HWC, without the
+per-image tensors and the transposing copy of the two steps above. Inside a
+DataLoader worker a batch's buffer comes from ``batch_buffer``: the worker's
+shared-memory ring under ``shardio.loader`` (``shardio.shmring``), else fresh
+shared memory, so a batch reaches the main process as one segment instead of
+pickled arrays. Imports torch; nothing below the torch layer may import this module.
 """
 
 from __future__ import annotations
@@ -23,9 +26,11 @@ import numpy as np
 import torch
 from torch.utils.data import default_collate, get_worker_info
 
-from shardio.decode import decode_image, image_to_array
+from shardio.decode import decode_image, image_to_array, open_image
 from shardio.fields import FieldDecoder, Fields, as_fields, to_bytes
 from shardio.manifest import Manifest
+from shardio.record import KEY_FIELD
+from shardio.shmring import active_ring
 
 
 def decode_tensor(
@@ -120,9 +125,7 @@ def pack_views(images: Sequence[torch.Tensor]) -> tuple[torch.Tensor, list[torch
             f"{sorted({str(x.dtype) for x in images})}"
         )
     total = sum(int(x.numel()) for x in images)
-    flat = torch.empty(total, dtype=dtype)
-    if get_worker_info() is not None:
-        flat.share_memory_()  # type: ignore[no-untyped-call]
+    flat = batch_buffer(total * images[0].element_size()).view(dtype)
     flat_np = flat.numpy()
     views = []
     at = 0
@@ -132,6 +135,72 @@ def pack_views(images: Sequence[torch.Tensor]) -> tuple[torch.Tensor, list[torch
         views.append(flat[at : at + n].view(image.shape))
         at += n
     return flat, views
+
+
+def batch_buffer(nbytes: int) -> torch.Tensor:
+    """``nbytes`` of uint8 memory for one batch, where it will cross to the main process.
+
+    In a worker under ``shardio.loader``: a slot of the worker's shared-memory
+    ring (``shardio.shmring``), so the batch is written once and never copied
+    again. In another DataLoader worker: fresh shared memory. Elsewhere: plain memory.
+    """
+    ring = active_ring()
+    if ring is not None:
+        buf = ring.buffer(nbytes)
+        if buf is not None:
+            return torch.from_numpy(buf)
+    flat = torch.empty(nbytes, dtype=torch.uint8)
+    if ring is None and get_worker_info() is not None:
+        flat.share_memory_()  # type: ignore[no-untyped-call]
+    return flat
+
+
+class ImageBatchDecoder:
+    """``shardio.loader``'s collate for ``decode="tensor"``: raw samples to ``(images, labels)``.
+
+    Every image is decoded straight into one batch buffer (``batch_buffer``),
+    pixels in HWC order as the decoder writes them: ``images`` is one uint8
+    ``(B, 3, H, W)`` tensor in ``torch.channels_last`` memory format when all
+    images have one size, else a list of ``(3, H, W)`` views of the buffer
+    (``.contiguous()`` gives the NCHW order). The pixels are those of
+    ``decode_tensor``; labels as ``collate_tensor`` makes them.
+    """
+
+    def __init__(
+        self, *, draft_size: tuple[int, int] | None = None, image: str = "image",
+        label: str = "label",
+    ) -> None:
+        self.draft_size = draft_size
+        self.image = image
+        self.label = label
+
+    def __call__(
+        self, samples: Sequence[dict[str, Any]]
+    ) -> tuple[torch.Tensor | list[torch.Tensor], torch.Tensor]:
+        if not samples:
+            raise ValueError("ImageBatchDecoder got an empty batch")
+        pending = [
+            open_image(s[self.image], draft_size=self.draft_size, key=s.get(KEY_FIELD))
+            for s in samples
+        ]
+        sizes = [h * w * c for h, w, c in (p.shape for p in pending)]
+        flat = batch_buffer(sum(sizes))
+        flat_np = flat.numpy()
+        views: list[torch.Tensor] = []
+        at = 0
+        for image, size in zip(pending, sizes, strict=True):
+            image.decode_into(flat_np[at : at + size].reshape(image.shape))
+            views.append(flat[at : at + size].view(image.shape).permute(2, 0, 1))
+            at += size
+        labels = [s[self.label] for s in samples]
+        label_batch = (
+            torch.tensor(labels, dtype=torch.int64) if all(type(x) is int for x in labels)
+            else default_collate(labels)
+        )
+        first = pending[0].shape
+        if all(p.shape == first for p in pending):
+            return flat.view(len(samples), *first).permute(0, 3, 1, 2), label_batch
+        return views, label_batch
 
 
 def _pil(data: bytes | memoryview, *, draft_size: tuple[int, int] | None) -> Any:

@@ -1,26 +1,32 @@
 """``shardio.loader``: a DataLoader over a ``StreamingDataset`` with defaults that work.
 
-Workers batch their own samples and hand over few, large objects (a
-``RecordBatch`` of contiguous tensors for raw samples, stacked uint8 tensors
-for decoded ones). Workers take the rank's order in whole batches in turn, so
-batches arrive in that order, full but the last, and a position in it is all
-``state_dict()`` needs. Workers are persistent (and replaced when one dies),
-``pin_memory`` is on only when CUDA is present, and epochs advance by
-themselves unless ``set_epoch`` chose one.
+Workers batch their own samples (a ``RecordBatch`` for raw samples, one
+uint8 buffer of decoded images for ``decode="tensor"``) and hand them over
+through shared memory each worker reuses (``shardio.shmring``): the main
+process receives a small handle and wraps the worker's bytes without copying
+them. A batch's memory goes back to its worker when the batch and everything
+taken from it (views, tensors) are gone. Workers take the rank's order in
+whole batches in turn, so batches arrive in that order, full but the last, and
+a position in it is all ``state_dict()`` needs. Workers are persistent (and
+replaced when one dies), ``pin_memory`` is on only when CUDA is present, and
+epochs advance by themselves unless ``set_epoch`` chose one.
 """
 
 from __future__ import annotations
 
 import multiprocessing
 import os
+import secrets
+import weakref
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
 from torch.utils.data import DataLoader, default_collate
 
+from shardio import shmring
 from shardio.batch import RecordBatch
-from shardio.dataset import StreamingDataset
+from shardio.dataset import SampleDecoder, StreamingDataset
 from shardio.fields import FieldDecoder
 
 
@@ -54,6 +60,19 @@ def collate_for(dataset: StreamingDataset) -> Callable[[list[Any]], Any]:
     return collate_items
 
 
+def _batch_decoder(dataset: StreamingDataset) -> Callable[[list[Any]], Any] | None:
+    """The collate that decodes whole batches into one buffer, where it gives what
+    ``decode="tensor"`` yields: plain ``(image, label)`` samples, no transforms."""
+    decoder = dataset.decoder
+    if not isinstance(decoder, SampleDecoder) or decoder.mode != "tensor" or (
+        decoder.transform is not None or decoder.target_transform is not None
+    ):
+        return None
+    from shardio.collate import ImageBatchDecoder
+
+    return ImageBatchDecoder(draft_size=decoder.draft_size)
+
+
 class ShardLoader:
     """Iterates batches of a ``StreamingDataset`` epoch after epoch; resumable.
 
@@ -85,11 +104,21 @@ class ShardLoader:
         self.batch_size = batch_size
         self.drop_last = drop_last
         self.num_workers = min(os.cpu_count() or 1, 8) if num_workers is None else num_workers
-        collate = collate_fn or collate_for(dataset)
-        self._view = dataset.batched(
-            batch_size, collate, zero_copy=collate is RecordBatch.from_samples, drop_last=drop_last
-        )
         workers = self.num_workers
+        decoder = None if collate_fn is not None else _batch_decoder(dataset)
+        collate = collate_fn or decoder or collate_for(dataset)
+        # the ring's names are per loader, so two loaders (or jobs) never share a segment
+        self._token = f"{os.getpid()}-{secrets.token_hex(8)}"
+        wrapped = collate if workers == 0 else shmring.RingCollate(
+            collate, self._token, max_slots=prefetch_factor + shmring.SLOTS_BEYOND_PREFETCH
+        )
+        # raw bytes may stay views of the blocks read: these collates copy or decode them
+        # (== : a classmethod is a new bound method at every access, never the same object)
+        zero_copy = collate == RecordBatch.from_samples or decoder is not None
+        self._view = dataset.batched(batch_size, wrapped, zero_copy=zero_copy, drop_last=drop_last)
+        if decoder is not None:  # the collate decodes: the samples reach it raw
+            self._view.decoder = SampleDecoder("raw")
+        weakref.finalize(self, shmring.forget, self._token)
         self._persistent = persistent_workers and workers > 0
         self._settings: dict[str, Any] = {
             "num_workers": workers,
@@ -124,6 +153,9 @@ class ShardLoader:
     def __iter__(self) -> Iterator[Any]:
         if self._persistent and self._lost_worker():
             self._recover()
+        # segments of workers that are gone (each epoch's, without persistent workers)
+        alive = {p.pid for p in multiprocessing.active_children() if p.pid is not None}
+        shmring.forget(self._token, keep=alive)
         self._next_epoch()
         self._position = int(self.dataset.start_state()["consumed"][str(self.dataset.rank)][0])
         self._running = True
@@ -171,6 +203,7 @@ class ShardLoader:
             shutdown()
         self._loader = DataLoader(self._view, batch_size=None, **self._settings)
         self._pids = set()
+        shmring.forget(self._token)
         self.load_state_dict(state)
 
     @property

@@ -5,16 +5,25 @@
 original files; it can ask libjpeg for a reduced-size decode (JPEG draft mode)
 when the transform will downscale anyway. ``image_to_array`` exposes the
 pixels as a uint8 HWC numpy array. ``pil_backend`` says which imaging library
-is doing the work. This module must not import torch: the torch-side wrappers
-live in ``shardio.collate``.
+is doing the work. ``open_image`` splits a decode in two, the size from the
+header first and then the pixels written straight into memory the caller
+chose (a batch buffer): with ``simplejpeg`` installed (``shardio[jpeg]``)
+baseline JPEGs are decoded by it, into that memory, with the same pixels as
+Pillow's (both are libjpeg-turbo with the same settings; measured in
+``benchmarks/bench_decode.py``); everything else goes through Pillow. This
+module must not import torch: the torch-side wrappers live in ``shardio.collate``.
 """
 
 from __future__ import annotations
 
 import functools
+import importlib
 import importlib.metadata
 import io
+import os
 import struct
+from types import ModuleType
+from typing import Protocol
 
 import numpy as np
 import PIL
@@ -128,3 +137,116 @@ def _failure_message(data: bytes | memoryview, key: str | None, exc: BaseExcepti
         "the stored field is not an image Pillow can read - repack from the original file, "
         "or read it with decode='raw' to inspect it"
     )
+
+
+JPEG_DECODER_ENV = "SHARDIO_JPEG_DECODER"
+"""``pillow`` makes ``open_image`` decode every JPEG with Pillow even where simplejpeg is
+installed (to compare the two; the pixels are the same)."""
+
+
+@functools.cache
+def _simplejpeg() -> ModuleType | None:
+    if os.environ.get(JPEG_DECODER_ENV, "").lower() == "pillow":
+        return None
+    try:
+        return importlib.import_module("simplejpeg")
+    except ImportError:
+        return None
+
+
+def jpeg_decoder() -> str:
+    """Name and version of what decodes baseline JPEGs in ``open_image``."""
+    fast = _simplejpeg()
+    return f"simplejpeg {fast.__version__}" if fast is not None else pil_backend()
+
+
+class PendingImage(Protocol):
+    """An image whose header was read: its RGB shape is known, its pixels not yet decoded."""
+
+    shape: tuple[int, int, int]
+    """``(height, width, 3)``."""
+
+    def decode_into(self, out: np.ndarray) -> None:
+        """Decode the pixels into ``out``, a writable C-contiguous uint8 array of ``shape``.
+
+        Raises:
+            DecodeError: the bytes past the header are not a decodable image.
+        """
+
+
+def open_image(
+    data: bytes | memoryview,
+    *,
+    draft_size: tuple[int, int] | None = None,
+    key: str | None = None,
+) -> PendingImage:
+    """Read an encoded image's header; decode its RGB pixels later into memory of your choice.
+
+    The pixels are those of ``decode_image(data, mode="RGB", draft_size=...)``.
+    Baseline YCbCr and grayscale JPEGs without ``draft_size`` are decoded by
+    simplejpeg when it is installed (straight into ``out``, about 1.3x faster
+    here); anything it refuses, and every other format, by Pillow.
+
+    Raises:
+        DecodeError: the header is not one of an image Pillow can read.
+        ValueError: ``draft_size`` is not two positive integers.
+    """
+    fast = _simplejpeg() if draft_size is None else None
+    if fast is not None and bytes(data[:2]) == b"\xff\xd8":
+        try:
+            height, width, colorspace, _sub = fast.decode_jpeg_header(data)
+        except ValueError:
+            colorspace = None
+        if colorspace in ("YCbCr", "Gray"):
+            return _FastJpeg(fast, data, (int(height), int(width), 3), key)
+    return _PilImage(data, draft_size, key)
+
+
+class _FastJpeg:
+    def __init__(
+        self, fast: ModuleType, data: bytes | memoryview, shape: tuple[int, int, int],
+        key: str | None,
+    ) -> None:
+        self.fast, self.data, self.shape, self.key = fast, data, shape, key
+
+    def decode_into(self, out: np.ndarray) -> None:
+        try:
+            self.fast.decode_jpeg(self.data, colorspace="RGB", buffer=out)
+            return
+        except ValueError:  # libjpeg's warnings are errors here (strict): ask Pillow, once
+            pass
+        slow = _PilImage(self.data, None, self.key)
+        if slow.shape != self.shape:
+            raise DecodeError(
+                _failure_message(self.data, self.key, ValueError(
+                    f"the JPEG header says {self.shape[1]}x{self.shape[0]}, Pillow reads "
+                    f"{slow.shape[1]}x{slow.shape[0]}")), key=self.key)
+        slow.decode_into(out)
+
+
+class _PilImage:
+    def __init__(
+        self, data: bytes | memoryview, draft_size: tuple[int, int] | None, key: str | None
+    ) -> None:
+        if draft_size is not None and (len(draft_size) != 2 or min(draft_size) < 1):
+            raise ValueError(
+                f"draft_size must be (width, height) of positive ints, got {draft_size!r}"
+            )
+        self.data, self.key = data, key
+        try:
+            self.image = Image.open(io.BytesIO(data))
+            if draft_size is not None and self.image.format in ("JPEG", "MPO"):
+                self.image.draft("RGB", draft_size)
+        except _DECODE_FAILURES as exc:
+            raise DecodeError(_failure_message(data, key, exc), key=key) from exc
+        width, height = self.image.size
+        self.shape = (height, width, 3)
+
+    def decode_into(self, out: np.ndarray) -> None:
+        try:
+            with self.image as img:
+                img.load()
+                rgb = img if img.mode == "RGB" else img.convert("RGB")
+                np.copyto(out, np.asarray(rgb))
+        except _DECODE_FAILURES as exc:
+            raise DecodeError(_failure_message(self.data, self.key, exc), key=self.key) from exc

@@ -352,3 +352,119 @@ def test_collated_batches_are_born_in_shared_memory_in_workers(torch_mod: Any) -
             assert torch_mod.equal(row, expected)
         seen += labels.tolist()
     assert seen == list(range(6))
+
+
+# ---------------------------------------------------------------- open_image (batch decoding)
+
+JPEG_KINDS = {
+    "jpeg_420": lambda: _encode(_photo(61, 47), "JPEG", subsampling=2, quality=90),
+    "jpeg_422": lambda: _encode(_photo(61, 47), "JPEG", subsampling=1, quality=90),
+    "jpeg_444": lambda: _encode(_photo(61, 47), "JPEG", subsampling=0, quality=95),
+    "jpeg_progressive": lambda: _encode(_photo(64, 40), "JPEG", progressive=True),
+}
+
+
+@pytest.fixture(params=["pillow", "simplejpeg"])
+def jpeg_decoder(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Every open_image test runs with Pillow alone and with simplejpeg for baseline JPEGs."""
+    import shardio.decode
+
+    fast = pytest.importorskip("simplejpeg") if request.param == "simplejpeg" else None
+    monkeypatch.setattr(shardio.decode, "_simplejpeg", lambda: fast)
+    return str(request.param)
+
+
+@pytest.mark.parametrize("kind", sorted(set(INPUTS) - {"webp"}) + sorted(JPEG_KINDS))
+def test_open_image_decodes_into_a_buffer_the_pixels_of_decode_image(
+    kind: str, jpeg_decoder: str
+) -> None:
+    from shardio.decode import jpeg_decoder as which
+    from shardio.decode import open_image
+
+    data = {**INPUTS, **JPEG_KINDS}[kind]()
+    pending = open_image(memoryview(data), key="k")
+    out = np.full(pending.shape, 7, np.uint8)
+    pending.decode_into(out)
+    np.testing.assert_array_equal(out, _reference(data))
+    assert which().split()[0].lower() in (jpeg_decoder, "pillow-simd", "pillow")
+
+
+def test_open_image_draft_gives_the_draft_size(big_jpeg: bytes, jpeg_decoder: str) -> None:
+    from shardio.decode import open_image
+
+    pending = open_image(big_jpeg, draft_size=(120, 100))
+    out = np.empty(pending.shape, np.uint8)
+    pending.decode_into(out)
+    assert pending.shape == (100, 120, 3)
+    drafted = decode_image(big_jpeg, draft_size=(120, 100))
+    np.testing.assert_array_equal(out, image_to_array(drafted))
+
+
+def test_open_image_refuses_damaged_bytes_naming_the_key(
+    big_jpeg: bytes, jpeg_decoder: str
+) -> None:
+    from shardio.decode import open_image
+
+    with pytest.raises(DecodeError, match=re.escape("'a/b.jpg'")):
+        open_image(b"not an image", key="a/b.jpg")
+    pending = open_image(big_jpeg[: len(big_jpeg) // 2], key="a/c.jpg")  # the header is whole
+    with pytest.raises(DecodeError, match=re.escape("'a/c.jpg'")) as info:
+        pending.decode_into(np.empty(pending.shape, np.uint8))
+    assert info.value.key == "a/c.jpg"
+
+
+# ---------------------------------------------------------------- shardio.loader, decode="tensor"
+
+
+@pytest.fixture(scope="module")
+def image_packs(
+    tmp_path_factory: pytest.TempPathFactory, imagefolder: Any
+) -> dict[str, Any]:
+    """``mixed``: the session ImageFolder (48-64 px, sizes differ); ``fixed``: 40x30 JPEGs."""
+    import shardio
+
+    root = tmp_path_factory.mktemp("decoded")
+    rng = np.random.default_rng(5)
+    for i in range(36):
+        folder = root / "fixed" / f"class_{i % 3}"
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / f"img_{i:03d}.jpg").write_bytes(make_photo(rng, 40, 30))
+    out = {}
+    for kind, src in (("mixed", imagefolder), ("fixed", root / "fixed")):
+        out[kind] = root / f"{kind}-pack"
+        shardio.pack(src, out[kind], num_workers=1, progress=False)
+    return out
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+@pytest.mark.parametrize("kind", ["mixed", "fixed"])
+def test_loader_decodes_each_batch_into_one_buffer_with_decode_tensor_pixels(
+    torch_mod: Any, image_packs: dict[str, Any], kind: str, num_workers: int
+) -> None:
+    from shardio.collate import decode_tensor
+    from shardio.dataloader import loader
+    from shardio.dataset import StreamingDataset
+
+    path = image_packs[kind]
+    raw = [([v.tobytes() for v in b.bytes("image")], b.labels.tolist())
+           for b in loader(StreamingDataset(path, decode="raw", seed=2), batch_size=8,
+                           num_workers=0)]
+    decoded = loader(StreamingDataset(path, decode="tensor", seed=2), batch_size=8,
+                     num_workers=num_workers)
+    held = []
+    for (blobs, labels), (images, got) in zip(raw, decoded, strict=True):
+        assert got.dtype == torch_mod.int64 and got.tolist() == labels
+        expected = [decode_tensor(blob) for blob in blobs]
+        if len({e.shape for e in expected}) == 1:
+            assert isinstance(images, torch_mod.Tensor) and images.dtype == torch_mod.uint8
+            assert images.shape == (len(blobs), *expected[0].shape)
+            assert images.is_contiguous(memory_format=torch_mod.channels_last)
+        else:
+            assert isinstance(images, list) and len(images) == len(blobs)
+            base = images[0].untyped_storage().data_ptr()
+            assert all(i.untyped_storage().data_ptr() == base for i in images)  # one buffer
+        held.append((images, expected))
+    assert kind == "mixed" or all(isinstance(images, torch_mod.Tensor) for images, _ in held)
+    for images, expected in held:  # every batch held to the end: none was overwritten
+        for image, want in zip(images, expected, strict=True):
+            assert torch_mod.equal(image, want)

@@ -1,0 +1,381 @@
+"""Batches from DataLoader workers to the main process through shared memory each worker reuses.
+
+A DataLoader worker hands its batch to the main process by pickling it onto a
+queue: a ``RecordBatch`` as one ``bytes`` buffer the main process copies out of
+a pipe (about 700 MB/s on a small machine), a tensor as a fresh shared-memory
+segment that both processes fault in page by page. On two cores shared by the
+main process and two workers, that copy is what made two workers slower than
+none. Here each worker owns a *ring* of a few *slots*, one shared-memory segment
+each, and writes every batch into a slot that is free (growing a slot, or
+adding one, when none fits); what crosses the queue is a small handle: slot,
+generation, sequence number and the layout of the batch inside the slot. The
+segment itself crosses once, the first time a handle names it.
+
+Lifetimes:
+
+* **Release**: the main process builds the batch's arrays, views and tensors
+  over one small owner object per batch; when the last of them is gone, a
+  ``weakref.finalize`` on the owner marks the slot free in the slot's header.
+  A slot is never written while anything made from its batch is alive, so a
+  batch held for as long as the consumer likes stays intact; the worker adds
+  slots instead (up to ``max_slots``, then the batch crosses as a copy, the way
+  it did before, so a consumer that keeps every batch never stalls a worker).
+* **Names**: a segment is a torch shared storage (``file_descriptor`` sharing,
+  Linux's default): created with a random name, unlinked at once, and handed to
+  the main process as a file descriptor. Nothing is left in ``/dev/shm`` by a
+  worker killed at any point, or by a main process killed with it; the memory is
+  freed by the kernel when the last process mapping it is gone.
+
+The slot header's two counters are written by one process each (filled by the
+worker, released by the main process) and read by the other; a worker reuses a
+slot only after reading ``released == filled``, which the main process writes
+after its last read. Imports torch (shared storages); used by
+``shardio.dataloader`` and ``shardio.collate`` only.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import weakref
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any, cast
+
+import numpy as np
+import numpy.typing as npt
+import torch
+from torch.utils.data import get_worker_info
+
+from shardio.batch import RecordBatch
+
+HEADER_BYTES = 64
+"""``[filled, released]`` sequence numbers (int64), padded to a cache line."""
+ALIGN = 64
+TAIL_BYTES = 64 << 10
+"""Room a slot keeps after a collate's own buffer for the batch's small parts (labels)."""
+GRANULE = 1 << 20
+"""Slot capacities are multiples of this, so a ring holds few distinct sizes."""
+DEFAULT_MAX_SLOTS = 8
+SLOTS_BEYOND_PREFETCH = 4
+"""Slots a worker may hold beyond its ``prefetch_factor`` batches queued: the batch being
+built, the one the consumer uses, one a ``DevicePrefetcher`` took ahead, one to spare."""
+
+UInt8Array = npt.NDArray[np.uint8]
+
+
+def _aligned(n: int) -> int:
+    return -(-n // ALIGN) * ALIGN
+
+
+@dataclass
+class _Slot:
+    """One shared segment of a worker's ring."""
+
+    storage: torch.Tensor
+    generation: int
+    sent: bool = False
+    data: UInt8Array = field(init=False)
+    state: npt.NDArray[np.int64] = field(init=False)
+
+    def __post_init__(self) -> None:
+        whole = self.storage.numpy()
+        self.data = whole[HEADER_BYTES:]
+        self.state = whole[:16].view(np.int64)
+
+    @property
+    def free(self) -> bool:
+        """Whether the main process released the last batch written here."""
+        return bool(self.state[0] == self.state[1])
+
+    @property
+    def address(self) -> int:
+        return int(self.data.ctypes.data)
+
+
+class WorkerRing:
+    """A worker's slots, and the batch being built in one of them."""
+
+    def __init__(self, token: str, max_slots: int = DEFAULT_MAX_SLOTS) -> None:
+        self.token = token
+        self.max_slots = max_slots
+        self.pid = os.getpid()
+        self.slots: list[_Slot] = []
+        self._seq = 0
+        self._generation = 0
+        self._lease: int | None = None
+        self._used = 0
+
+    def buffer(self, nbytes: int) -> UInt8Array | None:
+        """Memory for the batch being built (a collate's output buffer), or None.
+
+        Reserves a free slot with ``nbytes`` and some room after them; ``publish``
+        then finds the batch's tensors already in place. None when the batch
+        already has a buffer or every slot is held.
+        """
+        if self._lease is not None:
+            return None
+        index = self._acquire(_aligned(nbytes) + TAIL_BYTES)
+        if index is None:
+            return None
+        self._lease, self._used = index, _aligned(nbytes)
+        return self.slots[index].data[:nbytes]
+
+    def abandon(self) -> None:
+        """Forget the batch being built (its collate failed); the slot stays free."""
+        self._lease, self._used = None, 0
+
+    def _acquire(self, nbytes: int) -> int | None:
+        """A free slot of at least ``nbytes``: one that fits, a free one grown, or a new one."""
+        free = [i for i, s in enumerate(self.slots) if i != self._lease and s.free]
+        for i in free:
+            if self.slots[i].data.size >= nbytes:
+                return i
+        capacity = -(-(nbytes + nbytes // 4) // GRANULE) * GRANULE
+        if free:
+            self.slots[free[0]] = self._new_slot(capacity)
+            return free[0]
+        if len(self.slots) < self.max_slots:
+            self.slots.append(self._new_slot(capacity))
+            return len(self.slots) - 1
+        return None
+
+    def _new_slot(self, capacity: int) -> _Slot:
+        self._generation += 1
+        storage = torch.zeros(HEADER_BYTES + capacity, dtype=torch.uint8)
+        storage.share_memory_()  # type: ignore[no-untyped-call]
+        return _Slot(storage, self._generation)
+
+    def publish(self, obj: Any) -> Any:
+        """``obj`` as a handle to its copy in a slot, or ``obj`` itself where none is free.
+
+        Tensors (CPU) and ``RecordBatch`` objects anywhere in nested tuples,
+        lists and dicts go to the slot; tensors the collate already wrote into
+        this batch's ``buffer`` are not copied. Everything else crosses as it is.
+        """
+        lease, self._lease = self._lease, None
+        packer = _Packer(self.slots[lease] if lease is not None else None, self._used)
+        skeleton = packer.describe(obj)
+        index = lease
+        if index is None or packer.end > self.slots[index].data.size:
+            index = self._acquire(packer.end)
+            if index is None:
+                return _detached(obj, packer)
+        slot = self.slots[index]
+        if lease is not None and index != lease:  # outgrew its buffer's slot: move what is there
+            slot.data[: self._used] = self.slots[lease].data[: self._used]
+        packer.write(slot.data)
+        self._seq += 1
+        slot.state[0] = self._seq
+        storage = None if slot.sent else slot.storage
+        slot.sent = True
+        return RingBatch(self.token, self.pid, index, slot.generation, self._seq, storage, skeleton)
+
+
+class _Packer:
+    """Lays out an object's tensors and record batches in a slot, then writes them."""
+
+    def __init__(self, lease: _Slot | None, used: int) -> None:
+        self.lease = lease
+        self.end = used
+        self.copies: list[tuple[int, torch.Tensor | RecordBatch, list[Any]]] = []
+
+    def _place(self, nbytes: int, source: torch.Tensor | RecordBatch, entry: list[Any]) -> None:
+        entry.insert(1, self.end)
+        self.copies.append((self.end, source, entry))
+        self.end = _aligned(self.end + nbytes)
+
+    def in_lease(self, tensor: torch.Tensor) -> int | None:
+        """Byte offset of ``tensor`` in the leased slot, or None if it lies elsewhere."""
+        if self.lease is None or tensor.numel() == 0:
+            return None
+        start = self.lease.address
+        lo = tensor.data_ptr()
+        span = sum((n - 1) * s for n, s in zip(tensor.shape, tensor.stride(), strict=True))
+        hi = lo + (span + 1) * tensor.element_size()
+        return lo - start if start <= lo and hi <= start + self.lease.data.size else None
+
+    def describe(self, obj: Any) -> Any:
+        """The skeleton of ``obj``: containers kept, tensors and record batches as places."""
+        if type(obj) is torch.Tensor and obj.device.type == "cpu" and not obj.requires_grad:
+            at = self.in_lease(obj)
+            if at is not None:
+                return ["t", at, obj.dtype, tuple(obj.shape), obj.stride()]
+            dense = obj.contiguous()
+            entry = ["t", obj.dtype, tuple(obj.shape), dense.stride()]
+            self._place(dense.numel() * dense.element_size(), dense, entry)
+            return entry
+        if type(obj) is RecordBatch:
+            entry = ["r", None]
+            self._place(obj.shared_nbytes(), obj, entry)
+            return entry
+        if type(obj) in (tuple, list):
+            return ["u" if type(obj) is tuple else "l", [self.describe(v) for v in obj]]
+        if type(obj) is dict:
+            return ["d", [(k, self.describe(v)) for k, v in obj.items()]]
+        return ["v", obj]
+
+    def write(self, data: UInt8Array) -> None:
+        """Copy what is not in place yet; a record batch's entry gets its layout."""
+        for at, source, entry in self.copies:
+            if isinstance(source, RecordBatch):
+                entry[2] = source.write_shared(data, at)[0]
+            else:
+                raw = source.reshape(-1).view(torch.uint8).numpy()
+                data[at : at + raw.size] = raw
+
+
+def _detached(obj: Any, packer: _Packer) -> Any:
+    """``obj`` with tensors in the abandoned lease copied out (it crosses as before)."""
+    if isinstance(obj, torch.Tensor):
+        return obj.clone() if packer.in_lease(obj) is not None else obj
+    if type(obj) in (tuple, list):
+        return type(obj)(_detached(v, packer) for v in obj)
+    if type(obj) is dict:
+        return {k: _detached(v, packer) for k, v in obj.items()}
+    return obj
+
+
+class RingBatch:
+    """The handle a worker puts on the queue; unpickled, it is the batch itself."""
+
+    def __init__(
+        self, token: str, pid: int, slot: int, generation: int, seq: int,
+        storage: torch.Tensor | None, skeleton: Any,
+    ) -> None:
+        self.args = (token, pid, slot, generation, seq, storage, skeleton)
+
+    def __reduce__(self) -> tuple[Callable[..., Any], tuple[Any, ...]]:
+        token, pid, slot, generation, seq, storage, skeleton = self.args
+        return _rebuild, (token, pid, slot, generation, seq, storage, skeleton)
+
+
+_MAPPED: dict[tuple[str, int, int], tuple[int, torch.Tensor, UInt8Array]] = {}
+"""Main process: ``(token, worker pid, slot) -> (generation, storage, its bytes)``."""
+_OWNERS: dict[int, type[ctypes.Array[ctypes.c_char]]] = {}
+
+
+def _rebuild(
+    token: str, pid: int, slot: int, generation: int, seq: int,
+    storage: torch.Tensor | None, skeleton: Any,
+) -> Any:
+    """In the main process: the batch over the slot's memory, released when all of it is gone."""
+    key = (token, pid, slot)
+    if storage is not None:
+        _MAPPED[key] = (generation, storage, storage.numpy())
+    mapped = _MAPPED.get(key)
+    if mapped is None or mapped[0] != generation:
+        raise RuntimeError(
+            f"shardio.loader: a batch names slot {slot} (generation {generation}) of worker "
+            f"{pid}, which this process has not mapped; the loader forgot that worker's "
+            "segments while it was still delivering (a bug: please report it)"
+        )
+    whole = mapped[2]
+    size = whole.size - HEADER_BYTES
+    owner_type = _OWNERS.get(size)
+    if owner_type is None:
+        owner_type = _OWNERS[size] = ctypes.c_char * size
+    owner = owner_type.from_buffer(whole.data, HEADER_BYTES)
+    weakref.finalize(owner, _release, whole[:16].view(np.int64), seq)
+    return _Builder(owner).build(skeleton)
+
+
+def _release(state: npt.NDArray[np.int64], seq: int) -> None:
+    state[1] = seq
+
+
+class _Builder:
+    """Rebuilds a skeleton over one batch's owner (every view keeps the owner alive)."""
+
+    def __init__(self, owner: ctypes.Array[ctypes.c_char]) -> None:
+        self.owner = owner
+        self._bytes: UInt8Array | None = None
+        self._typed: dict[torch.dtype, torch.Tensor] = {}
+
+    def build(self, skeleton: Any) -> Any:
+        kind = skeleton[0]
+        if kind == "t":
+            _, at, dtype, shape, stride = skeleton
+            typed = self._typed.get(dtype)
+            if typed is None:
+                flat = self._typed.get(torch.uint8)
+                if flat is None:
+                    flat = torch.frombuffer(self.owner, dtype=torch.uint8)
+                    self._typed[torch.uint8] = flat
+                typed = self._typed[dtype] = flat.view(dtype)
+            return torch.as_strided(typed, shape, stride, at // typed.element_size())
+        if kind == "r":
+            if self._bytes is None:
+                self._bytes = np.frombuffer(cast(Any, self.owner), np.uint8)
+            return RecordBatch.from_shared(self._bytes, skeleton[2])
+        if kind == "u":
+            return tuple(self.build(v) for v in skeleton[1])
+        if kind == "l":
+            return [self.build(v) for v in skeleton[1]]
+        if kind == "d":
+            return {k: self.build(v) for k, v in skeleton[1]}
+        return skeleton[1]
+
+
+_RINGS: dict[str, WorkerRing] = {}
+"""Worker process: its ring per loader token."""
+_ACTIVE: WorkerRing | None = None
+
+
+def active_ring() -> WorkerRing | None:
+    """The ring of the batch a ``RingCollate`` is building in this worker, else None."""
+    return _ACTIVE
+
+
+@contextmanager
+def _building(ring: WorkerRing) -> Iterator[WorkerRing]:
+    global _ACTIVE
+    _ACTIVE = ring
+    try:
+        yield ring
+    except BaseException:
+        ring.abandon()
+        raise
+    finally:
+        _ACTIVE = None
+
+
+class RingCollate:
+    """A collate that, in a DataLoader worker, hands its batches over through the worker's ring.
+
+    In the main process (``num_workers=0``) it is the collate itself. Picklable
+    (for ``spawn`` workers): the ring is made in the worker on first use.
+    """
+
+    def __init__(
+        self, collate: Callable[[list[Any]], Any], token: str, *,
+        max_slots: int = DEFAULT_MAX_SLOTS,
+    ) -> None:
+        self.collate = collate
+        self.token = token
+        self.max_slots = max_slots
+
+    def __call__(self, samples: list[Any]) -> Any:
+        if get_worker_info() is None:
+            return self.collate(samples)
+        ring = _RINGS.get(self.token)
+        if ring is None or ring.pid != os.getpid():
+            ring = _RINGS[self.token] = WorkerRing(self.token, self.max_slots)
+        with _building(ring):
+            out = self.collate(samples)
+        return ring.publish(out)
+
+
+def forget(token: str, keep: set[int] | None = None) -> None:
+    """Main process: drop the mapped segments of ``token``'s workers (all, or all but ``keep``).
+
+    Batches still held keep their own segment mapped until they are dropped.
+    """
+    for key in [k for k in _MAPPED if k[0] == token and (keep is None or k[1] not in keep)]:
+        del _MAPPED[key]
+
+
+def mapped_pids(token: str) -> set[int]:
+    """Main process: the workers of ``token`` whose segments are mapped here."""
+    return {pid for t, pid, _slot in _MAPPED if t == token}
