@@ -139,8 +139,11 @@ def render(results: dict[str, Any]) -> str:
             f"cold and {_num(ev.get('warm_s'), 2)} s warm ({_num(ev.get('cold_over_warm_s'), 1)}x);"
             f" fincore: {_num(100 * (ev.get('resident_after_evict') or 0), 1)}% resident after "
             f"eviction. `tar -cf` of the tree: {_num(ds['tar'].get('files_per_s'))} files/s."
-            + (f" Decode limit: {_num(dl.get('per_core_samples_per_s'))} images/s on one core, "
-               f"{_num(dl.get('two_core_samples_per_s'))} on two." if dl else ""))
+            + (f" Decode limit (Pillow, bytes in memory, no loader): "
+               f"{_num(dl.get('per_core_samples_per_s'))} images/s in one process, "
+               f"{_num(dl.get('two_core_samples_per_s'))} in two "
+               + ("decoding at once." if "processes_samples_per_s" in dl
+                  else "(twice one process's rate).") if dl else ""))
     out += ["", "### shardio against the targets of issue 4", "", *targets_table(results)]
     return "\n".join(out)
 
