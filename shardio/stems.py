@@ -14,8 +14,10 @@ shardio.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import Final, NamedTuple
+
+import msgpack
 
 from shardio.walk import Bad, FileEntry, display_path
 
@@ -48,6 +50,22 @@ class SourceSample(NamedTuple):
         return [(rel, reason if i == failed else f"left out with the rest of sample "
                  f"{display_path(self.key)!r} because {rels[failed]} is bad")
                 for i, rel in enumerate(rels)]
+
+
+def pack_samples(samples: Sequence[SourceSample]) -> bytes:
+    """``samples`` as msgpack, to send to a task on another machine (``unpack_samples``).
+
+    pickle calls Python code for every ``SourceSample`` (a namedtuple): 3.7 µs
+    each against about 1 µs here, in the packing process, which is serial.
+    """
+    data: bytes = msgpack.packb(samples, unicode_errors="surrogateescape")
+    return data
+
+
+def unpack_samples(data: bytes) -> tuple[SourceSample, ...]:
+    """The samples ``pack_samples`` wrote."""
+    rows = msgpack.unpackb(data, use_list=False, unicode_errors="surrogateescape")
+    return tuple(SourceSample._make(r) for r in rows)
 
 
 Group = tuple[str, str, "SourceSample | None", list[Bad]]
