@@ -37,7 +37,7 @@ from shardio.location import is_url
 from shardio.packstate import journal_state, pack_manifest, resumable_shards
 from shardio.packtarget import LocalTarget, PackTarget, open_target
 from shardio.shardbuild import ShardFailure, ShardJob
-from shardio.shardplan import PLAN_VERSION, framed_bound, plan_shards
+from shardio.shardplan import PLAN_VERSION, framed_bounds, plan_shards
 from shardio.shardpool import ProgressBar
 from shardio.source import IMAGEFOLDER_RULES, Bad, Source, dataset_source
 from shardio.writer import WriteOptions
@@ -328,7 +328,7 @@ def _pack_source(
         random.Random(seed).shuffle(order)
     samples = source.samples
     stream = [samples[i] for i in order]
-    plan = plan_shards([framed_bound(s) for s in stream], max_shard_bytes=options.max_shard_bytes,
+    plan = plan_shards(framed_bounds(stream), max_shard_bytes=options.max_shard_bytes,
                        max_shard_samples=options.max_shard_samples)
     identity = {"write": asdict(options), "plan": PLAN_VERSION, "source": source.digest,
                 "seed": seed, "shuffle": shuffle, "pack": pack_options}

@@ -14,6 +14,7 @@ from shardio.shardplan import (
     MIN_SHARD_BYTES,
     PARALLEL_SHARDS,
     framed_bound,
+    framed_bounds,
     plan_shards,
     target_shard_bytes,
 )
@@ -45,6 +46,7 @@ def test_framed_bound_is_never_below_the_record(
     if label is not None:
         values["label"] = label
     assert len(encode_record(values, get_codec(codec))) <= framed_bound(sample)
+    assert framed_bounds([sample, sample]) == [framed_bound(sample)] * 2  # the bulk form agrees
 
 
 def test_framed_bound_is_close_for_plain_samples() -> None:
