@@ -109,7 +109,7 @@ class ShardLoader:
         collate = collate_fn or decoder or collate_for(dataset)
         # the ring's names are per loader, so two loaders (or jobs) never share a segment
         self._token = f"{os.getpid()}-{secrets.token_hex(8)}"
-        wrapped = collate if workers == 0 else shmring.RingCollate(
+        wrapped = collate if workers == 0 or not shmring.ENABLED else shmring.RingCollate(
             collate, self._token, max_slots=prefetch_factor + shmring.SLOTS_BEYOND_PREFETCH
         )
         # raw bytes may stay views of the blocks read: these collates copy or decode them

@@ -58,6 +58,9 @@ TAIL_BYTES = 64 << 10
 GRANULE = 1 << 20
 """Slot capacities are multiples of this, so a ring holds few distinct sizes."""
 DEFAULT_MAX_SLOTS = 8
+ENABLED = True
+"""False: ``shardio.loader`` hands batches over as before, pickled through the queue (for
+``benchmarks/bench_handover.py``, which measures the ring against that)."""
 SLOTS_BEYOND_PREFETCH = 4
 """Slots a worker may hold beyond its ``prefetch_factor`` batches queued: the batch being
 built, the one the consumer uses, one a ``DevicePrefetcher`` took ahead, one to spare."""

@@ -1,0 +1,192 @@
+"""Question: what does handing batches from DataLoader workers to the main process cost?
+
+``shardio.loader`` with 2 workers against one process, in the same rounds: raw batches
+(``RecordBatch``) of both trees and decoded images, each handed over through the
+workers' shared-memory rings (``shardio.shmring``, the default) and as pickled copies
+(the ring turned off, how batches crossed before); decoded images also through the
+per-sample path (``decode_tensor`` per image, then ``collate_tensor``), and the decode
+limit (Pillow, 2 processes decoding the same in-memory JPEGs at once, no loader). Each
+measurement is a fresh process timing one epoch from building the loader, like
+``run.py``; it records samples/s and the CPU seconds per sample of the main process and
+of the workers, so a ratio comes with where the time went. Median of ``--repeats``
+rounds, the variants rotated from round to round; the 1-minute load average is kept
+with every run. Writes ``benchmarks/results/handover.json`` (``--quick``: ``-quick``).
+
+    benchmarks/.env/bin/python -m benchmarks.bench_handover [--quick] [--repeats 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from benchmarks.datagen import FULL_SIZES, QUICK_SIZES, Tree, ensure_tree
+from benchmarks.machine import describe_machine, library_versions, source_id
+
+HERE = Path(__file__).resolve().parent
+WORK = HERE / "work" / "handover"
+BATCH = 64
+VARIANTS = {
+    # name: (tree, decode, num_workers, ring, path)
+    "raw-images-w0": ("images", False, 0, True, "batch"),
+    "raw-images-w2-copy": ("images", False, 2, False, "batch"),
+    "raw-images-w2-ring": ("images", False, 2, True, "batch"),
+    "raw-tiny-w0": ("tiny", False, 0, True, "batch"),
+    "raw-tiny-w2-copy": ("tiny", False, 2, False, "batch"),
+    "raw-tiny-w2-ring": ("tiny", False, 2, True, "batch"),
+    "decoded-w2-per-sample-copy": ("images", True, 2, False, "per-sample"),
+    "decoded-w2-per-sample-ring": ("images", True, 2, True, "per-sample"),
+    "decoded-w2-ring": ("images", True, 2, True, "batch"),
+}
+
+
+def worker_cpu_s() -> float:
+    """User + system CPU seconds of this process's live children (the DataLoader workers)."""
+    import multiprocessing
+
+    ticks = os.sysconf("SC_CLK_TCK")
+    total = 0.0
+    for child in multiprocessing.active_children():
+        try:
+            with open(f"/proc/{child.pid}/stat") as fh:
+                fields = fh.read().rsplit(")", 1)[1].split()
+            total += (int(fields[11]) + int(fields[12])) / ticks
+        except (OSError, IndexError):
+            pass
+    return total
+
+
+def run_variant(name: str, pack: Path, tree: Tree) -> dict[str, Any]:
+    """One epoch of ``name`` in this (fresh) process."""
+    import shardio
+    import shardio.shmring
+    from shardio.collate import collate_tensor
+
+    kind, decode, workers, ring, path = VARIANTS[name]
+    shardio.shmring.ENABLED = ring
+    field = "image" if kind == "images" else "bin"
+    start, cpu = time.perf_counter(), time.process_time()
+    dataset = shardio.StreamingDataset(pack, decode="tensor" if decode else "raw", seed=0)
+    collate = collate_tensor if path == "per-sample" else None
+    loader = shardio.loader(dataset, batch_size=BATCH, num_workers=workers, collate_fn=collate)
+    samples = nbytes = 0
+    first: tuple[float, int] | None = None
+    for batch in loader:
+        if first is None:  # steady state from here: loader built, workers started
+            first = (time.process_time(), 0)
+        if decode:
+            images, labels = batch
+            images = list(images)
+            labels.tolist()
+            nbytes += sum(int(i.numel()) for i in images)
+            samples += len(images)
+        else:
+            views = batch.bytes(field)
+            if batch.labels is not None:
+                batch.labels.tolist()
+            else:
+                [tree.label_of(key) for key in batch.keys]
+            nbytes += sum(v.nbytes for v in views)
+            samples += len(views)
+        if first[1] == 0:
+            first = (first[0], samples)
+    seconds = time.perf_counter() - start
+    main_cpu, workers_cpu = time.process_time() - cpu, worker_cpu_s()
+    assert first is not None
+    steady = (time.process_time() - first[0]) / max(1, samples - first[1]) * 1e6
+    return {"samples": samples, "bytes": nbytes, "seconds": seconds,
+            "samples_per_s": samples / seconds, "main_cpu_us": main_cpu / samples * 1e6,
+            "main_cpu_steady_us": steady,
+            "workers_cpu_us": workers_cpu / samples * 1e6, "load_1min": os.getloadavg()[0],
+            "jpeg_decoder": shardio.decode.jpeg_decoder() if decode else None}
+
+
+def run_limit(tree: Tree) -> dict[str, Any]:
+    """The decode limit of ``benchmarks.child`` (one process, then 2 at once)."""
+    from benchmarks.child import run_decode
+
+    return {**run_decode(tree, {}), "load_1min": os.getloadavg()[0]}
+
+
+def child(spec: dict[str, Any]) -> dict[str, Any]:
+    t = spec["tree"]
+    tree = Tree(t["kind"], Path(t["root"]), t["num_files"], t["num_bytes"], t["num_classes"])
+    """One measurement, in this process (``--child``)."""
+    if spec["variant"] == "decode-limit":
+        return run_limit(tree)
+    return run_variant(spec["variant"], Path(spec["pack"]), tree)
+
+
+def ensure_pack(tree: Tree) -> Path:
+    """The tree packed once with the defaults (shuffled, zstd where it pays)."""
+    out = WORK / tree.root.name
+    if not (out / "manifest.json").exists():
+        import shardio
+
+        shardio.pack(tree.root, out, seed=0, num_workers=2, overwrite=True, progress=False)
+    return out
+
+
+def measure(variant: str, tree: Tree, pack: Path) -> dict[str, Any]:
+    spec = {"variant": variant, "pack": str(pack),
+            "tree": {"kind": tree.kind, "root": str(tree.root), "num_files": tree.num_files,
+                     "num_bytes": tree.num_bytes, "num_classes": tree.num_classes}}
+    proc = subprocess.run([sys.executable, "-m", "benchmarks.bench_handover", "--child",
+                           json.dumps(spec)], capture_output=True, text=True, check=False,
+                          cwd=HERE.parent, timeout=900)
+    if proc.returncode != 0:
+        return {"error": proc.stderr.strip().splitlines()[-1:]}
+    result: dict[str, Any] = json.loads(proc.stdout.strip().splitlines()[-1])
+    return result
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="small trees, 1 repeat")
+    parser.add_argument("--repeats", type=int)
+    parser.add_argument("--variants", default=",".join([*VARIANTS, "decode-limit"]))
+    parser.add_argument("--child", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        print(json.dumps(child(json.loads(args.child))))
+        return
+    sizes = QUICK_SIZES if args.quick else FULL_SIZES
+    repeats = args.repeats or (1 if args.quick else 3)
+    trees = {kind: ensure_tree(kind, sizes[kind]) for kind in ("images", "tiny")}
+    packs = {kind: ensure_pack(tree) for kind, tree in trees.items()}
+    names = args.variants.split(",")
+    runs: dict[str, list[dict[str, Any]]] = {name: [] for name in names}
+    started = time.time()
+    for rep in range(repeats):
+        order = names[rep % len(names):] + names[: rep % len(names)]
+        for name in order:
+            kind = "images" if name == "decode-limit" else VARIANTS[name][0]
+            runs[name].append(measure(name, trees[kind], packs[kind]))
+            brief = {k: round(v, 2) for k, v in runs[name][-1].items() if isinstance(v, float)}
+            print(f"round {rep + 1}/{repeats} {name}: {brief}", flush=True)
+    medians = {name: {key: statistics.median(r[key] for r in rs if key in r)
+                      for key in rs[0] if isinstance(rs[0][key], (int, float))}
+               for name, rs in runs.items() if rs and "error" not in rs[0]}
+    out = HERE / "results" / f"handover{'-quick' if args.quick else ''}.json"
+    out.write_text(json.dumps({
+        "question": __doc__.splitlines()[0], "date": time.strftime("%Y-%m-%d %H:%M"),
+        "command": "benchmarks/.env/bin/python -m benchmarks.bench_handover"
+                   + (" --quick" if args.quick else ""),
+        "repeats": repeats, "batch_size": BATCH, "wall_s": round(time.time() - started, 1),
+        "trees": {k: {"files": t.num_files, "bytes": t.num_bytes} for k, t in trees.items()},
+        "machine": describe_machine(WORK), "versions": library_versions(),
+        "shardio_source": source_id(HERE.parent / "shardio"),
+        "medians": medians, "runs": runs,
+    }, indent=1, sort_keys=True) + "\n", encoding="utf-8")
+    print(f"results: {out}")
+
+
+if __name__ == "__main__":
+    main()
