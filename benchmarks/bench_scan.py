@@ -49,7 +49,7 @@ TASKS = (2, 8, 32)
 CHILD = """
 import gc, itertools, json, random, resource, sys, time
 gc.disable()
-from shardio.shardplan import framed_bound, plan_shards
+from shardio.shardplan import framed_bounds, plan_shards
 src, how, scheduler, budget = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
 tasks = []
 if how == "dask":
@@ -79,7 +79,7 @@ scan_s, cpu1 = time.perf_counter() - start, usage(resource.RUSAGE_SELF)[0]
 order = list(range(len(source.samples)))
 random.Random(0).shuffle(order)
 stream = [source.samples[i] for i in order]
-plan = plan_shards([framed_bound(s) for s in stream], max_shard_bytes=256 * 10**6)
+plan = plan_shards(framed_bounds(stream), max_shard_bytes=256 * 10**6)
 files_upto = list(itertools.accumulate((len(s.paths) for s in stream), initial=0))
 bytes_upto = list(itertools.accumulate((s.num_bytes for s in stream), initial=0))
 plan_s = time.perf_counter() - start - scan_s
