@@ -63,6 +63,18 @@ def resolve_rank(rank: int | None, world_size: int | None) -> tuple[int, int]:
     return env_rank() or (0, 1)
 
 
+def read_window(window: int, num_workers: int, by_batches: bool) -> int:
+    """Samples of its own order a DataLoader worker reads and holds at a time.
+
+    Workers that take the rank's order in whole batches in turn each take about
+    ``1 / num_workers`` of every shuffle window, so reading ``window // num_workers``
+    of its own order at a time covers one window of the rank's order: the order
+    (the plan's) is unchanged and the loader holds one window in all, not one per
+    worker. A worker with a contiguous part shuffles its own windows and reads them whole.
+    """
+    return max(1, window // num_workers) if by_batches else window
+
+
 def default_window(mean_sample_bytes: float) -> int:
     """Shuffle window in samples: about 256 MB of records, between 256 and 16,384 samples."""
     fit = int(DEFAULT_WINDOW_BYTES / max(mean_sample_bytes, 1.0))
@@ -186,8 +198,10 @@ class StreamingDataset(ClassAttributes, IterableDataset[Any]):
             target_transform: applied to the label.
             shuffle: permute blocks and windows each epoch; False keeps stored order.
             seed: with the epoch, the only input of the order.
-            shuffle_buffer: samples per shuffle window (memory per worker is about
-                this many records); default: about 256 MB of records.
+            shuffle_buffer: samples per shuffle window; default: about 256 MB of
+                records. The loader holds about one window of records in all: workers
+                that take whole batches in turn (``batch_size``, ``shardio.loader``)
+                each read and hold their share of a window (``read_window``).
             block_size: records per contiguous read; default ``shuffle_buffer / 128``.
             batch_size: the ``batch_size`` of the plain ``DataLoader`` that reads
                 this dataset: its workers then take whole batches in turn, so every
@@ -338,9 +352,11 @@ class StreamingDataset(ClassAttributes, IterableDataset[Any]):
         # the manifest read when the dataset was built, not again: every worker and epoch
         # reads the dataset version the order was planned on
         reader = self.reader.reopened(num_processes=info.num_workers if info is not None else 1)
+        workers = info.num_workers if info is not None else 1
+        window = read_window(self.config.window, workers, self.batch_size is not None)
         try:
             samples = iter_samples(
-                reader, stage.order, window=self.config.window, max_run=self.config.block_size,
+                reader, stage.order, window=window, max_run=self.config.block_size,
                 skip=stage.skip, zero_copy=self.zero_copy,
             )
             if isinstance(reader, MixtureReader):
