@@ -24,7 +24,7 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader, default_collate
 
-from shardio import shmring
+from shardio import shmring, shmview
 from shardio.batch import RecordBatch
 from shardio.dataset import SampleDecoder, StreamingDataset
 from shardio.fields import FieldDecoder
@@ -118,7 +118,7 @@ class ShardLoader:
         self._view = dataset.batched(batch_size, wrapped, zero_copy=zero_copy, drop_last=drop_last)
         if decoder is not None:  # the collate decodes: the samples reach it raw
             self._view.decoder = SampleDecoder("raw")
-        weakref.finalize(self, shmring.forget, self._token)
+        weakref.finalize(self, shmview.forget, self._token)
         self._persistent = persistent_workers and workers > 0
         self._settings: dict[str, Any] = {
             "num_workers": workers,
@@ -155,7 +155,7 @@ class ShardLoader:
             self._recover()
         # segments of workers that are gone (each epoch's, without persistent workers)
         alive = {p.pid for p in multiprocessing.active_children() if p.pid is not None}
-        shmring.forget(self._token, keep=alive)
+        shmview.forget(self._token, keep=alive)
         self._next_epoch()
         self._position = int(self.dataset.start_state()["consumed"][str(self.dataset.rank)][0])
         self._running = True
@@ -203,7 +203,7 @@ class ShardLoader:
             shutdown()
         self._loader = DataLoader(self._view, batch_size=None, **self._settings)
         self._pids = set()
-        shmring.forget(self._token)
+        shmview.forget(self._token)
         self.load_state_dict(state)
 
     @property

@@ -29,19 +29,18 @@ Lifetimes:
 The slot header's two counters are written by one process each (filled by the
 worker, released by the main process) and read by the other; a worker reuses a
 slot only after reading ``released == filled``, which the main process writes
-after its last read. Imports torch (shared storages); used by
-``shardio.dataloader`` and ``shardio.collate`` only.
+after its last read. This module is the workers' side; ``shardio.shmview`` is the
+main process's. Imports torch (shared storages); used by ``shardio.dataloader``
+and ``shardio.collate`` only.
 """
 
 from __future__ import annotations
 
-import ctypes
 import os
-import weakref
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, cast
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -49,9 +48,8 @@ import torch
 from torch.utils.data import get_worker_info
 
 from shardio.batch import RecordBatch
+from shardio.shmview import HEADER_BYTES, RingBatch
 
-HEADER_BYTES = 64
-"""``[filled, released]`` sequence numbers (int64), padded to a cache line."""
 ALIGN = 64
 TAIL_BYTES = 64 << 10
 """Room a slot keeps after a collate's own buffer for the batch's small parts (labels)."""
@@ -157,14 +155,15 @@ class WorkerRing:
         lists and dicts go to the slot; tensors the collate already wrote into
         this batch's ``buffer`` are not copied. Everything else crosses as it is.
         """
-        lease, self._lease = self._lease, None
+        lease = self._lease
         packer = _Packer(self.slots[lease] if lease is not None else None, self._used)
         skeleton = packer.describe(obj)
         index = lease
         if index is None or packer.end > self.slots[index].data.size:
-            index = self._acquire(packer.end)
-            if index is None:
-                return _detached(obj, packer)
+            index = self._acquire(packer.end)  # another slot: the lease's data moves there
+        self._lease = None
+        if index is None:
+            return _detached(obj, packer)
         slot = self.slots[index]
         if lease is not None and index != lease:  # outgrew its buffer's slot: move what is there
             slot.data[: self._used] = self.slots[lease].data[: self._used]
@@ -240,87 +239,6 @@ def _detached(obj: Any, packer: _Packer) -> Any:
     return obj
 
 
-class RingBatch:
-    """The handle a worker puts on the queue; unpickled, it is the batch itself."""
-
-    def __init__(
-        self, token: str, pid: int, slot: int, generation: int, seq: int,
-        storage: torch.Tensor | None, skeleton: Any,
-    ) -> None:
-        self.args = (token, pid, slot, generation, seq, storage, skeleton)
-
-    def __reduce__(self) -> tuple[Callable[..., Any], tuple[Any, ...]]:
-        token, pid, slot, generation, seq, storage, skeleton = self.args
-        return _rebuild, (token, pid, slot, generation, seq, storage, skeleton)
-
-
-_MAPPED: dict[tuple[str, int, int], tuple[int, torch.Tensor, UInt8Array]] = {}
-"""Main process: ``(token, worker pid, slot) -> (generation, storage, its bytes)``."""
-_OWNERS: dict[int, type[ctypes.Array[ctypes.c_char]]] = {}
-
-
-def _rebuild(
-    token: str, pid: int, slot: int, generation: int, seq: int,
-    storage: torch.Tensor | None, skeleton: Any,
-) -> Any:
-    """In the main process: the batch over the slot's memory, released when all of it is gone."""
-    key = (token, pid, slot)
-    if storage is not None:
-        _MAPPED[key] = (generation, storage, storage.numpy())
-    mapped = _MAPPED.get(key)
-    if mapped is None or mapped[0] != generation:
-        raise RuntimeError(
-            f"shardio.loader: a batch names slot {slot} (generation {generation}) of worker "
-            f"{pid}, which this process has not mapped; the loader forgot that worker's "
-            "segments while it was still delivering (a bug: please report it)"
-        )
-    whole = mapped[2]
-    size = whole.size - HEADER_BYTES
-    owner_type = _OWNERS.get(size)
-    if owner_type is None:
-        owner_type = _OWNERS[size] = ctypes.c_char * size
-    owner = owner_type.from_buffer(whole.data, HEADER_BYTES)
-    weakref.finalize(owner, _release, whole[:16].view(np.int64), seq)
-    return _Builder(owner).build(skeleton)
-
-
-def _release(state: npt.NDArray[np.int64], seq: int) -> None:
-    state[1] = seq
-
-
-class _Builder:
-    """Rebuilds a skeleton over one batch's owner (every view keeps the owner alive)."""
-
-    def __init__(self, owner: ctypes.Array[ctypes.c_char]) -> None:
-        self.owner = owner
-        self._bytes: UInt8Array | None = None
-        self._typed: dict[torch.dtype, torch.Tensor] = {}
-
-    def build(self, skeleton: Any) -> Any:
-        kind = skeleton[0]
-        if kind == "t":
-            _, at, dtype, shape, stride = skeleton
-            typed = self._typed.get(dtype)
-            if typed is None:
-                flat = self._typed.get(torch.uint8)
-                if flat is None:
-                    flat = torch.frombuffer(self.owner, dtype=torch.uint8)
-                    self._typed[torch.uint8] = flat
-                typed = self._typed[dtype] = flat.view(dtype)
-            return torch.as_strided(typed, shape, stride, at // typed.element_size())
-        if kind == "r":
-            if self._bytes is None:
-                self._bytes = np.frombuffer(cast(Any, self.owner), np.uint8)
-            return RecordBatch.from_shared(self._bytes, skeleton[2])
-        if kind == "u":
-            return tuple(self.build(v) for v in skeleton[1])
-        if kind == "l":
-            return [self.build(v) for v in skeleton[1]]
-        if kind == "d":
-            return {k: self.build(v) for k, v in skeleton[1]}
-        return skeleton[1]
-
-
 _RINGS: dict[str, WorkerRing] = {}
 """Worker process: its ring per loader token."""
 _ACTIVE: WorkerRing | None = None
@@ -368,17 +286,3 @@ class RingCollate:
         with _building(ring):
             out = self.collate(samples)
         return ring.publish(out)
-
-
-def forget(token: str, keep: set[int] | None = None) -> None:
-    """Main process: drop the mapped segments of ``token``'s workers (all, or all but ``keep``).
-
-    Batches still held keep their own segment mapped until they are dropped.
-    """
-    for key in [k for k in _MAPPED if k[0] == token and (keep is None or k[1] not in keep)]:
-        del _MAPPED[key]
-
-
-def mapped_pids(token: str) -> set[int]:
-    """Main process: the workers of ``token`` whose segments are mapped here."""
-    return {pid for t, pid, _slot in _MAPPED if t == token}

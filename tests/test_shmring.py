@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from shardio import ShardWriter, WriteOptions, shmring
+from shardio import ShardWriter, WriteOptions, shmview
 from shardio.batch import RecordBatch
 from shardio.dataloader import loader
 from shardio.dataset import StreamingDataset
@@ -52,7 +52,7 @@ def check(views: list[Any], keys: list[str]) -> None:
 
 def segments(run: Any) -> dict[tuple[int, int], int]:
     """``(worker pid, slot) -> generation`` of the segments the main process has mapped."""
-    return {(pid, slot): entry[0] for (token, pid, slot), entry in shmring._MAPPED.items()
+    return {(pid, slot): entry[0] for (token, pid, slot), entry in shmview._MAPPED.items()
             if token == run._token}
 
 
@@ -103,7 +103,7 @@ def test_dropped_batches_give_their_slot_back_and_slots_grow(pack: Path) -> None
     token = run._token
     del run, batch
     gc.collect()
-    assert not any(t == token for t, _pid, _slot in shmring._MAPPED)
+    assert not any(t == token for t, _pid, _slot in shmview._MAPPED)
 
 
 def test_nothing_left_in_dev_shm_after_a_run(pack: Path) -> None:

@@ -1,0 +1,119 @@
+"""The main process's side of ``shardio.shmring``: batches as views of a worker's slots.
+
+A worker's handle (``RingBatch``) unpickles here into the batch itself: its
+arrays, memoryviews and tensors are views of the slot's memory, made over one
+small *owner* object per batch that every one of them keeps alive. When the last
+is gone, a ``weakref.finalize`` on the owner writes the batch's sequence number
+into the slot's header, which gives the slot back to the worker. Each segment is
+mapped here once, when the first handle naming it arrives (it brings the segment
+as a file descriptor), and kept per ``(loader token, worker pid, slot)`` until
+the loader forgets its workers. Imports torch.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import weakref
+from collections.abc import Callable
+from typing import Any, cast
+
+import numpy as np
+import numpy.typing as npt
+import torch
+
+from shardio.batch import RecordBatch
+
+HEADER_BYTES = 64
+"""A slot's header: ``[filled, released]`` sequence numbers (int64), padded to a cache line."""
+
+UInt8Array = npt.NDArray[np.uint8]
+
+
+class RingBatch:
+    """The handle a worker puts on the queue; unpickled, it is the batch itself."""
+
+    def __init__(
+        self, token: str, pid: int, slot: int, generation: int, seq: int,
+        storage: torch.Tensor | None, skeleton: Any,
+    ) -> None:
+        self.args = (token, pid, slot, generation, seq, storage, skeleton)
+
+    def __reduce__(self) -> tuple[Callable[..., Any], tuple[Any, ...]]:
+        token, pid, slot, generation, seq, storage, skeleton = self.args
+        return _rebuild, (token, pid, slot, generation, seq, storage, skeleton)
+
+
+_MAPPED: dict[tuple[str, int, int], tuple[int, torch.Tensor, UInt8Array]] = {}
+"""Main process: ``(token, worker pid, slot) -> (generation, storage, its bytes)``."""
+_OWNERS: dict[int, type[ctypes.Array[ctypes.c_char]]] = {}
+
+
+def _rebuild(
+    token: str, pid: int, slot: int, generation: int, seq: int,
+    storage: torch.Tensor | None, skeleton: Any,
+) -> Any:
+    """In the main process: the batch over the slot's memory, released when all of it is gone."""
+    key = (token, pid, slot)
+    if storage is not None:
+        _MAPPED[key] = (generation, storage, storage.numpy())
+    mapped = _MAPPED.get(key)
+    if mapped is None or mapped[0] != generation:
+        raise RuntimeError(
+            f"shardio.loader: a batch names slot {slot} (generation {generation}) of worker "
+            f"{pid}, which this process has not mapped; the loader forgot that worker's "
+            "segments while it was still delivering (a bug: please report it)"
+        )
+    whole = mapped[2]
+    size = whole.size - HEADER_BYTES
+    owner_type = _OWNERS.get(size)
+    if owner_type is None:
+        owner_type = _OWNERS[size] = ctypes.c_char * size
+    owner = owner_type.from_buffer(whole.data, HEADER_BYTES)
+    weakref.finalize(owner, _release, whole[:16].view(np.int64), seq)
+    return _Builder(owner).build(skeleton)
+
+
+def _release(state: npt.NDArray[np.int64], seq: int) -> None:
+    state[1] = seq
+
+
+class _Builder:
+    """Rebuilds a skeleton over one batch's owner (every view keeps the owner alive)."""
+
+    def __init__(self, owner: ctypes.Array[ctypes.c_char]) -> None:
+        self.owner = owner
+        self._bytes: UInt8Array | None = None
+        self._typed: dict[torch.dtype, torch.Tensor] = {}
+
+    def build(self, skeleton: Any) -> Any:
+        kind = skeleton[0]
+        if kind == "t":
+            _, at, dtype, shape, stride = skeleton
+            typed = self._typed.get(dtype)
+            if typed is None:
+                flat = self._typed.get(torch.uint8)
+                if flat is None:
+                    flat = torch.frombuffer(self.owner, dtype=torch.uint8)
+                    self._typed[torch.uint8] = flat
+                typed = self._typed[dtype] = flat.view(dtype)
+            return torch.as_strided(typed, shape, stride, at // typed.element_size())
+        if kind == "r":
+            if self._bytes is None:
+                self._bytes = np.frombuffer(cast(Any, self.owner), np.uint8)
+            return RecordBatch.from_shared(self._bytes, skeleton[2])
+        if kind == "u":
+            return tuple(self.build(v) for v in skeleton[1])
+        if kind == "l":
+            return [self.build(v) for v in skeleton[1]]
+        if kind == "d":
+            return {k: self.build(v) for k, v in skeleton[1]}
+        return skeleton[1]
+
+
+def forget(token: str, keep: set[int] | None = None) -> None:
+    """Drop the mapped segments of ``token``'s workers (all, or all but ``keep``).
+
+    Batches still held keep their own segment mapped until they are dropped.
+    """
+    for key in [k for k in _MAPPED if k[0] == token and (keep is None or k[1] not in keep)]:
+        del _MAPPED[key]
