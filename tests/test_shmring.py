@@ -168,3 +168,29 @@ def test_sigkilled_worker_leaves_nothing_and_the_epoch_continues(
     del run, batches, delivered
     gc.collect()
     assert not ours(pids | {os.getpid()})
+
+
+def _buffer_and_more(samples: list[dict[str, Any]]) -> tuple[Any, Any]:
+    """A collate that writes part of its batch into ``batch_buffer`` and makes the rest
+    elsewhere, larger than the room a slot keeps after the buffer."""
+    import torch
+
+    from shardio.collate import batch_buffer
+
+    ns = [int(s["n"]) for s in samples]
+    head = batch_buffer(8 * len(ns)).view(torch.int64)
+    head.copy_(torch.tensor(ns))
+    tail = torch.tensor(ns, dtype=torch.int64).repeat_interleave(20_000)  # 160 KB a sample
+    return head, tail
+
+
+def test_a_batch_that_outgrows_its_buffer_slot_arrives_whole(pack: Path) -> None:
+    run = loader(StreamingDataset(pack, decode="raw", seed=7), batch_size=BATCH, num_workers=2,
+                 collate_fn=_buffer_and_more)
+    seen = []
+    for head, tail in run:
+        ns = head.tolist()
+        assert tail.tolist() == [n for n in ns for _ in range(20_000)]
+        seen += ns
+    assert sorted(seen) == list(range(NUM_SAMPLES))
+    assert segments(run), "the batches did not come through the ring"
