@@ -20,7 +20,6 @@ the parent's) and starts afresh. Imports ``backends``, ``location`` and
 
 from __future__ import annotations
 
-import contextlib
 import os
 import weakref
 import zlib
@@ -126,15 +125,14 @@ class ShardSource:
         return clone
 
     def _after_fork(self) -> None:
-        with contextlib.suppress(Exception):  # the parent's objects, half-copied: best effort
-            for reader in list(self._readers):
-                reader.close()
-            for cached in self._whole.values():
-                cached.close()
-            if self._ahead is not None:
-                for _slot, future in self._ahead._pending:
-                    if future.done() and future.exception() is None:
-                        future.result().close()
+        """Let go of the parent's holds without taking any lock (a parent thread may have held
+        one at the fork, and it would never be released here), then start afresh."""
+        for reader in list(self._readers):
+            reader.forget()
+        for cached in self._whole.values():
+            cached.forget()
+        if self._ahead is not None:
+            self._ahead.forget()
         self._reset()
 
     @property

@@ -93,6 +93,11 @@ class CachedShardReader:
         except ShardioError as exc:
             self._renamed(exc)
 
+    def forget(self) -> None:
+        """In a forked child: drop the parent's hold on the cache entry, touching no lock (the
+        local reader's own handles are the reader module's to drop)."""
+        self.cached.forget()
+
     def close(self) -> None:
         """Close the local reader and release the cache entry (it becomes evictable)."""
         try:

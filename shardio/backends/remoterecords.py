@@ -236,6 +236,12 @@ class RemoteRecordsReader:
             self._current[1].close()
             self._current = None
 
+    def forget(self) -> None:
+        """In a forked child: drop the parent's held range without touching the cache's locks."""
+        if self._current is not None:
+            self._current[1].forget()
+            self._current = None
+
     def close(self) -> None:
         """Release the range ``frame`` kept; the reader must not be used afterwards."""
         self._release_current()

@@ -30,6 +30,7 @@ import re
 import threading
 import time
 import urllib.parse
+import weakref
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -37,7 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from shardio.errors import CacheBudgetError, ShardCorruptError
-from shardio.storage.budget import Budget, CacheUsage, Reservation
+from shardio.storage.budget import BUDGET_LOCK, LOCKS, PARTIAL, Budget, CacheUsage, Reservation
 from shardio.storage.cachedrange import CachedRange
 from shardio.storage.store import Store, check_range
 
@@ -82,6 +83,47 @@ class CacheStats:
     """Downloads repeated because the caller's check failed."""
 
 
+_CACHES: weakref.WeakSet[RangeCache] = weakref.WeakSet()
+
+
+def _after_fork_in_child() -> None:
+    """Drop what a forked child inherited from downloads in flight in its parent's threads.
+
+    A thread downloading at the fork holds the range's download lock and its
+    partial file through descriptors (flocks belong to the open file, which
+    the child shares); those threads do not exist in the child, so nothing
+    would ever close the child's copies, and the child waiting for that same
+    download lock would wait forever. Lock and partial files are only ever
+    held by such short-lived frames, never by objects a child keeps, so their
+    descriptors are closed here (found through ``/proc/self/fd``; elsewhere,
+    nothing is done). Each cache's thread lock is made anew too.
+    """
+    roots = set()
+    for cache in list(_CACHES):
+        cache._lock = threading.Lock()
+        roots.add(os.path.realpath(cache.root))
+    if not roots:
+        return
+    held = tuple(os.path.join(root, sub) + os.sep for root in roots for sub in (LOCKS, PARTIAL))
+    budget_locks = {os.path.join(root, BUDGET_LOCK) for root in roots}
+    try:
+        names = os.listdir("/proc/self/fd")
+    except OSError:
+        return
+    for name in names:
+        try:
+            target = os.readlink(f"/proc/self/fd/{name}").removesuffix(" (deleted)")
+        except OSError:
+            continue
+        if target.startswith(held) or target in budget_locks:
+            with contextlib.suppress(OSError):
+                os.close(int(name))
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
 def _pwrite_all(fd: int, data: memoryview, offset: int) -> None:
     while data:
         written = os.pwrite(fd, data, offset)
@@ -111,6 +153,7 @@ class RangeCache:
         self._held = 0
         self._pid = os.getpid()
         self._lock = threading.Lock()
+        _CACHES.add(self)
 
     def __repr__(self) -> str:
         return f"RangeCache({str(self.root)!r}, max_cache_bytes={self.max_cache_bytes})"

@@ -69,6 +69,20 @@ class CachedRange:
         self._fd = -1
         self._release(self.size)
 
+    def forget(self) -> None:
+        """Drop this process's copy of the file without telling the cache (a forked child).
+
+        A child inherits the descriptors of the ranges its parent holds; keeping
+        them would keep those ranges unevictable for the child's lifetime. It
+        must not call ``close`` either: that takes the cache's lock, which a
+        thread of the parent may have held at the fork. The parent's own
+        descriptor, and so its hold, is untouched.
+        """
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+        self._map = None  # an unshared map closes its own descriptor when collected
+
     def __enter__(self) -> CachedRange:
         return self
 

@@ -60,6 +60,9 @@ class ReadAhead:
         self._planned: deque[RangeRequest] = deque()
         self._pending: deque[tuple[_Slot, Future[CachedRange]]] = deque()
         self._pool: ThreadPoolExecutor | None = None
+        self._fetched: list[CachedRange] = []
+        """Ranges fetched ahead and not taken: what a forked child must let go of (a plain
+        list, readable after a fork without a lock a parent thread may have held)."""
 
     def plan(self, requests: Iterable[RangeRequest]) -> None:
         """Append ``requests`` to the order in which the reader will ``take`` them."""
@@ -70,13 +73,23 @@ class ReadAhead:
         return self.cache.open_range(self.store, request.name, request.start, request.stop,
                                      version=self.version, check=request.check)
 
+    def _open_ahead(self, request: RangeRequest) -> CachedRange:
+        cached = self._open(request)
+        self._fetched.append(cached)
+        return cached
+
+    def _taken(self, future: Future[CachedRange]) -> CachedRange:
+        cached = future.result()
+        self._fetched.remove(cached)
+        return cached
+
     def _fill(self) -> None:
         while self._planned and len(self._pending) < self.max_in_flight:
             request = self._planned.popleft()
             if self._pool is None:
                 self._pool = ThreadPoolExecutor(self.max_in_flight,
                                                 thread_name_prefix="shardio-readahead")
-            self._pending.append((_slot(request), self._pool.submit(self._open, request)))
+            self._pending.append((_slot(request), self._pool.submit(self._open_ahead, request)))
 
     def take(self, request: RangeRequest) -> CachedRange:
         """The range of ``request``, held for the caller, who closes it when done.
@@ -91,10 +104,10 @@ class ReadAhead:
         for position, (pending, _future) in enumerate(self._pending):
             if pending == slot:
                 for _ in range(position):
-                    _discard(self._pending.popleft()[1])
+                    self._discard(self._pending.popleft()[1])
                 future = self._pending.popleft()[1]
                 self._fill()
-                return future.result()
+                return self._taken(future)
         planned = [_slot(r) for r in self._planned]
         if slot in planned:  # the reader jumped ahead of everything downloading
             self._drop_pending()
@@ -105,7 +118,20 @@ class ReadAhead:
 
     def _drop_pending(self) -> None:
         while self._pending:
-            _discard(self._pending.popleft()[1])
+            self._discard(self._pending.popleft()[1])
+
+    def _discard(self, future: Future[CachedRange]) -> None:
+        """Release a range fetched ahead and never taken (its error, if any, matters no more)."""
+        if future.cancel():
+            return
+        with contextlib.suppress(Exception):  # a skipped range's failure is nobody's to report
+            self._taken(future).close()
+
+    def forget(self) -> None:
+        """In a forked child: drop the parent's ranges fetched ahead, touching no lock."""
+        for cached in self._fetched:
+            cached.forget()
+        self._fetched = []
 
     @property
     def num_pending(self) -> int:
@@ -129,10 +155,3 @@ class ReadAhead:
                  tb: TracebackType | None) -> None:
         self.close()
 
-
-def _discard(future: Future[CachedRange]) -> None:
-    """Release a range fetched ahead and never taken (its error, if any, does not matter now)."""
-    if future.cancel():
-        return
-    with contextlib.suppress(Exception):  # a skipped range's failure is nobody's to report
-        future.result().close()

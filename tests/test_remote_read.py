@@ -1,0 +1,238 @@
+"""Remote datasets read end to end: S3 (moto) behind the fault proxy, and a read-only HTTP server.
+
+A generated ImageFolder of JPEGs is packed locally (both backends), the
+dataset folder is uploaded with the store's ``put_file``, and every reader
+goes through the proxy: verify, the stream with 0 and 2 workers (every sample
+once, bytes equal to the source files), random access, an exact mid-epoch
+resume, a cache budget smaller than the dataset (its folder, sampled, never
+above it), a budget below what is in flight, each range once per node, fork /
+spawn / forkserver workers, and the CLI with ``AWS_ENDPOINT_URL`` only.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import shutil
+import threading
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from click.testing import CliRunner
+from storage_servers import FAST_RETRY, HttpEndpoint, S3Endpoint
+
+import shardio
+from shardio import CacheBudgetError, IndexedDataset, ManifestNotFoundError, StreamingDataset
+from shardio.cli import main
+from shardio.storage import open_store
+from shardio.storage.options import MIN_RANGE_BYTES, RemoteOptions
+from shardio.synth import make_imagefolder
+
+pytest_plugins = ("storage_plugin",)
+
+RANGE = MIN_RANGE_BYTES
+"""64 KiB ranges: a shard of ~600 KB is cut into ~10, so read-ahead and eviction happen."""
+FAULTS = {"cut_every": 6, "slowdown_every": 9, "seed": 3}
+
+
+@pytest.fixture(scope="module")
+def source(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """An ImageFolder of 120 JPEGs of 5–20 KB."""
+    root = tmp_path_factory.mktemp("remote-src")
+    make_imagefolder(root, num_classes=4, per_class=30, seed=5, long_side=(160, 240))
+    return root
+
+
+@pytest.fixture(scope="module", params=["records", "lmdb"])
+def packed(request: pytest.FixtureRequest, source: Path,
+           tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """``source`` packed locally in shards of 40 samples."""
+    out = tmp_path_factory.mktemp(f"remote-{request.param}") / "ds"
+    shardio.pack(source, out, options=shardio.WriteOptions(backend=request.param,
+                                                           max_shard_samples=40))
+    return out
+
+
+def upload(folder: Path, url: str) -> str:
+    """Put every file of ``folder`` under ``url`` (the pack-to-remote path is tested elsewhere)."""
+    store = open_store(url, retry=FAST_RETRY)
+    for path in sorted(folder.iterdir()):
+        store.put_file(path.name, path)
+    return url
+
+
+def options(tmp_path: Path, **overrides: Any) -> RemoteOptions:
+    settings: dict[str, Any] = {"cache_dir": tmp_path / "cache", "max_cache_bytes": 64 << 20,
+                                "range_bytes": RANGE, "retry": FAST_RETRY}
+    settings.update(overrides)
+    return RemoteOptions(**settings)
+
+
+def check_exactly_once(samples: list[dict[str, Any]], source: Path) -> None:
+    keys = Counter(s["__key__"] for s in samples)
+    assert len(keys) == len(samples) == 120 and set(keys.values()) == {1}
+    for sample in samples:
+        assert bytes(sample["image"]) == (source / sample["__key__"]).read_bytes()
+
+
+def stream(ds: StreamingDataset, num_workers: int, **kwargs: Any) -> list[dict[str, Any]]:
+    loader = torch.utils.data.DataLoader(ds, batch_size=None, num_workers=num_workers, **kwargs)
+    return [dict(s, image=bytes(s["image"])) for s in loader]
+
+
+def test_verify_stream_and_random_access_through_faults(
+        packed: Path, source: Path, s3: S3Endpoint, tmp_path: Path) -> None:
+    url = upload(packed, s3.url)
+    s3.plan.reset(**FAULTS)
+    opts = options(tmp_path)
+    report = shardio.verify(url, remote=opts)
+    assert report.ok and report.num_records == 120, report.faults
+    ds = StreamingDataset(url, decode="raw", shuffle_buffer=32, remote=opts)
+    check_exactly_once(stream(ds, 0), source)
+    check_exactly_once(stream(ds, 2), source)
+    indexed = IndexedDataset(url, decode="raw", remote=opts)
+    for i in random.Random(0).sample(range(120), 25):
+        sample = indexed[i]
+        assert bytes(sample["image"]) == (source / sample["__key__"]).read_bytes()
+    indexed.close()
+    assert s3.plan.cuts + s3.plan.slowdowns > 0  # the faults really happened
+
+
+def test_resume_mid_epoch_is_exact(packed: Path, s3: S3Endpoint, tmp_path: Path) -> None:
+    url = upload(packed, s3.url)
+    s3.plan.reset(**FAULTS)
+
+    def make() -> Any:
+        ds = StreamingDataset(url, decode="raw", shuffle_buffer=32, remote=options(tmp_path))
+        return shardio.loader(ds, batch_size=8, num_workers=2)
+
+    full = [b.indices.tolist() for b in make()]
+    interrupted = make()
+    for k, _batch in enumerate(interrupted):
+        if k == 5:
+            break
+    state = interrupted.state_dict()
+    del interrupted
+    resumed = make()
+    resumed.load_state_dict(state)
+    assert [b.indices.tolist() for b in resumed] == full[6:]
+
+
+def _folder_bytes(folder: Path) -> int:
+    total = 0
+    for dirpath, _dirs, files in os.walk(folder):
+        for name in files:
+            try:
+                total += os.path.getsize(os.path.join(dirpath, name))
+            except FileNotFoundError:
+                pass
+    return total
+
+
+def test_a_budget_smaller_than_the_dataset_holds_and_the_epoch_completes(
+        source: Path, packed: Path, s3: S3Endpoint, tmp_path: Path) -> None:
+    if packed.joinpath("shard-00000.mdb").exists():
+        pytest.skip("LMDB shards are cached whole: the budget must hold every shard in use")
+    url = upload(packed, s3.url)
+    dataset_bytes = sum(p.stat().st_size for p in packed.glob("*.rec"))
+    budget = 3 * (2 + 1) * (RANGE + (24 << 10))  # 3 processes x (2 ahead + 1), a range + a record
+    assert budget < dataset_bytes
+    s3.plan.reset(**FAULTS)
+    opts = options(tmp_path, max_cache_bytes=budget, max_in_flight=2)
+    high = 0
+    done = threading.Event()
+
+    def sample() -> None:
+        nonlocal high
+        while not done.is_set():
+            high = max(high, _folder_bytes(tmp_path / "cache"))
+            done.wait(0.002)
+
+    sampler = threading.Thread(target=sample)
+    sampler.start()
+    try:
+        ds = StreamingDataset(url, decode="raw", shuffle_buffer=24, remote=opts)
+        check_exactly_once(stream(ds, 2), source)
+    finally:
+        done.set()
+        sampler.join()
+    assert 0 < high <= budget
+
+
+def test_a_budget_below_what_is_in_flight_fails_at_once_saying_the_minimum(
+        packed: Path, s3: S3Endpoint, tmp_path: Path) -> None:
+    url = upload(packed, s3.url)
+    ds = StreamingDataset(url, decode="raw", remote=options(tmp_path, max_cache_bytes=100_000))
+    with pytest.raises(CacheBudgetError, match=r"max_cache_bytes=100000 .* the minimum is \d+"):
+        next(iter(ds))
+
+
+def test_each_range_is_downloaded_once_per_node_with_two_workers(
+        packed: Path, source: Path, s3: S3Endpoint, tmp_path: Path) -> None:
+    url = upload(packed, s3.url)
+    opts = options(tmp_path)
+    ds = StreamingDataset(url, decode="raw", shuffle_buffer=32, remote=opts)
+    s3.plan.reset()
+    check_exactly_once(stream(ds, 2), source)
+    entries = list((tmp_path / "cache" / "ranges").iterdir())
+    # each cache entry (a range, a tail, or an LMDB file) came from exactly one GET: none twice
+    assert s3.plan.ranged_gets == len(entries) >= 3
+    s3.plan.reset()
+    check_exactly_once(stream(ds, 2), source)  # a second epoch reads the node cache only
+    assert s3.plan.ranged_gets == 0
+
+
+@pytest.mark.parametrize("method", ["fork", "spawn", "forkserver"])
+def test_a_dataset_used_in_the_parent_streams_in_workers(
+        method: str, source: Path, packed: Path, s3: S3Endpoint, tmp_path: Path) -> None:
+    if method != "fork" and packed.joinpath("shard-00000.mdb").exists():
+        pytest.skip("one backend is enough for spawn and forkserver (they pickle the dataset)")
+    url = upload(packed, s3.url)
+    s3.plan.reset(**FAULTS)
+    ds = StreamingDataset(url, decode="raw", shuffle_buffer=32, remote=options(tmp_path))
+    used = iter(ds)
+    first = [next(used) for _ in range(3)]  # the parent's client, threads and ranges are live
+    assert len({s["__key__"] for s in first}) == 3
+    check_exactly_once(stream(ds, 2, multiprocessing_context=method), source)
+    used.close()  # type: ignore[attr-defined]
+
+
+def test_a_dataset_served_over_http_range_streams(
+        packed: Path, source: Path, http: HttpEndpoint, tmp_path: Path) -> None:
+    shutil.copytree(packed, http.root / "ds")
+    http.plan.reset(cut_every=5, seed=1)
+    ds = StreamingDataset(f"{http.url}/ds", decode="raw", shuffle_buffer=32,
+                          remote=options(tmp_path))
+    check_exactly_once(stream(ds, 0), source)
+    assert http.plan.ranged_gets > 0 and http.plan.cuts > 0
+
+
+def test_a_missing_manifest_names_the_url(s3: S3Endpoint, tmp_path: Path) -> None:
+    with pytest.raises(ManifestNotFoundError, match=f"{s3.url}/nothing/manifest.json: no "):
+        shardio.read_manifest(f"{s3.url}/nothing", remote=options(tmp_path))
+
+
+def test_cli_reads_s3_urls_with_the_endpoint_from_the_environment(
+        packed: Path, source: Path, s3: S3Endpoint, tmp_path: Path) -> None:
+    url = upload(packed, s3.url)
+    cache = ["--cache-dir", str(tmp_path / "cache"), "--max-cache-bytes", "64MB"]
+    runner = CliRunner()
+    result = runner.invoke(main, ["info", url])
+    assert result.exit_code == 0 and "samples      120" in result.output, result.output
+    result = runner.invoke(main, ["verify", url, *cache])
+    assert result.exit_code == 0 and result.output.rstrip().endswith("OK"), result.output
+    result = runner.invoke(main, ["ls", url, *cache])
+    assert result.exit_code == 0 and len(result.output.splitlines()) == 120, result.output
+    key = "class_02/" + sorted(p.name for p in (source / "class_02").iterdir())[3]
+    result = runner.invoke(main, ["cat", url, key, *cache])
+    assert result.exit_code == 0 and result.stdout_bytes == (source / key).read_bytes()
+    result = runner.invoke(main, ["unpack", url, str(tmp_path / "restored"), *cache])
+    assert result.exit_code == 0, result.output
+    restored = sorted(p.relative_to(tmp_path / "restored") for p in
+                      (tmp_path / "restored").rglob("*") if p.is_file())
+    assert restored == sorted(p.relative_to(source) for p in source.rglob("*") if p.is_file())
+    result = runner.invoke(main, ["verify", f"{s3.url}/nothing", *cache])
+    assert result.exit_code == 1 and f"{s3.url}/nothing/manifest.json" in result.output
