@@ -18,7 +18,7 @@ import msgpack
 from shardio.codecs import decompress
 from shardio.errors import ShardCorruptError, ShardioError
 from shardio.flatmap import view_flat_map
-from shardio.format import FOOTER_SIZE, unframe, unpack_footer
+from shardio.format import unframe, unpack_footer
 from shardio.reader import DatasetReader
 from shardio.record import KEY_FIELD, decode_payload
 
@@ -41,7 +41,7 @@ def _key_block_holds(path: str | os.PathLike[str], packed: bytes) -> bool | None
                 footer = unpack_footer(view, path=str(path))
             finally:
                 view.release()
-            return mm.find(packed, footer.keys_offset, len(mm) - FOOTER_SIZE) >= 0
+            return mm.find(packed, footer.keys_offset, len(mm) - footer.size) >= 0
     except (OSError, ValueError, ShardioError):
         return None
 

@@ -38,7 +38,7 @@ from shardio.resume import (
 )
 from shardio.state import SharedState
 from shardio.storage.options import RemoteOptions
-from shardio.stream import iter_samples
+from shardio.stream import iter_chunks, iter_samples
 
 Decode = Literal["auto", "raw", "pil", "tensor"]
 DEFAULT_WINDOW_BYTES = 256 << 20
@@ -352,43 +352,49 @@ class StreamingDataset(ClassAttributes, IterableDataset[Any]):
         # the manifest read when the dataset was built, not again: every worker and epoch
         # reads the dataset version the order was planned on
         reader = self.reader.reopened(num_processes=info.num_workers if info is not None else 1)
+        decoder = self.decoder
+        # raw samples as read: no call per sample (the stream hands out fresh dicts)
+        identity = isinstance(decoder, SampleDecoder) and decoder.mode == "raw" and (
+            decoder.transform is None) and not isinstance(reader, MixtureReader)
         workers = info.num_workers if info is not None else 1
         window = read_window(self.config.window, workers, self.batch_size is not None)
+        block = self.config.block_size
         try:
-            samples = iter_samples(
-                reader, stage.order, window=window, max_run=self.config.block_size,
-                skip=stage.skip, zero_copy=self.zero_copy,
-            )
+            if self.collate is not None:
+                assert self.batch_size is not None
+                chunks = iter_chunks(reader, stage.order, window=window, max_run=block,
+                                     size=self.batch_size, skip=stage.skip,
+                                     zero_copy=self.zero_copy)
+                yield from self._batches(chunks, split, stage, reader, identity)
+                return
+            samples = iter_samples(reader, stage.order, window=window, max_run=block,
+                                   skip=stage.skip, zero_copy=self.zero_copy)
             if isinstance(reader, MixtureReader):
                 samples = reader.tagged(samples)
-            if self.collate is None:
+            if identity:
                 for sample in samples:
                     self._position += 1
-                    yield self.decoder(sample)
+                    yield sample
             else:
-                yield from self._batches(samples, split, stage)
+                for sample in samples:
+                    self._position += 1
+                    yield decoder(sample)
         finally:
             reader.close()
 
     def _batches(
-        self, samples: Iterator[dict[str, Any]], split: Split, stage: Stage
+        self, chunks: Iterator[list[dict[str, Any]]], split: Split, stage: Stage,
+        reader: DatasetReader | MixtureReader, identity: bool,
     ) -> Iterator[tuple[Any, int, int, int]]:
         """The view's collated batches, with their positions in the rank's order."""
         assert self.batch_size is not None and self.collate is not None
-        size, pid = self.batch_size, os.getpid()
-        batch: list[Any] = []
-        for sample in samples:
-            batch.append(self.decoder(sample))
-            if len(batch) < size:
-                continue
-            lo, hi = batch_span(
-                stage.count - stage.offset, size, split.worker, split.num_workers,
-                self._position // size,
-            )
-            self._position += len(batch)
-            yield self.collate(batch), stage.offset + lo, stage.offset + hi, pid
-            batch = []
-        if batch and not self.drop_last_batch:
+        size, pid, decoder = self.batch_size, os.getpid(), self.decoder
+        for chunk in chunks:
+            if isinstance(reader, MixtureReader):
+                chunk = list(reader.tagged(iter(chunk)))
+            if len(chunk) < size and self.drop_last_batch:
+                return
+            batch = chunk if identity else [decoder(sample) for sample in chunk]
             lo, hi = batch_span(
                 stage.count - stage.offset, size, split.worker, split.num_workers,
                 self._position // size,

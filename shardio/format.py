@@ -1,25 +1,37 @@
-"""Format v1 on the byte level: constants, struct layouts and record framing.
+"""Formats v1 and v2 on the byte level: constants, struct layouts, record frames and their checks.
 
 This module owns every byte layout of docs/format.md and nothing else: it does
-no file I/O and imports no other shardio module but ``errors``. A record frame
-is the same in every backend, so a frame read from an LMDB value and one read
-from a ``.rec`` file are checked and decoded by the same functions here.
+no file I/O and imports no other shardio module but ``errors`` and
+``checksum``. A record frame is the same in every backend, so frames read from
+an LMDB value, a mapped ``.rec`` file or a downloaded range are checked by the
+same function here, ``check_frames``, with the checksum the shard names.
 
 Record frame (little-endian)::
 
-    u32 payload_length | u32 crc32 | u8 codec | 3 bytes zero | payload
+    u32 payload_length | u32 checksum | u8 codec | u8 checksum id | 2 bytes zero | payload
 
-The CRC-32 (zlib polynomial) covers the frame from byte 8 to the end: the
-codec byte, the reserved bytes and the payload as stored.
+The checksum covers the frame from byte 8 to the end. Id 0 is zlib's CRC-32
+(every v1 frame: v1 wrote zeros there), id 1 CRC-32C (v2). A v2 ``.rec`` shard
+also keeps a *chain* beside its offset index: the CRC-32C of the file up to
+each record, so any run of consecutive records is checked with one call.
 """
 
 from __future__ import annotations
 
 import struct
-import zlib
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Final
+from typing import TYPE_CHECKING, Final
 
+from shardio.checksum import (
+    CRC32,
+    DEFAULT,
+    IDS,
+    NAMES,
+    checksum_function,
+    decode_name,
+    encode_name,
+)
 from shardio.errors import (
     ChecksumError,
     ShardCorruptError,
@@ -28,25 +40,46 @@ from shardio.errors import (
 )
 
 FORMAT_NAME: Final = "shardio"
-FORMAT_VERSION: Final = 1
-SUPPORTED_VERSIONS: Final = frozenset({1})
+FORMAT_VERSION: Final = 2
+SUPPORTED_VERSIONS: Final = frozenset({1, 2})
+CHECKSUM_OF_VERSION: Final = {1: CRC32, 2: DEFAULT}
+"""The checksum a writer of each version uses (v2 readers accept any name in ``NAMES``)."""
 
 CODEC_NONE: Final = 0
 CODEC_ZSTD: Final = 1
 
 SHARD_MAGIC: Final = b"SHARDIO\x00"
 HEADER = struct.Struct("<8sII")
-"""Shard file header: magic, format version, flags (zero in v1)."""
+"""v1 shard header: magic, format version, flags (zero). v2 starts the same way."""
+HEADER_V2 = struct.Struct("<8sII8s8x")
+"""v2 shard header: magic, version, flags (zero), checksum name (NUL-padded), 8 zero bytes."""
+HEADER_SIZES: Final = {1: HEADER.size, 2: HEADER_V2.size}
 
-FRAME = struct.Struct("<IIB3x")
-"""Record frame header: payload length, crc32 of bytes 8.., codec id."""
+FRAME = struct.Struct("<IIBB2x")
+"""Record frame header: payload length, checksum of bytes 8.., codec id, checksum id."""
 
 FOOTER = struct.Struct("<QQQII8s")
-"""Shard file footer: index offset, keys offset, record count, index crc32, version, magic."""
+"""v1 footer: index offset, keys offset, record count, index crc32, version, magic."""
+FOOTER_V2 = struct.Struct("<QQQI8sI8s")
+"""v2 footer: index offset, keys offset, record count, index checksum, checksum name,
+version, magic. Version and magic end both footers, so the last 12 bytes say which it is."""
+FOOTER_SIZES: Final = {1: FOOTER.size, 2: FOOTER_V2.size}
+_TAIL = struct.Struct("<I8s")
 
 FRAME_SIZE: Final = FRAME.size
 HEADER_SIZE: Final = HEADER.size
+"""The v1 header; a v2 header is ``HEADER_SIZES[2]``."""
 FOOTER_SIZE: Final = FOOTER.size
+"""The v1 footer, also the shortest; a v2 footer is ``FOOTER_SIZES[2]``."""
+INDEX_ENTRY_BYTES: Final = {1: 8, 2: 12}
+"""Index bytes per offset: a u64 offset, and in v2 a u32 chain value too."""
+
+if TYPE_CHECKING:  # numpy is imported where runs are checked: `import shardio` stays light
+    import numpy as np
+    import numpy.typing as npt
+
+    Bounds = npt.NDArray[np.int64]
+    Codecs = npt.NDArray[np.uint8]
 
 
 @dataclass(frozen=True)
@@ -56,20 +89,51 @@ class Footer:
     index_offset: int
     keys_offset: int
     num_records: int
-    index_crc32: int
+    index_checksum: int
     version: int
+    checksum: str
+    size: int
+    """Bytes of the footer itself (``FOOTER_SIZES[version]``)."""
 
 
-def frame(payload: bytes, codec: int) -> bytes:
-    """Wrap a stored payload in a record frame with its checksum."""
-    tail = bytes((codec, 0, 0, 0))
-    crc = zlib.crc32(payload, zlib.crc32(tail))
-    return FRAME.pack(len(payload), crc, codec) + payload
+@dataclass(frozen=True)
+class ShardIndex:
+    """A ``.rec`` shard's checked index: record offsets, the v2 chain, and the key block."""
+
+    offsets: npt.NDArray[np.uint64]
+    chain: npt.NDArray[np.uint32] | None
+    """v2: ``chain[i]`` is the checksum of the file's bytes before record ``i``; v1: None."""
+    key_block: memoryview
+
+
+@dataclass(frozen=True)
+class RunBytes:
+    """Consecutive records of one shard as one buffer: what ``check_frames`` checks.
+
+    ``buffer[bounds[k]:bounds[k+1]]`` is the frame of record ``first_record + k``.
+    ``chain`` (v2 ``.rec`` only) holds the chain values at ``bounds``, so the whole
+    run is checked with one checksum call; elsewhere each frame's own checksum is.
+    """
+
+    buffer: memoryview
+    bounds: Bounds
+    checksum: str
+    chain: npt.NDArray[np.uint32] | None = None
+    offset: int = 0
+    """File offset of ``buffer[0]`` (for messages); -1 where records have none (LMDB)."""
+
+
+def frame(payload: bytes | memoryview, codec: int, checksum: str = DEFAULT) -> bytes:
+    """Wrap a stored payload in a record frame with its ``checksum`` (a name of ``NAMES``)."""
+    compute = checksum_function(checksum)
+    head = bytes((codec, IDS[checksum], 0, 0))
+    return FRAME.pack(len(payload), compute(payload, compute(head, 0)), codec, IDS[checksum]
+                      ) + payload
 
 
 def unframe(
     buf: bytes | memoryview, *, path: str, record: int, offset: int = 0, verify: bool = True,
-    exact: bool = False,
+    exact: bool = False, checksum: str | None = None,
 ) -> tuple[int, memoryview]:
     """Check one record frame and return ``(codec, stored payload)``.
 
@@ -77,6 +141,7 @@ def unframe(
     sliced at ``offset``), unless ``exact``: then it is the record as the
     shard's index delimits it, and a frame length that disagrees is refused
     even with ``verify`` off (a damaged length must not move the payload).
+    ``checksum``: the shard's, when known; a frame naming another is refused.
     Raises a ``ShardCorruptError`` naming the file, record index and byte
     offset when the frame is cut short or its checksum does not match.
     """
@@ -87,45 +152,180 @@ def unframe(
             f"{FRAME_SIZE} bytes, found {len(view)}; the shard is truncated, re-pack it",
             path=path, record=record, offset=offset,
         )
-    length, crc, codec = FRAME.unpack_from(view)
-    end = FRAME_SIZE + length
-    if len(view) < end:
+    length = FRAME.unpack_from(view)[0]
+    if len(view) < FRAME_SIZE + length:
         raise TruncatedShardError(
             f"{path}: record {record} at byte {offset} is cut short: expected {length} "
             f"payload bytes, found {len(view) - FRAME_SIZE}; the shard is truncated, re-pack it",
             path=path, record=record, offset=offset,
         )
-    if exact and len(view) != end:
+    end = len(view) if exact else FRAME_SIZE + length
+    import numpy as np
+
+    codecs = check_frames(
+        RunBytes(view[:end], np.array([0, end], np.int64), checksum or _named(view, path, record,
+                                                                            offset)),
+        path=path, first_record=record, verify=verify, offset_of=lambda _r: offset,
+    )
+    return int(codecs[0]), view[FRAME_SIZE:end]
+
+
+def _named(view: memoryview, path: str, record: int, offset: int) -> str:
+    """The checksum a lone frame names (its byte 9)."""
+    ident = view[9]
+    if ident >= len(NAMES):
         raise ShardCorruptError(
-            f"{path}: record {record} at byte {offset} is {len(view)} bytes in the shard's "
-            f"index but its frame header says {end}; the shard is corrupt: restore it from a "
-            "copy or re-pack",
+            f"{path}: record {record} at byte {offset} names unknown checksum id {ident}; the "
+            "shard is corrupt (or written by a newer shardio): restore it or upgrade shardio",
             path=path, record=record, offset=offset,
         )
-    if verify:
-        actual = zlib.crc32(view[8:end])
-        if actual != crc:
-            raise ChecksumError(
-                f"{path}: record {record} at byte {offset} fails its checksum "
-                f"(stored crc32 {crc:08x}, computed {actual:08x}); the shard is corrupt: "
-                f"restore it from a copy or re-pack",
-                path=path, record=record, offset=offset,
-            )
-    if codec not in (CODEC_NONE, CODEC_ZSTD):
-        raise ShardCorruptError(
-            f"{path}: record {record} at byte {offset} names unknown codec {codec}",
+    return NAMES[ident]
+
+
+def check_frames(
+    run: RunBytes, *, path: str, first_record: int, verify: bool = True,
+    offset_of: Callable[[int], int] | None = None,
+) -> Codecs:
+    """Check every frame of ``run`` and return their codec ids: the one record check.
+
+    Frame headers are parsed for the whole run at once (numpy over the
+    bounds): each length must fill its record exactly (even with ``verify``
+    off: a damaged length must not move a payload), the codec must be known,
+    the checksum id the run's and the reserved bytes zero. With ``verify``,
+    a run with a chain is checked by one checksum call over the run; without
+    one, each frame by its own checksum. The first bad record is named.
+
+    Raises:
+        TruncatedShardError, ShardCorruptError, ChecksumError: the first damaged record,
+            with file, record and byte offset (``offset_of(record)``, else the run's).
+    """
+    import numpy as np
+
+    buf, bounds = run.buffer, run.bounds
+    count = len(bounds) - 1
+    where = offset_of or (lambda r: run.offset + int(bounds[r - first_record]))
+    ident = IDS.get(run.checksum)
+    if ident is None:
+        raise ShardCorruptError(f"{path}: unknown checksum {run.checksum!r}", path=path)
+    if count <= 0:
+        return np.zeros(0, np.uint8)
+    if count == 1:  # one frame (random access, a lone value): plain struct beats numpy here
+        size = int(bounds[1] - bounds[0])
+        if size < FRAME_SIZE:
+            _refuse(run, path, first_record, where, 0)
+        length, _crc, codec, got = FRAME.unpack_from(buf, int(bounds[0]))
+        reserved = buf[int(bounds[0]) + 10] | buf[int(bounds[0]) + 11]
+        bad_length = [0] if length + FRAME_SIZE != size else []
+        bad_ident = [0] if got != ident else []
+        bad_header = [0] if codec > CODEC_ZSTD or reserved else []
+        codecs: Codecs = np.array([codec], np.uint8)
+    else:
+        sizes = np.diff(bounds)
+        if bool((sizes < FRAME_SIZE).any()):
+            _refuse(run, path, first_record, where, int(np.argmax(sizes < FRAME_SIZE)))
+        arr = np.frombuffer(buf, np.uint8)
+        heads = arr[bounds[:-1, None] + np.arange(FRAME_SIZE)].view("<u4")
+        words = heads[:, 2]  # codec | checksum id << 8 | reserved << 16
+        bad_length = np.flatnonzero(heads[:, 0] + FRAME_SIZE != sizes)[:1].tolist()
+        bad_ident = np.flatnonzero((words >> 8 & 0xFF) != ident)[:1].tolist()
+        bad_header = np.flatnonzero((words != ident << 8) & (words != (ident << 8 | CODEC_ZSTD))
+                                    )[:1].tolist()
+        codecs = words.astype(np.uint8)
+    bad_sum = _first_failing(run) if verify else None
+    # the first damaged record; for one record, its length is judged first (it places the
+    # payload), then the checksum it names, then its checksum, then the rest of its header
+    # (codec, reserved bytes), as format v1 readers did
+    firsts = [k for k in (*bad_length, *bad_ident, bad_sum, *bad_header) if k is not None]
+    if not firsts:
+        return codecs
+    k = min(firsts)
+    if k == bad_sum and k not in bad_length and k not in bad_ident:
+        compute = checksum_function(run.checksum)
+        lo, hi = int(bounds[k]), int(bounds[k + 1])
+        if run.chain is None:
+            stored, actual = FRAME.unpack_from(buf, lo)[1], compute(buf[lo + 8 : hi], 0)
+        else:
+            stored, actual = int(run.chain[k + 1]), compute(buf[lo:hi], int(run.chain[k]))
+        raise ChecksumError(
+            f"{path}: record {first_record + k} at byte {where(first_record + k)} fails its "
+            f"checksum (stored {run.checksum} {stored:08x}, computed {actual:08x}); the shard "
+            "is corrupt: restore it from a copy or re-pack",
+            path=path, record=first_record + k, offset=where(first_record + k),
+        )
+    _refuse(run, path, first_record, where, k)
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
+def _first_failing(run: RunBytes) -> int | None:
+    """The first record of ``run`` whose checksum fails (its chain link, else its frame's)."""
+    compute = checksum_function(run.checksum)
+    buf, bounds, chain = run.buffer, run.bounds.tolist(), run.chain
+    if chain is not None:
+        if compute(buf[bounds[0] : bounds[-1]], int(chain[0])) == int(chain[-1]):
+            return None
+        links = chain.tolist()
+        for k in range(len(bounds) - 1):
+            if compute(buf[bounds[k] : bounds[k + 1]], links[k]) != links[k + 1]:
+                return k
+        return len(bounds) - 2  # pragma: no cover - the run failed, so one link did
+    unpack = FRAME.unpack_from
+    for k in range(len(bounds) - 1):
+        if compute(buf[bounds[k] + 8 : bounds[k + 1]], 0) != unpack(buf, bounds[k])[1]:
+            return k
+    return None
+
+
+def _refuse(run: RunBytes, path: str, first: int, where: Callable[[int], int], k: int) -> None:
+    """Raise the error for frame ``k`` of ``run``, whose header failed a check."""
+    record, offset = first + k, where(first + k)
+    start, stop = int(run.bounds[k]), int(run.bounds[k + 1])
+    size = stop - start
+    if size < FRAME_SIZE:
+        raise TruncatedShardError(
+            f"{path}: record {record} at byte {offset} is cut short: frame header needs "
+            f"{FRAME_SIZE} bytes, found {size}; the shard is truncated, re-pack it",
             path=path, record=record, offset=offset,
         )
-    return codec, view[FRAME_SIZE:end]
+    length, _crc, codec, ident = FRAME.unpack_from(run.buffer, start)
+    if length + FRAME_SIZE != size:
+        raise ShardCorruptError(
+            f"{path}: record {record} at byte {offset} is {size} bytes in the shard's index but "
+            f"its frame header says {length + FRAME_SIZE}; the shard is corrupt: restore it "
+            "from a copy or re-pack",
+            path=path, record=record, offset=offset,
+        )
+    if ident == IDS[run.checksum] and codec > CODEC_ZSTD:
+        raise ShardCorruptError(f"{path}: record {record} at byte {offset} names unknown codec "
+                                f"{codec}", path=path, record=record, offset=offset)
+    raise ShardCorruptError(
+        f"{path}: record {record} at byte {offset} names checksum id {ident} (reserved bytes "
+        f"{bytes(run.buffer[start + 10:start + 12]).hex()}) where the shard's {run.checksum} "
+        f"is id {IDS[run.checksum]}; the shard is corrupt: restore it from a copy or re-pack",
+        path=path, record=record, offset=offset,
+    )
 
 
-def pack_header() -> bytes:
-    """The 16-byte header every ``.rec`` shard starts with."""
-    return HEADER.pack(SHARD_MAGIC, FORMAT_VERSION, 0)
+def pack_header(version: int = FORMAT_VERSION, checksum: str | None = None) -> bytes:
+    """The header every ``.rec`` shard starts with (16 bytes in v1, 32 in v2)."""
+    if version == 1:
+        return HEADER.pack(SHARD_MAGIC, 1, 0)
+    return HEADER_V2.pack(SHARD_MAGIC, version, 0, encode_name(checksum or DEFAULT))
 
 
-def check_header(buf: bytes | memoryview, *, path: str) -> None:
-    """Refuse a file that is not a shardio shard of a known version."""
+@dataclass(frozen=True)
+class Header:
+    """What a shard header says: its version, the checksum its records use, its size."""
+
+    version: int
+    checksum: str
+    size: int
+
+
+def check_header(buf: bytes | memoryview, *, path: str) -> Header:
+    """Refuse a file that is not a shardio shard of a known version; else what its header says.
+
+    ``buf`` holds at least the file's first ``HEADER_SIZES[2]`` bytes (or all of a shorter file).
+    """
     if len(buf) < HEADER_SIZE:
         raise TruncatedShardError(
             f"{path}: {len(buf)} bytes is too short for a shard header; re-pack it", path=path
@@ -138,23 +338,42 @@ def check_header(buf: bytes | memoryview, *, path: str) -> None:
         )
     _check_version(version, path)
     if flags != 0:
-        # v1 defines no flags: a set bit is damage (or a newer writer), never something to skip
+        # no version defines flags: a set bit is damage (or a newer writer), never something to skip
         raise ShardCorruptError(
-            f"{path}: shard header flags are {flags:#010x}, format v1 writes 0; the header "
-            "is damaged: restore the shard from a copy or re-pack",
+            f"{path}: shard header flags are {flags:#010x}, format v{version} writes 0; the "
+            "header is damaged: restore the shard from a copy or re-pack",
             path=path, offset=12,
         )
+    if version == 1:
+        return Header(1, CRC32, HEADER.size)
+    if len(buf) < HEADER_V2.size:
+        raise TruncatedShardError(
+            f"{path}: {len(buf)} bytes is too short for a v2 shard header; re-pack it", path=path
+        )
+    raw = bytes(buf[16:24])
+    name = decode_name(raw)
+    if name is None or any(bytes(buf[24:32])):
+        raise ShardCorruptError(
+            f"{path}: the shard header names checksum {raw!r} (reserved bytes "
+            f"{bytes(buf[24:32]).hex()}); known: {', '.join(NAMES)}. The header is damaged "
+            "(or written by a newer shardio): restore the shard or upgrade shardio",
+            path=path, offset=16,
+        )
+    return Header(version, name, HEADER_V2.size)
 
 
-def pack_footer(index_offset: int, keys_offset: int, num_records: int, index_crc: int) -> bytes:
+def pack_footer(index_offset: int, keys_offset: int, num_records: int, index_checksum: int,
+                version: int = FORMAT_VERSION, checksum: str | None = None) -> bytes:
     """The fixed-size footer that ends every ``.rec`` shard."""
-    return FOOTER.pack(
-        index_offset, keys_offset, num_records, index_crc, FORMAT_VERSION, SHARD_MAGIC
-    )
+    if version == 1:
+        return FOOTER.pack(index_offset, keys_offset, num_records, index_checksum, 1,
+                           SHARD_MAGIC)
+    return FOOTER_V2.pack(index_offset, keys_offset, num_records, index_checksum,
+                          encode_name(checksum or DEFAULT), version, SHARD_MAGIC)
 
 
 def unpack_footer(buf: bytes | memoryview, *, path: str, size: int | None = None) -> Footer:
-    """Parse and sanity-check the footer from the last ``FOOTER_SIZE`` bytes of a shard.
+    """Parse and sanity-check the footer from the last bytes of a shard.
 
     ``buf`` is the whole shard, or only its last bytes when ``size`` (the whole
     file's) is given: a remote reader fetches the tail alone.
@@ -165,9 +384,7 @@ def unpack_footer(buf: bytes | memoryview, *, path: str, size: int | None = None
             f"{path}: {size} bytes is too short for a shard; it is truncated, re-pack it",
             path=path,
         )
-    index_offset, keys_offset, num_records, index_crc, version, magic = FOOTER.unpack_from(
-        buf, len(buf) - FOOTER_SIZE
-    )
+    version, magic = _TAIL.unpack_from(buf, len(buf) - _TAIL.size)
     if magic != SHARD_MAGIC:
         raise TruncatedShardError(
             f"{path}: no shard footer at byte {size - FOOTER_SIZE} (the file is truncated or "
@@ -175,16 +392,60 @@ def unpack_footer(buf: bytes | memoryview, *, path: str, size: int | None = None
             path=path, offset=size - FOOTER_SIZE,
         )
     _check_version(version, path)
-    index_end = index_offset + 8 * (num_records + 1)
-    if not HEADER_SIZE <= index_offset <= keys_offset <= size - FOOTER_SIZE or index_end != (
-        keys_offset
-    ):
+    footer_size = FOOTER_SIZES[version]
+    if size < HEADER_SIZES[version] + footer_size or len(buf) < footer_size:
+        raise TruncatedShardError(
+            f"{path}: {size} bytes is too short for a v{version} shard; it is truncated, re-pack "
+            "it", path=path,
+        )
+    at = len(buf) - footer_size
+    if version == 1:
+        index_offset, keys_offset, num_records, index_sum, _v, _m = FOOTER.unpack_from(buf, at)
+        name: str | None = CRC32
+    else:
+        index_offset, keys_offset, num_records, index_sum, raw, _v, _m = FOOTER_V2.unpack_from(
+            buf, at)
+        name = decode_name(raw)
+    index_end = index_offset + INDEX_ENTRY_BYTES[version] * (num_records + 1)
+    if name is None or not (
+        HEADER_SIZES[version] <= index_offset <= keys_offset <= size - footer_size
+    ) or index_end != keys_offset:
         raise ShardCorruptError(
             f"{path}: footer offsets are inconsistent (index at {index_offset}, keys at "
-            f"{keys_offset}, {num_records} records, file of {size} bytes)",
-            path=path, offset=size - FOOTER_SIZE,
+            f"{keys_offset}, {num_records} records, checksum {name!r}, file of {size} bytes)",
+            path=path, offset=size - footer_size,
         )
-    return Footer(index_offset, keys_offset, num_records, index_crc, version)
+    return Footer(index_offset, keys_offset, num_records, index_sum, version, name, footer_size)
+
+
+def parse_index(body: bytes | memoryview, footer: Footer, *, path: str) -> ShardIndex:
+    """Check a shard's index and key block (the bytes from ``index_offset`` to the footer).
+
+    Raises:
+        ChecksumError: they fail the footer's checksum.
+        ShardCorruptError: the offsets do not span the record area in increasing order.
+    """
+    import numpy as np
+
+    view = memoryview(body)
+    if checksum_function(footer.checksum)(view, 0) != footer.index_checksum:
+        raise ChecksumError(
+            f"{path}: the record index and key block (bytes {footer.index_offset}.."
+            f"{footer.index_offset + len(view)}) fail their checksum (or the footer's copy of "
+            "it is damaged); the shard is corrupt: restore it from a copy or re-pack",
+            path=path, offset=footer.index_offset,
+        )
+    count = footer.num_records + 1
+    offsets = np.frombuffer(view, dtype="<u8", count=count)
+    chain = None if footer.version == 1 else np.frombuffer(view, "<u4", count, 8 * count)
+    signed = offsets.astype(np.int64)
+    if (count == 0 or int(offsets[0]) != HEADER_SIZES[footer.version]
+            or int(offsets[-1]) != footer.index_offset or bool((np.diff(signed) < 0).any())):
+        raise ShardCorruptError(
+            f"{path}: record index does not span the record area in order; re-pack it",
+            path=path, offset=footer.index_offset,
+        )
+    return ShardIndex(offsets, chain, view[footer.keys_offset - footer.index_offset:])
 
 
 def _check_version(version: int, path: str) -> None:

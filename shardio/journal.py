@@ -10,7 +10,7 @@ up to the writer (``ShardWriter`` and ``shardio.pack`` each keep their own).
 A pack to a remote store keeps the same journal as an object
 (``shardio.remotetarget``), checked by ``parse_journal``. Which names a pack
 writes (``is_shardio_file``) decides what ``--overwrite`` may delete. It
-imports only ``backends``, ``errors`` and ``manifest`` from shardio.
+imports only ``backends``, ``checksum``, ``errors`` and ``manifest`` from shardio.
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any, Final
 
 from shardio.backends import SHARD_SUFFIX
+from shardio.checksum import name_of
 from shardio.errors import OutputExistsError, PackError
 from shardio.manifest import MANIFEST_NAME, file_checksum
 
@@ -105,7 +106,7 @@ def parse_journal(data: bytes, identity: Mapping[str, Any], *, where: str) -> di
 def shard_is_intact(path: Path, num_bytes: int, checksum: str) -> bool:
     """Whether the finished shard at ``path`` still has the size and checksum journaled."""
     return path.exists() and path.stat().st_size == num_bytes and (
-        file_checksum(path) == checksum)
+        file_checksum(path, name_of(checksum)) == checksum)
 
 
 def is_shardio_file(name: str) -> bool:

@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import json
 import os
-import zlib
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Final
 
+from shardio.checksum import CRC32, checksum_function, digest
 from shardio.errors import ManifestError, ManifestNotFoundError, UnsupportedVersionError
 from shardio.format import FORMAT_NAME, FORMAT_VERSION, SUPPORTED_VERSIONS
 
@@ -31,7 +31,8 @@ class ShardInfo:
     first_index: int
     num_bytes: int
     checksum: str
-    """``"crc32:<8 hex digits>"`` of the whole file."""
+    """``"<checksum>:<8 hex digits>"`` of the whole file: ``crc32`` (format v1) or ``crc32c``
+    (v2, also what the shard's records are checked with)."""
     keys_crc32: int | None = None
     """CRC-32 of the shard's key block (msgpack array of its keys, as both backends store it):
     readers check it on open, so a shard file exchanged for another of the same size is
@@ -160,16 +161,18 @@ CHECKSUM_CHUNK_BYTES: Final = 8 << 20
 
 
 def file_checksum(
-    path: str | os.PathLike[str], *, on_chunk: Callable[[int], object] | None = None
+    path: str | os.PathLike[str], name: str = CRC32, *,
+    on_chunk: Callable[[int], object] | None = None,
 ) -> str:
-    """``"crc32:<8 hex>"`` of a whole file, the form ``ShardInfo.checksum`` takes."""
+    """``"<name>:<8 hex>"`` of a whole file, the form ``ShardInfo.checksum`` takes."""
     crc = 0
+    compute = checksum_function(name)
     with open(path, "rb", buffering=0) as fh:
         while chunk := fh.read(CHECKSUM_CHUNK_BYTES):
-            crc = zlib.crc32(chunk, crc)
+            crc = compute(chunk, crc)
             if on_chunk is not None:
                 on_chunk(len(chunk))
-    return f"crc32:{crc:08x}"
+    return digest(name, crc)
 
 
 def manifest_path(path: str | os.PathLike[str]) -> Path:

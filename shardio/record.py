@@ -8,17 +8,17 @@ float, bool, None, lists and dicts of those, and numpy arrays of a plain dtype
 
 from __future__ import annotations
 
-import zlib
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Final
 
 import msgpack
 import numpy as np
 
+from shardio.checksum import DEFAULT, NAMES
 from shardio.codecs import Codec, decompress, decompressor, looks_compressed
 from shardio.errors import RecordEncodeError, ShardCorruptError
 from shardio.flatmap import view_flat_map
-from shardio.format import CODEC_NONE, CODEC_ZSTD, FRAME, FRAME_SIZE, frame, unframe
+from shardio.format import CODEC_NONE, FRAME_SIZE, RunBytes, check_frames, frame, unframe
 
 KEY_FIELD: Final = "__key__"
 INDEX_FIELD: Final = "__index__"
@@ -111,68 +111,90 @@ def mostly_compressed(sample: Mapping[str, Any]) -> bool:
     return total > 0 and packed * 2 >= total
 
 
-def encode_record(sample: Mapping[str, Any], codec: Codec) -> bytes:
-    """Encode, compress where it pays, and frame one sample."""
+def encode_record(sample: Mapping[str, Any], codec: Codec, checksum: str = DEFAULT) -> bytes:
+    """Encode, compress where it pays, and frame one sample (with ``checksum``, by name)."""
     payload = encode_sample(sample)
     if mostly_compressed(sample):
-        return frame(payload, CODEC_NONE)
+        return frame(payload, CODEC_NONE, checksum)
     codec_id, stored = codec.compress(payload)
-    return frame(stored, codec_id)
+    return frame(stored, codec_id, checksum)
 
 
-def decode_frames(
-    frames: Sequence[memoryview], *, path: str, first_record: int,
-    offset_of: Callable[[int], int], verify: bool = True, first_index: int | None = None,
-    zero_copy: bool = False, keys: Sequence[str] | None = None,
+def decode_run(
+    run: RunBytes, *, path: str, first_record: int, offset_of: Callable[[int], int] | None = None,
+    verify: bool = True, first_index: int | None = None, zero_copy: bool = False,
+    keys: Sequence[str] | None = None,
 ) -> list[dict[str, Any]]:
-    """Check and decode consecutive framed records (one streaming block) into sample dicts.
+    """Check and decode a run of consecutive records (one streaming block) into sample dicts.
 
-    The same checks as ``decode_record`` in one tight loop: streaming calls
-    this once per block instead of several functions per sample.
-    ``offset_of(record)`` gives a record's byte offset, for error messages only.
-    With ``first_index`` each sample gets its global ``__index__`` too. With
-    ``zero_copy``, bytes values of large flat records are ``memoryview`` slices
-    of the block instead of copies (see ``shardio.flatmap``); they keep the
-    block alive, so only a caller that copies them soon (a batch) should ask.
-    With ``keys`` (the shard's key block), each record's own ``__key__`` must
-    be the block's key for its position, so that a damaged index or B-tree
-    leading to another intact record is an error, not the wrong sample.
+    The frames are checked together by ``shardio.format.check_frames`` (one
+    checksum call for a v2 ``.rec`` run); then each payload is decompressed
+    where its codec says so and parsed in one tight loop. ``offset_of(record)``
+    gives a record's byte offset, for error messages only. With
+    ``first_index`` each sample gets its global ``__index__`` too. With
+    ``zero_copy``, bytes values of large flat records are ``memoryview``
+    slices of the run instead of copies (see ``shardio.flatmap``); they keep
+    the run's buffer alive, so only a caller that copies them soon (a batch)
+    should ask. With ``keys`` (the shard's key block), each record's own
+    ``__key__`` must be the block's key for its position, so that a damaged
+    index or B-tree leading to another intact record is an error, not the
+    wrong sample.
     """
+    codecs = check_frames(run, path=path, first_record=first_record, verify=verify,
+                          offset_of=offset_of).tolist()
+    buf, bounds = run.buffer, run.bounds.tolist()
     out: list[dict[str, Any]] = []
-    unpack_frame = FRAME.unpack_from
-    crc32 = zlib.crc32
     unpackb = msgpack.unpackb
     inflate = decompressor().decompress
-    for n, framed in enumerate(frames):
-        length, crc, codec = unpack_frame(framed)
-        if len(framed) != FRAME_SIZE + length or (verify and crc32(framed[8:]) != crc) or (
-            codec not in (CODEC_NONE, CODEC_ZSTD)
-        ):
-            unframe(framed, path=path, record=first_record + n,
-                    offset=offset_of(first_record + n), verify=True, exact=True)
-        payload = framed[FRAME_SIZE:]
+    big = ZERO_COPY_MIN_BYTES if zero_copy else 1 << 62
+    expected = keys[first_record : first_record + len(codecs)] if keys is not None else None
+    index = first_index
+    for n, codec in enumerate(codecs):
+        payload = buf[bounds[n] + FRAME_SIZE : bounds[n + 1]]
         try:
             data = inflate(payload) if codec else payload
-            sample = (
-                view_flat_map(memoryview(data))
-                if zero_copy and len(data) >= ZERO_COPY_MIN_BYTES
-                else None
-            )
+            sample = view_flat_map(memoryview(data)) if len(data) >= big else None
             if sample is None:
                 sample = unpackb(data, raw=False, ext_hook=_ext_hook, strict_map_key=True)
             if type(sample) is not dict:
                 raise ValueError(f"payload is a {type(sample).__name__}, not a map")
         except Exception as exc:  # msgpack and zstd raise a zoo of types; map them here
-            raise _undecodable(
-                path, first_record + n, offset_of(first_record + n), exc
-            ) from exc
-        if keys is not None and sample.get(KEY_FIELD) != keys[first_record + n]:
-            raise _wrong_key(path, first_record + n, offset_of(first_record + n),
-                             sample.get(KEY_FIELD), keys[first_record + n])
-        if first_index is not None:
-            sample[INDEX_FIELD] = first_index + n
+            raise _undecodable(path, first_record + n, _where(run, n, offset_of, first_record),
+                               exc) from exc
+        if expected is not None and sample.get(KEY_FIELD) != expected[n]:
+            raise _wrong_key(path, first_record + n, _where(run, n, offset_of, first_record),
+                             sample.get(KEY_FIELD), expected[n])
+        if index is not None:
+            sample[INDEX_FIELD] = index
+            index += 1
         out.append(sample)
     return out
+
+
+def _where(run: RunBytes, n: int, offset_of: Callable[[int], int] | None, first: int) -> int:
+    return offset_of(first + n) if offset_of is not None else run.offset + int(run.bounds[n])
+
+
+def decode_frames(
+    frames: Sequence[memoryview], *, path: str, first_record: int,
+    offset_of: Callable[[int], int], verify: bool = True, first_index: int | None = None,
+    zero_copy: bool = False, keys: Sequence[str] | None = None, checksum: str | None = None,
+) -> list[dict[str, Any]]:
+    """``decode_run`` over frames held apart (joined into one buffer first).
+
+    ``checksum``: the shard's; default, the one the first frame names.
+    """
+    if not frames:
+        return []
+    sizes = np.fromiter(map(len, frames), np.int64, len(frames))
+    bounds = np.concatenate(([0], np.cumsum(sizes)))
+    name = checksum
+    if name is None:
+        ident = frames[0][9] if len(frames[0]) >= FRAME_SIZE else 0
+        name = NAMES[ident] if ident < len(NAMES) else f"id {ident}"
+    run = RunBytes(memoryview(b"".join(frames)), bounds, name, None, -1)
+    return decode_run(run, path=path, first_record=first_record, offset_of=offset_of,
+                      verify=verify, first_index=first_index, zero_copy=zero_copy, keys=keys)
 
 
 def _undecodable(path: str, record: int, offset: int, exc: Exception) -> ShardCorruptError:
@@ -194,15 +216,17 @@ def _wrong_key(path: str, record: int, offset: int, found: Any, expected: str) -
 
 def decode_record(
     buf: bytes | memoryview, *, path: str, record: int, offset: int = 0, verify: bool = True,
-    key: str | None = None,
+    key: str | None = None, checksum: str | None = None,
 ) -> dict[str, Any]:
     """Check, decompress and parse one framed record into its sample dict.
 
     ``buf`` is exactly the record as its shard delimits it. With ``key`` (the
-    key block's entry for ``record``) the record's own ``__key__`` must match.
+    key block's entry for ``record``) the record's own ``__key__`` must match;
+    with ``checksum`` (the shard's) the frame must name it.
     """
     codec_id, stored = unframe(
-        buf, path=path, record=record, offset=offset, verify=verify, exact=True
+        buf, path=path, record=record, offset=offset, verify=verify, exact=True,
+        checksum=checksum,
     )
     try:
         sample = decode_payload(decompress(codec_id, stored))

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import os
 import weakref
-import zlib
 from collections.abc import Iterable
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
@@ -31,6 +30,7 @@ from typing import Any
 from shardio.backends import ShardFileReader
 from shardio.backends.cachedshard import CachedShardReader
 from shardio.backends.remoterecords import RemoteRecordsReader, ShardTail, read_tail
+from shardio.checksum import compute, digest, name_of
 from shardio.errors import (
     ChecksumError,
     ShardCorruptError,
@@ -258,7 +258,8 @@ class ShardSource:
         url = self.shard_url(number)
 
         def check(view: memoryview) -> None:
-            actual = f"crc32:{zlib.crc32(view):08x}"
+            name = name_of(info.checksum)
+            actual = digest(name, compute(name, view))
             if actual != info.checksum:
                 raise ChecksumError(
                     f"{url}: file checksum is {actual} but the manifest says {info.checksum} "

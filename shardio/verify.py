@@ -22,6 +22,7 @@ from typing import Any
 
 from tqdm import tqdm
 
+from shardio.checksum import name_of
 from shardio.errors import ShardioError
 from shardio.format import CODEC_NONE, FRAME
 from shardio.manifest import MANIFEST_NAME, Manifest, ShardInfo, file_checksum
@@ -181,7 +182,8 @@ def _file_faults(
                             f"{info.num_bytes}; it was truncated or replaced: restore it from "
                             "a copy or re-pack (its records were not checked)")], 0
     try:
-        actual = file_checksum(path, on_chunk=None if bar is None else bar.update)
+        actual = file_checksum(path, name_of(info.checksum),
+                               on_chunk=None if bar is None else bar.update)
     except OSError as exc:
         return [VerifyFault(info.name, None, None,
                             f"{path}: cannot read shard ({exc.strerror or exc}); check its "

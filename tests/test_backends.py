@@ -13,6 +13,7 @@ import zlib
 from collections.abc import Iterator
 from pathlib import Path
 
+import crc32c
 import lmdb
 import msgpack
 import pytest
@@ -70,7 +71,7 @@ def test_finish_reports_size_and_crc32_of_the_file(backend: str, tmp_path: Path)
     size, checksum = write_shard(backend, path, make_frames())
     data = path.read_bytes()
     assert size == len(data)
-    assert checksum == f"crc32:{zlib.crc32(data):08x}"
+    assert checksum == f"crc32c:{crc32c.crc32c(data):08x}"  # format v2's file checksum
     assert os.listdir(tmp_path) == ["one"], "no lock, scratch or temporary file may be left"
 
 
@@ -226,7 +227,7 @@ def lmdb_meta(**changes: object) -> bytes:
     """The metadata entry a shard of ``make_frames()`` holds, with ``changes`` applied."""
     keys = msgpack.packb([f"dir/sample_{i:03d}" for i in range(len(SIZES))])
     meta = {
-        "format": "shardio", "version": 1, "num_records": len(SIZES),
+        "format": "shardio", "version": 2, "checksum": "crc32c", "num_records": len(SIZES),
         "keys_bytes": len(keys), "keys_crc32": zlib.crc32(keys),
     }
     return msgpack.packb({**meta, **changes}, use_bin_type=True)  # type: ignore[no-any-return]
@@ -247,8 +248,9 @@ def test_lmdb_layout(lmdb_shard: Path) -> None:
         records = [(k, v) for k, v in txn.cursor() if len(k) == 8]
     env.close()
     assert {k: meta[k] for k in ("format", "version", "num_records")} == {
-        "format": "shardio", "version": 1, "num_records": len(SIZES)
+        "format": "shardio", "version": 2, "num_records": len(SIZES)
     }
+    assert meta["checksum"] == "crc32c"
     assert keys == [f"dir/sample_{i:03d}" for i in range(len(SIZES))]
     assert records == [(i.to_bytes(8, "big"), f) for i, f in enumerate(make_frames())]
     assert not lmdb_shard.with_name(lmdb_shard.name + "-lock").exists()
@@ -259,7 +261,8 @@ def test_lmdb_layout(lmdb_shard: Path) -> None:
     [
         (lmdb_meta(), None, ""),
         (None, ShardCorruptError, "not a shardio shard"),
-        (lmdb_meta(version=2), UnsupportedVersionError, "version 2"),
+        (lmdb_meta(version=3), UnsupportedVersionError, "version 3"),
+        (lmdb_meta(checksum="md5"), ShardCorruptError, "checksum 'md5'"),
         (lmdb_meta(format="webdataset"), ShardCorruptError, "not a shardio shard"),
         (lmdb_meta(num_records=3), ShardCorruptError, "does not match"),
         (b"\xc1\xc1 not msgpack", ShardCorruptError, "not a shardio shard"),

@@ -1,4 +1,4 @@
-"""Format v1: record framing, shard header and footer, the manifest, and the record codec.
+"""Formats v1 and v2: record framing, shard header and footer, the manifest, the record codec.
 
 Covers ``shardio.format``, ``shardio.record`` and ``shardio.manifest`` on bytes
 and generated files; the backends' own files are covered in test_backends.py.
@@ -9,11 +9,13 @@ from __future__ import annotations
 import json
 import math
 import re
+import struct
 import zlib
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+import crc32c
 import msgpack
 import numpy as np
 import pytest
@@ -35,16 +37,19 @@ from shardio.errors import (
 from shardio.format import (
     CODEC_NONE,
     CODEC_ZSTD,
-    FOOTER,
-    FOOTER_SIZE,
     FRAME_SIZE,
     HEADER,
-    HEADER_SIZE,
+    HEADER_SIZES,
+    HEADER_V2,
     SHARD_MAGIC,
+    Header,
+    RunBytes,
+    check_frames,
     check_header,
     frame,
     pack_footer,
     pack_header,
+    parse_index,
     unframe,
     unpack_footer,
 )
@@ -150,83 +155,152 @@ def test_payload_that_passes_its_checksum_but_does_not_decode(framed: bytes) -> 
 
 
 def test_header_round_trip_and_errors() -> None:
-    check_header(pack_header(), path="s.rec")
+    assert check_header(pack_header(), path="s.rec") == Header(2, "crc32c", 32)
+    assert check_header(pack_header(1), path="s.rec") == Header(1, "crc32", 16)
+    assert pack_header(1) == HEADER.pack(SHARD_MAGIC, 1, 0)  # v1's 16 bytes, unchanged
     with pytest.raises(TruncatedShardError, match=r"s\.rec"):
         check_header(pack_header()[:10], path="s.rec")
+    with pytest.raises(TruncatedShardError, match=r"s\.rec: 20 bytes is too short for a v2"):
+        check_header(pack_header()[:20], path="s.rec")
     with pytest.raises(ShardCorruptError, match="not a shardio shard"):
-        check_header(b"PK\x03\x04" + bytes(12), path="s.rec")
-    with pytest.raises(UnsupportedVersionError, match=r"s\.rec: .*version 2"):
-        check_header(HEADER.pack(SHARD_MAGIC, 2, 0), path="s.rec")
+        check_header(b"PK\x03\x04" + bytes(28), path="s.rec")
+    with pytest.raises(UnsupportedVersionError, match=r"s\.rec: .*version 3"):
+        check_header(HEADER_V2.pack(SHARD_MAGIC, 3, 0, b"crc32c\0\0"), path="s.rec")
+
+
+@pytest.mark.parametrize("name", [b"md5\0\0\0\0\0", b"crc32c\0x", b"crc32 \0\0"])
+def test_header_naming_an_unknown_checksum_is_refused(name: bytes) -> None:
+    with pytest.raises(ShardCorruptError, match=r"s\.rec: the shard header names checksum"):
+        check_header(HEADER_V2.pack(SHARD_MAGIC, 2, 0, name), path="s.rec")
 
 
 @pytest.mark.parametrize("flags", [1, 1 << 9, 1 << 31])
-def test_header_with_a_flag_set_is_refused(flags: int) -> None:
+@pytest.mark.parametrize("version", [1, 2])
+def test_header_with_a_flag_set_is_refused(flags: int, version: int) -> None:
+    header = HEADER_V2.pack(SHARD_MAGIC, version, flags, b"crc32c\0\0")
     with pytest.raises(ShardCorruptError, match=r"s\.rec: shard header flags") as info:
-        check_header(HEADER.pack(SHARD_MAGIC, 1, flags), path="s.rec")
+        check_header(header, path="s.rec")
     assert info.value.offset == 12
 
 
-def shard_tail(num_records: int = 2) -> bytes:
-    """A minimal ``.rec`` layout: header, frames, index, keys and footer."""
-    frames = [frame(b"a" * i, CODEC_NONE) for i in range(num_records)]
-    body = pack_header() + b"".join(frames)
-    offsets, pos = [], HEADER_SIZE
+def test_v1_frames_are_the_v1_bytes_and_v2_frames_name_crc32c() -> None:
+    v1 = frame(b"payload", CODEC_ZSTD, "crc32")
+    crc = zlib.crc32(b"payload", zlib.crc32(bytes((CODEC_ZSTD, 0, 0, 0))))
+    assert v1 == struct.pack("<IIB3x", 7, crc, CODEC_ZSTD) + b"payload"  # the v1 layout
+    v2 = frame(b"payload", CODEC_ZSTD)
+    assert v2[8:12] == bytes((CODEC_ZSTD, 1, 0, 0))
+    assert struct.unpack_from("<I", v2, 4)[0] == crc32c.crc32c(v2[8:])
+    for framed in (v1, v2):
+        assert bytes(unframe(framed, path="s", record=0)[1]) == b"payload"
+    with pytest.raises(ShardCorruptError, match=r"names checksum id 0 .* crc32c is id 1"):
+        unframe(v1, path="s", record=0, checksum="crc32c")
+
+
+def shard_tail(num_records: int = 2, version: int = 2) -> bytes:
+    """A minimal ``.rec`` layout written by hand: header, frames, index, keys and footer."""
+    name = "crc32" if version == 1 else "crc32c"
+    compute = zlib.crc32 if version == 1 else crc32c.crc32c
+    frames = [frame(b"a" * i, CODEC_NONE, name) for i in range(num_records)]
+    header = pack_header(version)
+    body = header + b"".join(frames)
+    offsets, chain, pos = [], [], len(header)
     for framed in frames:
         offsets.append(pos)
+        chain.append(compute(body[:pos]))
         pos += len(framed)
     index = np.asarray([*offsets, pos], dtype="<u8").tobytes()
+    if version > 1:
+        index += np.asarray([*chain, compute(body)], dtype="<u4").tobytes()
     keys: bytes = msgpack.packb([str(i) for i in range(num_records)])
     tail = index + keys
-    return body + tail + pack_footer(pos, pos + len(index), num_records, zlib.crc32(tail))
+    return body + tail + pack_footer(pos, pos + len(index), num_records, compute(tail), version)
 
 
-def test_footer_round_trip() -> None:
-    data = shard_tail(3)
+@pytest.mark.parametrize("version", [1, 2])
+def test_footer_round_trip(version: int) -> None:
+    data = shard_tail(3, version)
     footer = unpack_footer(data, path="s.rec")
-    assert footer.num_records == 3
-    assert footer.index_offset == HEADER_SIZE + sum(FRAME_SIZE + i for i in range(3))
-    assert footer.keys_offset == footer.index_offset + 8 * 4
-    assert footer.version == 1
+    assert (footer.num_records, footer.version) == (3, version)
+    assert footer.size == (40 if version == 1 else 48)
+    assert footer.checksum == ("crc32" if version == 1 else "crc32c")
+    assert footer.index_offset == HEADER_SIZES[version] + sum(FRAME_SIZE + i for i in range(3))
+    assert footer.keys_offset == footer.index_offset + (8 if version == 1 else 12) * 4
+    tail = unpack_footer(data[-footer.size:], path="s.rec", size=len(data))
+    assert tail == footer, "a remote reader parses the footer from the tail alone"
+    index = parse_index(data[footer.index_offset : -footer.size], footer, path="s.rec")
+    assert index.offsets.tolist()[0] == HEADER_SIZES[version]
+    assert msgpack.unpackb(index.key_block) == ["0", "1", "2"]
+    assert (index.chain is None) == (version == 1)
 
 
-def test_footer_errors() -> None:
-    data = shard_tail(2)
+@pytest.mark.parametrize("version", [1, 2])
+def test_footer_errors(version: int) -> None:
+    data = shard_tail(2, version)
+    size = 40 if version == 1 else 48
     with pytest.raises(TruncatedShardError, match="too short"):
         unpack_footer(data[:20], path="s.rec")
     with pytest.raises(TruncatedShardError, match="no shard footer"):
         unpack_footer(data[:-3], path="s.rec")
-    fields = list(FOOTER.unpack_from(data, len(data) - FOOTER_SIZE))
-    v2 = data[:-FOOTER_SIZE] + FOOTER.pack(*fields[:4], 2, fields[5])
-    with pytest.raises(UnsupportedVersionError, match="version 2"):
-        unpack_footer(v2, path="s.rec")
-    wrong = data[:-FOOTER_SIZE] + FOOTER.pack(fields[0], fields[1] + 8, *fields[2:])
+    v9 = data[:-12] + (9).to_bytes(4, "little") + data[-8:]
+    with pytest.raises(UnsupportedVersionError, match="version 9"):
+        unpack_footer(v9, path="s.rec")
+    moved = bytearray(data)
+    moved[-size + 8] += 8  # keys_offset
     with pytest.raises(ShardCorruptError, match="footer offsets are inconsistent"):
-        unpack_footer(wrong, path="s.rec")
+        unpack_footer(bytes(moved), path="s.rec")
+    footer = unpack_footer(data, path="s.rec")
+    index = bytearray(data[footer.index_offset : -size])
+    index[3] ^= 1
+    with pytest.raises(ChecksumError, match="record index and key block"):
+        parse_index(bytes(index), footer, path="s.rec")
 
 
-def test_records_shard_of_version_2_is_refused(tmp_path: Path) -> None:
+def test_run_is_checked_by_its_chain_with_one_call_and_the_bad_record_is_named() -> None:
+    data = shard_tail(5)
+    footer = unpack_footer(data, path="s.rec")
+    index = parse_index(data[footer.index_offset : -footer.size], footer, path="s.rec")
+    offsets = index.offsets.astype(np.int64)
+    run = RunBytes(memoryview(data)[offsets[1] : offsets[5]], offsets[1:] - offsets[1], "crc32c",
+                   index.chain[1:], int(offsets[1]))
+    assert check_frames(run, path="s.rec", first_record=1).tolist() == [0, 0, 0, 0]
+    damaged = bytearray(data)
+    damaged[int(offsets[3]) + FRAME_SIZE + 1] ^= 4  # a payload byte of record 3
+    run = replace(run, buffer=memoryview(bytes(damaged))[offsets[1] : offsets[5]])
+    with pytest.raises(ChecksumError, match=rf"s\.rec: record 3 at byte {offsets[3]} fails"):
+        check_frames(run, path="s.rec", first_record=1)
+    assert check_frames(run, path="s.rec", first_record=1, verify=False).tolist() == [0] * 4
+
+
+def test_records_shard_of_an_unknown_version_is_refused(tmp_path: Path) -> None:
     path = tmp_path / "shard-00000.rec"
     writer = create_shard("records", path)
     writer.append("k", frame(b"x", CODEC_NONE))
     writer.finish()
     data = bytearray(path.read_bytes())
-    data[8:12] = (2).to_bytes(4, "little")
+    data[8:12] = (3).to_bytes(4, "little")
     path.write_bytes(bytes(data))
     with pytest.raises(UnsupportedVersionError, match=re.escape(f"{path}: written by shardio "
-                                                                "format version 2")):
+                                                                "format version 3")):
         open_shard("records", path)
 
 
-def test_lmdb_shard_of_version_2_is_refused(tmp_path: Path) -> None:
+def test_a_frame_of_another_checksum_is_refused_by_the_writer(tmp_path: Path) -> None:
+    writer = create_shard("records", tmp_path / "s.rec")
+    with pytest.raises(ValueError, match="must name checksum id 1"):
+        writer.append("k", frame(b"x", CODEC_NONE, "crc32"))
+    writer.abort()
+
+
+def test_lmdb_shard_of_an_unknown_version_is_refused(tmp_path: Path) -> None:
     import lmdb
 
     path = tmp_path / "shard-00000.mdb"
     env = lmdb.open(str(path), subdir=False, lock=False)
     with env.begin(write=True) as txn:
-        txn.put(b"__shardio__", msgpack.packb({"format": "shardio", "version": 2}))
+        txn.put(b"__shardio__", msgpack.packb({"format": "shardio", "version": 3}))
     env.close()
     with pytest.raises(UnsupportedVersionError, match=re.escape(f"{path}: written by shardio "
-                                                                "format version 2")):
+                                                                "format version 3")):
         open_shard("lmdb", path)
 
 
@@ -254,7 +328,7 @@ def test_manifest_json_round_trip(tmp_path: Path) -> None:
     assert read_manifest(tmp_path) == manifest
     assert read_manifest(tmp_path / "manifest.json") == manifest
     on_disk = json.loads((tmp_path / "manifest.json").read_text(encoding="utf-8"))
-    assert (on_disk["format"], on_disk["version"]) == ("shardio", 1)
+    assert (on_disk["format"], on_disk["version"]) == ("shardio", 2)
     assert list(on_disk)[:2] == ["format", "version"]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["manifest.json"]
 
@@ -289,8 +363,8 @@ def test_manifest_consistency_check(tmp_path: Path, change: dict[str, Any], word
 @pytest.mark.parametrize(
     ("text", "error", "words"),
     [
-        (json.dumps({**make_manifest().to_json(), "version": 2}), UnsupportedVersionError,
-         "format version 2 is not supported"),
+        (json.dumps({**make_manifest().to_json(), "version": 3}), UnsupportedVersionError,
+         "format version 3 is not supported"),
         (json.dumps({**make_manifest().to_json(), "format": "webdataset"}), ManifestError,
          "not a shardio manifest"),
         (json.dumps([1, 2]), ManifestError, "not a shardio manifest"),

@@ -13,10 +13,10 @@ import signal
 import subprocess
 import sys
 import textwrap
-import zlib
 from pathlib import Path
 from typing import Any
 
+import crc32c
 import pytest
 
 from shardio.backends import SHARD_SUFFIX
@@ -94,7 +94,7 @@ def test_rolls_at_max_shard_samples(tmp_path: Path, backend: str, codec: str) ->
     for shard in manifest.shards:
         data = (tmp_path / shard.name).read_bytes()
         assert shard.num_bytes == len(data)
-        assert shard.checksum == f"crc32:{zlib.crc32(data):08x}"
+        assert shard.checksum == f"crc32c:{crc32c.crc32c(data):08x}"
     assert manifest.num_bytes == sum(s.num_bytes for s in manifest.shards)
     assert sorted(os.listdir(tmp_path)) == ["manifest.json"] + [s.name for s in manifest.shards]
     with open_dataset(tmp_path) as reader:

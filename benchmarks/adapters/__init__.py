@@ -105,6 +105,8 @@ _REGISTRY: dict[str, tuple[str, str, dict[str, Any]]] = {
     "shardio-lmdb": ("benchmarks.adapters.shardio_packs", "ShardioAdapter", {"backend": "lmdb"}),
     "shardio-records-unshuffled": ("benchmarks.adapters.shardio_packs", "ShardioAdapter",
                                    {"backend": "records", "pack_shuffle": False}),
+    "shardio-records-dataloader": ("benchmarks.adapters.shardio_dataloader",
+                                   "ShardioDataLoaderAdapter", {"backend": "records"}),
     "webdataset": ("benchmarks.adapters.wds", "WebDatasetAdapter", {}),
     "mosaicml": ("benchmarks.adapters.mds", "MosaicAdapter", {}),
     "litdata": ("benchmarks.adapters.litdata_chunks", "LitDataAdapter", {}),

@@ -5,7 +5,8 @@ samples, codecs or manifests. ``records`` is a flat file read front to back
 with an offset index at its end; ``lmdb`` is one LMDB file keyed by the record's
 index in the shard. Both give O(1) access to record ``i`` and a sequential scan.
 Both store a shard's keys as one *key block*: the msgpack array of its record
-keys (``pack_keys``), whose CRC-32 the manifest keeps (``keys_crc32``).
+keys (``pack_keys``), whose CRC-32 the manifest keeps (``keys_crc32``). Readers
+hand a run of records to ``shardio.format.check_frames`` as one ``RunBytes``.
 """
 
 from __future__ import annotations
@@ -17,6 +18,8 @@ from typing import Protocol
 
 import msgpack
 
+from shardio.format import FORMAT_VERSION, RunBytes
+
 
 class ShardFileWriter(Protocol):
     """Appends framed records to one shard file under a temporary name."""
@@ -26,7 +29,7 @@ class ShardFileWriter(Protocol):
         ...
 
     def finish(self) -> tuple[int, str]:
-        """Complete, fsync and close the file; return ``(size in bytes, "crc32:…")``."""
+        """Complete, fsync and close the file; return ``(size in bytes, "<checksum>:<hex>")``."""
         ...
 
     def abort(self) -> None:
@@ -54,6 +57,10 @@ class ShardFileReader(Protocol):
 
     def read_frames(self, start: int, stop: int) -> list[memoryview]:
         """Framed bytes of records ``start..stop`` in one sequential read (a streaming block)."""
+        ...
+
+    def read_run(self, start: int, stop: int) -> RunBytes:
+        """Records ``start..stop`` as one buffer with their bounds (what streaming decodes)."""
         ...
 
     def will_need(self, start: int, stop: int) -> None:
@@ -87,16 +94,16 @@ def shard_name(backend: str, number: int) -> str:
     return f"shard-{number:05d}{SHARD_SUFFIX[backend]}"
 
 
-def create_shard(backend: str, path: Path) -> ShardFileWriter:
-    """Start writing a shard of ``backend`` at temporary ``path``."""
+def create_shard(backend: str, path: Path, *, version: int = FORMAT_VERSION) -> ShardFileWriter:
+    """Start writing a shard of ``backend`` at temporary ``path`` in format ``version``."""
     if backend == "records":
         from shardio.backends.records import RecordsShardWriter
 
-        return RecordsShardWriter(path)
+        return RecordsShardWriter(path, version=version)
     if backend == "lmdb":
         from shardio.backends.lmdb import LmdbShardWriter
 
-        return LmdbShardWriter(path)
+        return LmdbShardWriter(path, version=version)
     raise ValueError(f"unknown backend {backend!r}; expected one of {', '.join(SHARD_SUFFIX)}")
 
 

@@ -16,6 +16,7 @@ from typing import NoReturn
 
 from shardio.backends import ShardFileReader, open_shard
 from shardio.errors import ShardioError
+from shardio.format import RunBytes
 from shardio.storage.cachedrange import CachedRange
 
 
@@ -79,6 +80,13 @@ class CachedShardReader:
         """Records ``start..stop`` in one read."""
         try:
             return self._inner.read_frames(start, stop)
+        except ShardioError as exc:
+            self._renamed(exc)
+
+    def read_run(self, start: int, stop: int) -> RunBytes:
+        """Records ``start..stop`` as one buffer."""
+        try:
+            return self._inner.read_run(start, stop)
         except ShardioError as exc:
             self._renamed(exc)
 

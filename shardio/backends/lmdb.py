@@ -5,9 +5,10 @@ no ``-lock`` file), main database only. Record ``i`` is stored under the 8-byte
 big-endian key ``i``; its value is the record frame, byte for byte the frame the
 ``records`` backend stores, so ``shardio.format`` checks both alike. Two entries
 whose keys are never 8 bytes long, and sort after every record key, describe the
-shard: ``__shardio__`` holds msgpack ``{"format": "shardio", "version": 1,
-"num_records": N, "keys_bytes": B, "keys_crc32": C}`` and ``__shardio_keys__``
-the sample keys as a msgpack array of str (``B`` bytes with CRC-32 ``C``).
+shard: ``__shardio__`` holds msgpack ``{"format": "shardio", "version": 2,
+"checksum": "crc32c", "num_records": N, "keys_bytes": B, "keys_crc32": C}``
+(version 1: no ``checksum``, records use CRC-32) and ``__shardio_keys__`` the
+sample keys as a msgpack array of str (``B`` bytes with CRC-32 ``C``).
 
 The writer appends in large write transactions (``append=True``) straight into
 the file it is given and fsyncs once. LMDB is deterministic and zero-fills the
@@ -38,11 +39,13 @@ from typing import Any, Final, NoReturn
 
 import lmdb
 import msgpack
+import numpy as np
 
 from shardio.backends.lmdbcheck import check_lmdb_file
 from shardio.backends.lmdbenv import REPACK as _REPACK
 from shardio.backends.lmdbenv import SharedEnv, acquire_env, release_env
 from shardio.backends.lmdbenv import translate_error as _translate
+from shardio.checksum import IDS, NAMES, checksum_function, digest
 from shardio.errors import (
     ChecksumError,
     PackError,
@@ -51,7 +54,15 @@ from shardio.errors import (
     TruncatedShardError,
     UnsupportedVersionError,
 )
-from shardio.format import FORMAT_NAME, FORMAT_VERSION, FRAME, FRAME_SIZE, SUPPORTED_VERSIONS
+from shardio.format import (
+    CHECKSUM_OF_VERSION,
+    FORMAT_NAME,
+    FORMAT_VERSION,
+    FRAME,
+    FRAME_SIZE,
+    SUPPORTED_VERSIONS,
+    RunBytes,
+)
 
 META_KEY: Final = b"__shardio__"
 """Key of the shard's metadata entry; never 8 bytes long, so never a record key."""
@@ -82,8 +93,11 @@ def _write_error(exc: lmdb.Error, path: Path, doing: str, record: int | None = N
 class LmdbShardWriter:
     """Writes one LMDB shard at ``path``: batched appends, one fsync at the end."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, *, version: int = FORMAT_VERSION) -> None:
+        """Start ``path``; ``version`` 1 exists to write the datasets older readers made."""
         self.path = Path(path)
+        self.version = version
+        self.checksum = CHECKSUM_OF_VERSION[version]
         self.path.unlink(missing_ok=True)
         self._map_bytes = INITIAL_MAP_BYTES
         try:
@@ -101,6 +115,9 @@ class LmdbShardWriter:
         """Add the next record; it is committed with its batch."""
         if self._env is None:
             raise ValueError(f"{self.path}: shard already finished")
+        if len(framed) < FRAME_SIZE or framed[9] != IDS[self.checksum]:
+            raise ValueError(f"{self.path}: a frame for a {self.checksum} shard must name "
+                             f"checksum id {IDS[self.checksum]}")
         self._batch.append((record_key(len(self._keys)), framed))
         self._keys.append(key)
         self._batch_bytes += len(framed)
@@ -128,15 +145,17 @@ class LmdbShardWriter:
         """Write the metadata entries, fsync and close the file.
 
         Returns:
-            ``(size in bytes, "crc32:<8 hex digits>")`` of the file at ``path``.
+            ``(size in bytes, "<checksum>:<8 hex digits>")`` of the file at ``path``.
         """
         if self._env is None:
             raise ValueError(f"{self.path}: shard already finished")
         keys = msgpack.packb(self._keys, use_bin_type=True)
         meta = {
-            "format": FORMAT_NAME, "version": FORMAT_VERSION, "num_records": len(self._keys),
+            "format": FORMAT_NAME, "version": self.version, "num_records": len(self._keys),
             "keys_bytes": len(keys), "keys_crc32": zlib.crc32(keys),
         }
+        if self.version > 1:
+            meta["checksum"] = self.checksum
         self._batch += [(META_KEY, msgpack.packb(meta, use_bin_type=True)), (KEYS_KEY, keys)]
         self._commit()
         try:
@@ -147,11 +166,12 @@ class LmdbShardWriter:
             self._env.close()
             self._env = None
         crc = size = 0
+        compute = checksum_function(self.checksum)
         with open(self.path, "rb") as fh:
             while chunk := fh.read(READ_CHUNK_BYTES):
-                crc = zlib.crc32(chunk, crc)
+                crc = compute(chunk, crc)
                 size += len(chunk)
-        return size, f"crc32:{crc:08x}"
+        return size, digest(self.checksum, crc)
 
     def abort(self) -> None:
         """Close and delete the partial file."""
@@ -247,6 +267,7 @@ class LmdbShardReader:
             release_env(shared)
             raise
         self.num_records: int = self._meta["num_records"]
+        self.checksum: str = self._meta.get("checksum", CHECKSUM_OF_VERSION[1])
         _LIVE.add(self)
 
     def _get(self, key: bytes, doing: str, record: int | None = None) -> memoryview | None:
@@ -280,6 +301,11 @@ class LmdbShardReader:
                 path=self.path,
             )
         fields = ("num_records", "keys_bytes", "keys_crc32")
+        checksum = meta.get("checksum") if version > 1 else CHECKSUM_OF_VERSION[1]
+        if checksum not in NAMES:
+            raise ShardCorruptError(
+                f"{self.path}: the metadata names checksum {checksum!r}; known: "
+                f"{', '.join(NAMES)}. {_REPACK}, or upgrade shardio", path=self.path)
         if not all(type(meta.get(f)) is int for f in fields) or meta["num_records"] != num_entries:
             raise ShardCorruptError(
                 f"{self.path}: metadata {meta} does not match the {num_entries} records the "
@@ -348,6 +374,17 @@ class LmdbShardReader:
     def read_frames(self, start: int, stop: int) -> list[memoryview]:
         """Records ``start..stop`` as private copies, read with one cursor pass."""
         return [framed for _index, framed in self.scan(start, stop)]
+
+    def read_run(self, start: int, stop: int) -> RunBytes:
+        """Records ``start..stop`` copied into one private buffer with one cursor pass.
+
+        ``check_frames`` then checks each value's length against its frame header
+        and each frame's own checksum (LMDB records have no chain).
+        """
+        frames = self.read_frames(start, stop)
+        bounds = np.zeros(len(frames) + 1, np.int64)
+        np.cumsum(np.fromiter(map(len, frames), np.int64, len(frames)), out=bounds[1:])
+        return RunBytes(memoryview(b"".join(frames)), bounds, self.checksum, None, -1)
 
     def will_need(self, start: int, stop: int) -> None:
         """Hint the kernel to read the share of the file records ``start..stop`` likely use.

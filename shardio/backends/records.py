@@ -1,19 +1,21 @@
 """The ``records`` backend: one flat ``.rec`` file per shard.
 
-Layout (docs/format.md): a 16-byte header, the framed records back to back,
-an index of ``num_records + 1`` little-endian u64 offsets (record ``i`` spans
-``offsets[i]:offsets[i+1]``), the keys as one msgpack array of str, and a
-fixed footer that says where the index and keys start. A reader maps the file
-once and slices records out of the map: no syscall per record.
+Layout (docs/format.md): a header (16 bytes in v1, 32 in v2, naming the
+records' checksum), the framed records back to back, an index of
+``num_records + 1`` little-endian u64 offsets (record ``i`` spans
+``offsets[i]:offsets[i+1]``) followed in v2 by as many u32 *chain* values (the
+checksum of the file up to each record), the keys as one msgpack array of str,
+and a fixed footer that says where the index and keys start. A reader maps the
+file once and hands out views of the map: no copy and no syscall per record or
+per run; a run's pages are dropped from this process once its window is done
+(``drop_pages``), so resident memory stays about one shuffle window.
 """
 
 from __future__ import annotations
 
-import functools
 import mmap
 import os
-import zlib
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import BinaryIO
 
@@ -21,100 +23,77 @@ import msgpack
 import numpy as np
 
 from shardio.backends import pack_keys
-from shardio.errors import ChecksumError, ShardCorruptError, ShardMissingError
+from shardio.checksum import IDS, checksum_function, digest
+from shardio.errors import ShardCorruptError, ShardMissingError
 from shardio.format import (
+    CHECKSUM_OF_VERSION,
     FOOTER_SIZE,
-    FRAME,
-    HEADER_SIZE,
+    FORMAT_VERSION,
+    HEADER_SIZES,
+    RunBytes,
     check_header,
     pack_footer,
     pack_header,
+    parse_index,
     unpack_footer,
 )
 
 WRITE_BUFFER_BYTES = 1 << 20
 """Large enough that writes are few; small enough that glibc does not map (and the kernel
 zero) a fresh buffer for every shard, which cost pack about 3 ms of CPU per shard at 8 MB."""
-COMBINE_MIN_BYTES = 16 << 10
-"""Frames at least this large extend the file CRC by combining, not by a second pass."""
-
-
-@functools.cache
-def _crc32_combine() -> Callable[[int, int, int], int] | None:
-    """zlib's ``crc32_combine`` through ctypes, checked once; None where it cannot be used."""
-    import ctypes  # only writers of large records need it
-    import ctypes.util
-
-    try:
-        combine = ctypes.CDLL(ctypes.util.find_library("z") or "libz.so.1").crc32_combine
-    except (OSError, AttributeError):
-        return None
-    combine.restype = ctypes.c_ulong
-    combine.argtypes = (ctypes.c_ulong, ctypes.c_ulong, ctypes.c_long)
-    head, tail = b"shardio", bytes(range(256)) * 3
-    if combine(zlib.crc32(head), zlib.crc32(tail), len(tail)) != zlib.crc32(head + tail):
-        return None
-    return combine
-
-
-def crc32_after_frame(crc: int, framed: bytes) -> int:
-    """``zlib.crc32(framed, crc)``, without reading a large frame's payload a second time.
-
-    A frame stores the CRC-32 of its bytes 8.. (``shardio.format``), so the
-    running CRC of a file is extended by the frame's 8-byte head and then
-    combined with that stored CRC, in O(log n) instead of a pass over the payload.
-    """
-    combine = _crc32_combine() if len(framed) >= COMBINE_MIN_BYTES else None
-    if combine is None:
-        return zlib.crc32(framed, crc)
-    return combine(zlib.crc32(framed[:8], crc), FRAME.unpack_from(framed)[1], len(framed) - 8)
+PAGE = mmap.PAGESIZE
 
 
 class RecordsShardWriter:
-    """Writes one ``.rec`` shard, computing its file checksum as it goes."""
+    """Writes one ``.rec`` shard, computing its file checksum (the v2 chain) as it goes."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, *, version: int = FORMAT_VERSION) -> None:
+        """Start ``path``; ``version`` 1 exists to write the datasets older readers made."""
         self.path = Path(path)
+        self.version = version
+        self.checksum = CHECKSUM_OF_VERSION[version]
+        self._compute = checksum_function(self.checksum)
+        self._ident = IDS[self.checksum]
         self._fh: BinaryIO | None = open(self.path, "wb", buffering=WRITE_BUFFER_BYTES)  # noqa: SIM115 - closed in finish/abort
         self._crc = 0
         self._size = 0
         self._offsets: list[int] = []
+        self._chain: list[int] = []
         self._keys: list[str] = []
-        self._write(pack_header())
+        self._write(pack_header(version, self.checksum))
 
     def _write(self, data: bytes) -> None:
         assert self._fh is not None, "shard already finished"
         self._fh.write(data)
-        self._crc = zlib.crc32(data, self._crc)
+        self._crc = self._compute(data, self._crc)
         self._size += len(data)
 
     def append(self, key: str, framed: bytes) -> None:
-        """Add the next record."""
-        assert self._fh is not None, "shard already finished"
+        """Add the next record (framed with this shard's checksum)."""
+        if len(framed) < 12 or framed[9] != self._ident:
+            raise ValueError(f"{self.path}: a frame for a {self.checksum} shard must name "
+                             f"checksum id {self._ident}")
         self._offsets.append(self._size)
+        self._chain.append(self._crc)
         self._keys.append(key)
-        self._fh.write(framed)
-        self._crc = crc32_after_frame(self._crc, framed)
-        self._size += len(framed)
+        self._write(framed)
 
     def finish(self) -> tuple[int, str]:
         """Write index, keys and footer; fsync; return ``(bytes, checksum)``."""
         index_offset = self._size
-        offsets = np.asarray([*self._offsets, index_offset], dtype="<u8").tobytes()
-        keys = pack_keys(self._keys)
-        tail = offsets + keys
+        index = np.asarray([*self._offsets, index_offset], dtype="<u8").tobytes()
+        if self.version > 1:
+            index += np.asarray([*self._chain, self._crc], dtype="<u4").tobytes()
+        tail = index + pack_keys(self._keys)
         self._write(tail)
-        self._write(
-            pack_footer(
-                index_offset, index_offset + len(offsets), len(self._keys), zlib.crc32(tail)
-            )
-        )
+        self._write(pack_footer(index_offset, index_offset + len(index), len(self._keys),
+                                self._compute(tail, 0), self.version, self.checksum))
         assert self._fh is not None
         self._fh.flush()
         os.fsync(self._fh.fileno())
         self._fh.close()
         self._fh = None
-        return self._size, f"crc32:{self._crc:08x}"
+        return self._size, digest(self.checksum, self._crc)
 
     def abort(self) -> None:
         """Close and delete the partial file."""
@@ -125,7 +104,7 @@ class RecordsShardWriter:
 
 
 class RecordsShardReader:
-    """Maps one ``.rec`` shard and serves its records as memoryview slices."""
+    """Maps one ``.rec`` shard and serves its records as views of the map."""
 
     def __init__(self, path: str | Path) -> None:
         self.path = str(path)
@@ -139,7 +118,7 @@ class RecordsShardReader:
             ) from exc
         try:
             size = os.fstat(fd).st_size
-            if size < HEADER_SIZE + FOOTER_SIZE:
+            if size < HEADER_SIZES[1] + FOOTER_SIZE:
                 unpack_footer(b"\0" * size, path=self.path)
             self._mmap = mmap.mmap(fd, size, access=mmap.ACCESS_READ)
         except BaseException:
@@ -149,27 +128,25 @@ class RecordsShardReader:
         self.size = size
         view = memoryview(self._mmap)
         self._view = view
-        check_header(view[:HEADER_SIZE], path=self.path)
+        header = check_header(view[: HEADER_SIZES[2]], path=self.path)
         footer = unpack_footer(view, path=self.path)
-        self.num_records = footer.num_records
-        tail = view[footer.index_offset : size - FOOTER_SIZE]
-        # One CRC over the index and key block on open (they are a few bytes per record,
-        # next to the footer): a damaged offset could otherwise frame another intact record.
-        if zlib.crc32(tail) != footer.index_crc32:
-            raise ChecksumError(
-                f"{self.path}: the record index and key block (bytes {footer.index_offset}.."
-                f"{size - FOOTER_SIZE}) fail their checksum (or the footer's copy of it is "
-                "damaged); the shard is corrupt: restore it from a copy or re-pack",
-                path=self.path, offset=footer.index_offset,
-            )
-        self.offsets = np.frombuffer(view, dtype="<u8", count=footer.num_records + 1,
-                                     offset=footer.index_offset)
-        self._offsets_list: list[int] = self.offsets.tolist()
-        if self._offsets_list[0] != HEADER_SIZE or self._offsets_list[-1] != footer.index_offset:
+        if (footer.version, footer.checksum) != (header.version, header.checksum):
             raise ShardCorruptError(
-                f"{self.path}: record index does not span the record area; re-pack it",
-                path=self.path, offset=footer.index_offset,
+                f"{self.path}: the header says format v{header.version} with {header.checksum} "
+                f"but the footer v{footer.version} with {footer.checksum}; the shard is "
+                "damaged: restore it from a copy or re-pack",
+                path=self.path, offset=0,
             )
+        self.version = footer.version
+        self.checksum = footer.checksum
+        # One checksum over the index and key block on open (a few bytes per record, next to
+        # the footer): a damaged offset could otherwise frame another intact record.
+        index = parse_index(view[footer.index_offset : size - footer.size], footer, path=self.path)
+        self.num_records = footer.num_records
+        self.offsets = index.offsets
+        self._offsets_list: list[int] = index.offsets.tolist()
+        self._chain = index.chain
+        self._key_block = index.key_block
         self._keys_offset = footer.keys_offset
         self._keys: list[str] | None = None
 
@@ -199,35 +176,44 @@ class RecordsShardReader:
             length = offs[stop] - offs[start]
             os.posix_fadvise(self._fd, offs[start], length, os.POSIX_FADV_WILLNEED)
 
-    def read_frames(self, start: int, stop: int) -> list[memoryview]:
-        """Records ``start..stop`` with one positional read into a private buffer.
+    def read_run(self, start: int, stop: int) -> RunBytes:
+        """Records ``start..stop`` as one view of the map, with their bounds and chain values."""
+        if not 0 <= start <= stop <= self.num_records:
+            raise IndexError(f"{self.path}: records {start}..{stop} out of range "
+                             f"0..{self.num_records}")
+        base = self._offsets_list[start]
+        bounds = self.offsets[start : stop + 1].astype(np.int64)
+        bounds -= base
+        chain = None if self._chain is None else self._chain[start : stop + 1]
+        return RunBytes(self._view[base : self._offsets_list[stop]], bounds, self.checksum,
+                        chain, base)
 
-        Streaming uses this rather than the map: one syscall per block, and the
-        bytes live only as long as the caller holds them, so memory stays
-        bounded by the shuffle window instead of growing with mapped pages.
-        """
+    def read_frames(self, start: int, stop: int) -> list[memoryview]:
+        """Records ``start..stop``: views of the map, one per record."""
         offs = self._offsets_list
-        base = offs[start]
-        length = offs[stop] - base
-        buf = os.pread(self._fd, length, base)
-        if len(buf) != length:
-            raise ShardCorruptError(
-                f"{self.path}: short read of records {start}..{stop} at byte {base} "
-                f"({len(buf)} of {length} bytes); the file changed while reading",
-                path=self.path, record=start, offset=base,
-            )
-        view = memoryview(buf)
-        return [view[offs[i] - base : offs[i + 1] - base] for i in range(start, stop)]
+        view = self._view
+        return [view[offs[i] : offs[i + 1]] for i in range(start, stop)]
+
+    def drop_pages(self, start: int, stop: int) -> None:
+        """Drop the pages of records ``start..stop`` from this process (not from the page cache).
+
+        The map is shared and read-only, so a view still held re-reads its bytes from
+        the file; what goes is this process's resident share, which would otherwise
+        grow to every shard read.
+        """
+        lo = -(-self._offsets_list[start] // PAGE) * PAGE
+        hi = self._offsets_list[stop] // PAGE * PAGE
+        if hi > lo and hasattr(mmap, "MADV_DONTNEED"):
+            self._mmap.madvise(mmap.MADV_DONTNEED, lo, hi - lo)
 
     def keys(self) -> Sequence[str]:
         """Every record's ``__key__``, read from the key block on first use."""
         if self._keys is None:
-            raw = self._view[self._keys_offset : self.size - FOOTER_SIZE]
             try:
-                keys = msgpack.unpackb(raw, raw=False)
+                keys = msgpack.unpackb(self._key_block, raw=False)
             except Exception:  # msgpack raises several unrelated types on bad input
                 keys = None
-            # the block passed its CRC on open, so only a broken writer gets here
+            # the block passed its checksum on open, so only a broken writer gets here
             if not isinstance(keys, list) or len(keys) != self.num_records or not (
                 set(map(type, keys)) <= {str}  # a third of the time of an isinstance loop
             ):
@@ -243,10 +229,12 @@ class RecordsShardReader:
     def close(self) -> None:
         """Unmap the file (later, when the last record view a caller holds is dropped)."""
         self.offsets = np.empty(0, dtype="<u8")
+        self._chain = None
         if self._fd >= 0:
             os.close(self._fd)
             self._fd = -1
         try:
+            self._key_block.release()
             self._view.release()
             self._mmap.close()
         except BufferError:

@@ -19,7 +19,6 @@ bounded. Messages name the shard's URL. Imports ``format``, ``backends`` and
 
 from __future__ import annotations
 
-import zlib
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
@@ -27,8 +26,16 @@ import msgpack
 import numpy as np
 import numpy.typing as npt
 
-from shardio.errors import ChecksumError, ShardCorruptError
-from shardio.format import FOOTER_SIZE, HEADER_SIZE, check_header, unframe, unpack_footer
+from shardio.errors import ShardCorruptError
+from shardio.format import (
+    FOOTER_SIZES,
+    HEADER_SIZES,
+    RunBytes,
+    check_frames,
+    check_header,
+    parse_index,
+    unpack_footer,
+)
 from shardio.storage.cachedrange import CachedRange
 from shardio.storage.fetch import RangeRequest
 from shardio.storage.readahead import ReadAhead
@@ -58,7 +65,7 @@ def partition(offsets: npt.NDArray[np.uint64], range_bytes: int) -> list[int]:
 
 def tail_guess(size: int, num_records: int) -> int:
     """Bytes at the end of a shard the first GET asks for: footer, index and keys, usually."""
-    want = FOOTER_SIZE + 8 * (num_records + 1) + TAIL_GUESS_KEY_BYTES * num_records
+    want = FOOTER_SIZES[2] + 12 * (num_records + 1) + TAIL_GUESS_KEY_BYTES * num_records
     return min(size, max(MIN_TAIL_BYTES, want))
 
 
@@ -68,6 +75,10 @@ class ShardTail:
 
     offsets: npt.NDArray[np.uint64]
     key_block: bytes
+    checksum: str
+    """The records' checksum, as the footer names it (``crc32`` for format v1)."""
+    chain: npt.NDArray[np.uint32] | None = None
+    """Format v2: the checksum of the shard up to each record (``shardio.format``)."""
 
 
 def read_tail(fetch: Callable[[RangeRequest], bytes], name: str, *, url: str, size: int,
@@ -92,23 +103,15 @@ def read_tail(fetch: Callable[[RangeRequest], bytes], name: str, *, url: str, si
     footer = unpack_footer(tail, path=url, size=size)
     if footer.index_offset < size - guess:  # index and keys are longer than the guess
         tail = fetch(RangeRequest(name, footer.index_offset, size - guess)) + tail
-    body = memoryview(tail)[len(tail) - (size - footer.index_offset) : len(tail) - FOOTER_SIZE]
-    if zlib.crc32(body) != footer.index_crc32:
-        raise ChecksumError(
-            f"{url}: the record index and key block (bytes {footer.index_offset}.."
-            f"{size - FOOTER_SIZE}) fail their checksum (or the footer's copy of it is "
-            "damaged); the shard is corrupt: restore it from a copy or re-pack",
-            path=url, offset=footer.index_offset,
-        )
-    count = footer.num_records + 1
-    offsets = np.frombuffer(body, dtype="<u8", count=count).copy()
-    if (int(offsets[0]) != HEADER_SIZE or int(offsets[-1]) != footer.index_offset
-            or bool(np.any(np.diff(offsets.astype(np.int64)) <= 0))):
+    body = memoryview(tail)[len(tail) - (size - footer.index_offset) : len(tail) - footer.size]
+    index = parse_index(body, footer, path=url)  # the local reader's checks, in shardio.format
+    if bool(np.any(np.diff(index.offsets.astype(np.int64)) <= 0)):
         raise ShardCorruptError(
             f"{url}: record index does not span the record area in order; re-pack it",
             path=url, offset=footer.index_offset,
         )
-    return ShardTail(offsets, bytes(body[8 * count :]))
+    chain = None if index.chain is None else index.chain.copy()
+    return ShardTail(index.offsets.copy(), bytes(index.key_block), footer.checksum, chain)
 
 
 class RemoteRecordsReader:
@@ -131,6 +134,8 @@ class RemoteRecordsReader:
         self._offsets: list[int] = tail.offsets.tolist()
         self.num_records = len(self._offsets) - 1
         self._cuts = partition(tail.offsets, range_bytes)
+        self._checksum = tail.checksum
+        self._chain = tail.chain
         self._key_block = tail.key_block
         self._keys: list[str] | None = None
         self._current: tuple[int, CachedRange] | None = None
@@ -153,10 +158,13 @@ class RemoteRecordsReader:
 
         def check(view: memoryview) -> None:
             if lo == 0:
-                check_header(view[:HEADER_SIZE], path=url)
-            for i in range(lo, hi):
-                unframe(view[offs[i] - start : offs[i + 1] - start], path=url, record=i,
-                        offset=offs[i], verify=True, exact=True)
+                header = check_header(view[: HEADER_SIZES[2]], path=url)
+                if header.checksum != self._checksum or header.size != offs[0]:
+                    raise ShardCorruptError(
+                        f"{url}: the header says {header.checksum} and records from byte "
+                        f"{header.size}, the footer {self._checksum} and byte {offs[0]}; the "
+                        "shard is damaged: restore it from a copy or re-pack", path=url, offset=0)
+            check_frames(self._run(view, start, lo, hi), path=url, first_record=lo)
 
         return RangeRequest(self.name, start, stop, check)
 
@@ -200,6 +208,29 @@ class RemoteRecordsReader:
                 chunk = memoryview(cached.read(offs[lo] - base, offs[hi] - offs[lo]))
             frames.extend(chunk[offs[i] - offs[lo] : offs[i + 1] - offs[lo]] for i in range(lo, hi))
         return frames
+
+    def _run(self, buf: memoryview | bytes, at: int, start: int, stop: int) -> RunBytes:
+        """Records ``start..stop`` in ``buf``, which holds the shard's bytes from ``at``."""
+        offs = self._offsets
+        base = offs[start]
+        bounds = np.asarray(offs[start : stop + 1], np.int64) - base
+        chain = None if self._chain is None else self._chain[start : stop + 1]
+        view = memoryview(buf)[base - at : offs[stop] - at]
+        return RunBytes(view, bounds, self._checksum, chain, base)
+
+    def read_run(self, start: int, stop: int) -> RunBytes:
+        """Records ``start..stop`` as one buffer (copied out of their ranges, released at once)."""
+        if start == stop:
+            return self._run(b"", self._offsets[start], start, stop)
+        offs = self._offsets
+        parts: list[bytes] = []
+        for j in self._ranges(start, stop):
+            lo, hi = max(start, self._cuts[j]), min(stop, self._cuts[j + 1])
+            base = self._byte_span(j)[0]
+            with self._ahead.take(self._request(j)) as cached:
+                parts.append(cached.read(offs[lo] - base, offs[hi] - offs[lo]))
+        return self._run(parts[0] if len(parts) == 1 else b"".join(parts), offs[start],
+                         start, stop)
 
     def scan(self, start: int = 0, stop: int | None = None) -> Iterator[tuple[int, memoryview]]:
         """Yield ``(index, framed bytes)`` front to back, range by range, reading ahead."""
