@@ -11,6 +11,7 @@ spawn / forkserver workers, and the CLI with ``AWS_ENDPOINT_URL`` only.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import random
 import shutil
@@ -125,10 +126,8 @@ def _folder_bytes(folder: Path) -> int:
     total = 0
     for dirpath, _dirs, files in os.walk(folder):
         for name in files:
-            try:
+            with contextlib.suppress(FileNotFoundError):  # evicted while we walk
                 total += os.path.getsize(os.path.join(dirpath, name))
-            except FileNotFoundError:
-                pass
     return total
 
 
