@@ -140,7 +140,7 @@ def manifest_cases(root: Path) -> list[Case]:
         (["num_bytes"], m["num_bytes"] + 1), (["fields"], ["image"]),
         (["fields"], [*m["fields"], "extra"]), (["classes"], [classes[0] + "x", *classes[1:]]),
         (["classes"], classes[:-1]), (["classes"], classes[::-1]),
-        (["class_to_idx", classes[0]], 1), (["version"], 2), (["format"], "other"),
+        (["class_to_idx", classes[0]], 1), (["version"], m["version"] + 1), (["format"], "other"),
         (["backend"], "lmdb" if m["backend"] == "records" else "records"),
     ]
     if m["codec"] == "zstd":  # "none" -> "zstd" changes nothing a reader or verify can see

@@ -166,3 +166,19 @@ def test_the_writer_forced_to_v1_writes_what_the_frozen_v1_writer_does(tmp_path:
     writer.finish()
     assert (tmp_path / "ours.rec").read_bytes() == (tmp_path / "frozen.rec").read_bytes()
     assert os.path.getsize(tmp_path / "ours.rec") > 0
+
+
+def test_damage_to_v1_shards_is_always_found_and_never_read_as_data(
+        v1: tuple[Path, list[dict[str, Any]]]) -> None:
+    """The corruption fuzz of tests/test_corruption_fuzz.py, on v1 files read by today's readers."""
+    from benchmarks.stress_corruption import flip_cases, run_cases, truncate_cases
+
+    root, _expected = v1
+    rng = np.random.default_rng([5, len(root.name)])
+    cases = flip_cases(root, 60, rng) + truncate_cases(root, 4, rng)
+    outcomes = run_cases(root, cases, unpack=False)
+    bad = [(case, out) for case, out in zip(cases, outcomes, strict=True)
+           if not (out.get("found") is True and not out.get("crash") and not out.get("untyped")
+                   and all(out[r] in ("raised", "exact") for r in ("get", "stream")))]
+    assert not bad, f"{len(bad)} of {len(cases)} cases broke a guarantee, e.g. {bad[:3]}"
+    assert sum(out["stream"] == "raised" for out in outcomes) > len(cases) // 5
