@@ -9,7 +9,10 @@ protocol with per-process, fork-safe clients (``client.py``), retries
 bytes that readers need as files or maps go through the node cache
 (``cache.py``; space accounting in ``budget.py``, held ranges in
 ``cachedrange.py``): a folder shared by every process of a node, under a hard
-byte budget; ``fetch.py`` keeps a few planned ranges downloading ahead. fsspec
+byte budget; ``fetch.py`` keeps a few planned ranges downloading ahead, and
+``readahead.py`` does so for a reader whose plan grows as it reads (the
+stream). ``options.py`` holds ``RemoteOptions``, the one value every reading
+entry point takes for a URL (cache folder, budget, ranges). fsspec
 and its protocol packages are imported only when a remote store is first used
 (``pip install 'shardio[remote]'``); nothing here imports torch.
 """
@@ -27,6 +30,8 @@ from shardio.storage.cache import (
 from shardio.storage.cachedrange import CachedRange
 from shardio.storage.fetch import RangePrefetcher, RangeRequest, min_cache_bytes
 from shardio.storage.local import LocalStore
+from shardio.storage.options import RemoteOptions, default_max_cache_bytes
+from shardio.storage.readahead import ReadAhead
 from shardio.storage.remote import RemoteStore
 from shardio.storage.retry import RetryPolicy, StoreStats, is_transient
 from shardio.storage.store import RangeWriter, Store
@@ -42,12 +47,15 @@ __all__ = [
     "RangePrefetcher",
     "RangeRequest",
     "RangeWriter",
+    "ReadAhead",
+    "RemoteOptions",
     "RemoteStore",
     "RetryPolicy",
     "Store",
     "StoreStats",
     "dataset_namespace",
     "default_cache_dir",
+    "default_max_cache_bytes",
     "is_remote",
     "is_transient",
     "min_cache_bytes",
