@@ -123,7 +123,7 @@ def encode_record(sample: Mapping[str, Any], codec: Codec, checksum: str = DEFAU
 def decode_run(
     run: RunBytes, *, path: str, first_record: int, offset_of: Callable[[int], int] | None = None,
     verify: bool = True, first_index: int | None = None, zero_copy: bool = False,
-    keys: Sequence[str] | None = None,
+    keys: Sequence[str] | None = None, only: Sequence[int] | None = None,
 ) -> list[dict[str, Any]]:
     """Check and decode a run of consecutive records (one streaming block) into sample dicts.
 
@@ -138,7 +138,9 @@ def decode_run(
     should ask. With ``keys`` (the shard's key block), each record's own
     ``__key__`` must be the block's key for its position, so that a damaged
     index or B-tree leading to another intact record is an error, not the
-    wrong sample.
+    wrong sample. With ``only`` (ascending positions in the run), only those
+    records are decoded: a reader that wants a scattered part of a block reads
+    it as one run (every record is still checked) instead of many short ones.
     """
     codecs = check_frames(run, path=path, first_record=first_record, verify=verify,
                           offset_of=offset_of).tolist()
@@ -148,8 +150,8 @@ def decode_run(
     inflate = decompressor().decompress
     big = ZERO_COPY_MIN_BYTES if zero_copy else 1 << 62
     expected = keys[first_record : first_record + len(codecs)] if keys is not None else None
-    index = first_index
-    for n, codec in enumerate(codecs):
+    for n in range(len(codecs)) if only is None else only:
+        codec = codecs[n]
         payload = buf[bounds[n] + FRAME_SIZE : bounds[n + 1]]
         try:
             data = inflate(payload) if codec else payload
@@ -164,9 +166,8 @@ def decode_run(
         if expected is not None and sample.get(KEY_FIELD) != expected[n]:
             raise _wrong_key(path, first_record + n, _where(run, n, offset_of, first_record),
                              sample.get(KEY_FIELD), expected[n])
-        if index is not None:
-            sample[INDEX_FIELD] = index
-            index += 1
+        if first_index is not None:
+            sample[INDEX_FIELD] = first_index + n
         out.append(sample)
     return out
 

@@ -47,20 +47,42 @@ class RunReader(Protocol):
     def prefetch(self, shards: Iterable[int]) -> None: ...
 
 
-def window_runs(unique: IndexArray, firsts: IndexArray, max_run: int) -> list[Run]:
-    """Runs covering the sorted, unique global ``indices``, in order, each at most ``max_run``."""
+GAP_BYTES = 64 << 10
+"""Records a reader does not want are read through (not decoded) when a gap between wanted
+ones holds about this many bytes or less. DataLoader workers that take whole batches in
+turn each want a scattered part of every block: with 2 workers and 1-4 KB records, runs
+of about two records cost a worker 10.6 us a sample against 2.0 us for one reader, and
+reading through gaps brings it back to the one reader's cost (benchmarks/README.md,
+"Hand-over"); a gap of one 80 KB image costs more to check than a run saves."""
+
+
+def gap_records(manifest: Manifest, max_run: int) -> int:
+    """The widest gap of unwanted records a run reads through, from the mean record size."""
+    mean = manifest.num_bytes / max(manifest.num_samples, 1)
+    return max(0, min(max_run - 1, int(GAP_BYTES // max(mean, 1.0))))
+
+
+def window_runs(
+    unique: IndexArray, firsts: IndexArray, max_run: int, max_gap: int = 0
+) -> list[Run]:
+    """Runs covering the sorted, unique global ``indices``, in order, each at most ``max_run``.
+
+    Wanted records at most ``max_gap`` records apart share a run (the records between
+    are read, not decoded).
+    """
     if len(unique) == 0:
         return []
     shards = np.searchsorted(firsts, unique, side="right") - 1
-    breaks = np.flatnonzero((np.diff(unique) != 1) | (np.diff(shards) != 0)) + 1
+    breaks = np.flatnonzero((np.diff(unique) > 1 + max_gap) | (np.diff(shards) != 0)) + 1
     lo = np.concatenate(([0], breaks)).tolist()
     hi = np.concatenate((breaks, [len(unique)])).tolist()
     runs = []
     for a, b in zip(lo, hi, strict=True):
         shard = int(shards[a])
         first = int(unique[a]) - int(firsts[shard])
-        for start in range(first, first + (b - a), max_run):
-            runs.append((shard, start, min(start + max_run, first + (b - a))))
+        stop = int(unique[b - 1]) - int(firsts[shard]) + 1
+        for start in range(first, stop, max_run):
+            runs.append((shard, start, min(start + max_run, stop)))
     return runs
 
 
@@ -131,16 +153,21 @@ class _OpenWindow:
         self.ranks = plan.ranks
         self._reader, self._runs, self._firsts, self._zero_copy = (
             reader, plan.runs, firsts, zero_copy)
-        lengths = [stop - start for _shard, start, stop in plan.runs]
-        self.run_of: list[int] = np.repeat(np.arange(len(lengths)), lengths).tolist()
-        self._base = np.concatenate(([0], np.cumsum(lengths))).astype(np.int64).tolist()
+        self._unique = plan.unique
+        self.run_of: list[int] = np.repeat(np.arange(len(plan.counts)), plan.counts).tolist()
+        self._base = np.concatenate(([0], np.cumsum(plan.counts))).astype(np.int64).tolist()
         self.samples: list[dict[str, Any] | None] = [None] * self._base[-1]
-        self._loaded: list[bool] = [False] * len(lengths)
+        self._loaded: list[bool] = [False] * len(plan.counts)
 
     def load(self, r: int) -> None:
-        """Read and decode run ``r`` into ``samples``."""
-        self.samples[self._base[r] : self._base[r + 1]] = read_run(
-            self._reader, self._runs[r], self._firsts, self._zero_copy)
+        """Read and decode run ``r`` (its wanted records) into ``samples``."""
+        lo, hi = self._base[r], self._base[r + 1]
+        shard, start, stop = self._runs[r]
+        only = None
+        if hi - lo != stop - start:  # a run through gaps: its wanted records' positions
+            only = (self._unique[lo:hi] - (int(self._firsts[shard]) + start)).tolist()
+        self.samples[lo:hi] = read_run(
+            self._reader, self._runs[r], self._firsts, self._zero_copy, only)
         self._loaded[r] = True
 
     def gather(self, ranks: IndexArray) -> list[dict[str, Any]]:
@@ -171,10 +198,12 @@ def _windows(reader: RunReader, order: IndexArray, window: int, max_run: int, sk
     starts = list(range(skip - skip % window, len(order), window))
     if not starts:
         return
-    current = _plan_window(order, starts[0], max(starts[0], skip), window, firsts, max_run)
+    gap = gap_records(reader.manifest, max_run)
+    current = _plan_window(order, starts[0], max(starts[0], skip), window, firsts, max_run, gap)
     advise(reader, current.due)
     for w_lo in starts:
-        upcoming = _plan_window(order, w_lo + window, w_lo + window, window, firsts, max_run)
+        upcoming = _plan_window(order, w_lo + window, w_lo + window, window, firsts, max_run,
+                                gap)
         advise(reader, upcoming.due)
         open_window = _OpenWindow(reader, current, firsts, zero_copy)
         try:
@@ -192,23 +221,28 @@ class _Window:
     runs: list[Run]
     ranks: IndexArray
     due: list[Run]
+    unique: IndexArray
+    """The window's samples, sorted: ``ranks`` index it; run ``r`` holds ``counts[r]`` of them."""
+    counts: list[int]
 
 
 def _plan_window(order: IndexArray, w_lo: int, first: int, window: int, firsts: IndexArray,
-                 max_run: int) -> _Window:
+                 max_run: int, max_gap: int = 0) -> _Window:
     """The window of ``order`` starting at ``w_lo``, yielded from position ``first`` on."""
     unique = _sorted_unique(order[w_lo : w_lo + window])
-    runs = window_runs(unique, firsts, max_run)
+    runs = window_runs(unique, firsts, max_run, max_gap)
     ranks = np.searchsorted(unique, order[first : w_lo + window])
+    ends = np.asarray([int(firsts[shard]) + stop for shard, _start, stop in runs], np.int64)
+    counts = np.diff(np.searchsorted(unique, ends), prepend=0).tolist()
     if not runs or len(ranks) == 0:
-        return _Window(runs, ranks, [])
-    lengths = [stop - start for _shard, start, stop in runs]
-    run_of = np.repeat(np.arange(len(runs)), lengths)[ranks]
+        return _Window(runs, ranks, [], unique, counts)
+    run_of = np.repeat(np.arange(len(runs)), counts)[ranks]
     # first time each run is due, in yield order
     first_due = np.full(len(runs), len(run_of), np.int64)
     np.minimum.at(first_due, run_of, np.arange(len(run_of)))
     due = np.flatnonzero(first_due < len(run_of))
-    return _Window(runs, ranks, [runs[r] for r in due[np.argsort(first_due[due])].tolist()])
+    return _Window(runs, ranks, [runs[r] for r in due[np.argsort(first_due[due])].tolist()],
+                   unique, counts)
 
 
 def _sorted_unique(values: IndexArray) -> IndexArray:
@@ -220,9 +254,10 @@ def _sorted_unique(values: IndexArray) -> IndexArray:
 
 
 def read_run(
-    reader: RunReader, run: Run, firsts: IndexArray, zero_copy: bool = False
+    reader: RunReader, run: Run, firsts: IndexArray, zero_copy: bool = False,
+    only: list[int] | None = None,
 ) -> list[dict[str, Any]]:
-    """Read and decode one run of records."""
+    """Read and decode one run of records (of it, the positions ``only``)."""
     shard, start, stop = run
     shard_reader = reader.shard(shard)
     return decode_run(
@@ -234,6 +269,7 @@ def read_run(
         first_index=int(firsts[shard]) + start,
         zero_copy=zero_copy,
         keys=shard_reader.keys(),
+        only=only,
     )
 
 
