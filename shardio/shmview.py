@@ -115,5 +115,7 @@ def forget(token: str, keep: set[int] | None = None) -> None:
 
     Batches still held keep their own segment mapped until they are dropped.
     """
-    for key in [k for k in _MAPPED if k[0] == token and (keep is None or k[1] not in keep)]:
-        del _MAPPED[key]
+    # list(dict) copies the keys in one step: a pin-memory thread may be adding one meanwhile
+    for key in list(_MAPPED):
+        if key[0] == token and (keep is None or key[1] not in keep):
+            _MAPPED.pop(key, None)
