@@ -191,12 +191,18 @@ def test_a_dataset_used_in_the_parent_streams_in_workers(
         pytest.skip("one backend is enough for spawn and forkserver (they pickle the dataset)")
     url = upload(packed, s3.url)
     s3.plan.reset(**FAULTS)
-    ds = StreamingDataset(url, decode="raw", shuffle_buffer=32, remote=options(tmp_path))
+    # A forkserver child has the environment of the forkserver process, which Python starts
+    # once, maybe before this test's AWS_* settings: explicit options travel with the dataset.
+    explicit = {"endpoint_url": s3.proxy.url, "key": "testing", "secret": "testing"}
+    remote = options(tmp_path, storage_options=explicit if method == "forkserver" else None)
+    ds = StreamingDataset(url, decode="raw", shuffle_buffer=32, remote=remote)
     used = iter(ds)
-    first = [next(used) for _ in range(3)]  # the parent's client, threads and ranges are live
-    assert len({s["__key__"] for s in first}) == 3
-    check_exactly_once(stream(ds, 2, multiprocessing_context=method), source)
-    used.close()  # type: ignore[attr-defined]
+    try:
+        first = [next(used) for _ in range(3)]  # the parent's client, threads and ranges are live
+        assert len({s["__key__"] for s in first}) == 3
+        check_exactly_once(stream(ds, 2, multiprocessing_context=method), source)
+    finally:
+        used.close()  # type: ignore[attr-defined]
 
 
 def test_a_dataset_served_over_http_range_streams(

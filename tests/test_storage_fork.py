@@ -45,7 +45,11 @@ def run_in_children(method: str, store: Store, expected: Path, tmp_path: Path) -
 @pytest.mark.parametrize("method", ["fork", "spawn", "forkserver"])
 def test_s3_store_used_in_parent_works_in_children(
         method: str, s3: S3Endpoint, tmp_path: Path) -> None:
-    store = open_store(s3.url, retry=FAST_RETRY)
+    # A forkserver child has the environment of the forkserver process, which Python starts
+    # once, maybe before this test's AWS_* settings: explicit options travel with the store.
+    explicit = {"endpoint_url": s3.proxy.url, "key": "testing", "secret": "testing"}
+    store = open_store(s3.url, storage_options=explicit if method == "forkserver" else None,
+                       retry=FAST_RETRY)
     store.put_bytes("obj.bin", DATA)
     assert store.read_range("obj.bin", 10, 20) == DATA[10:20]  # the parent's client is live
     expected = tmp_path / "expected.bin"
