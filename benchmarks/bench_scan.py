@@ -17,7 +17,8 @@ Per file it reports the wall time, the driver's CPU (the serial part: its own
 share of the walk, receiving and merging the parts), the tasks' CPU (forked
 children, or the cluster's workers: the part that divides by the number of
 workers), the plan (shuffle, size bounds, cuts and running totals, as
-``pack`` does them) and the driver's memory growth. The rounds rotate the
+``pack`` does them) and the driver's resident memory growth (the source and
+the shuffled stream it keeps). The rounds rotate the
 order of the settings; the 1-minute load average is recorded after each round
 (the machine is shared). ``benchmarks.pack_report`` turns these figures and
 those of ``bench_pack --dask-workers`` into the README's tables and its
@@ -69,13 +70,17 @@ pool_class.submit = counting
 
 def usage(who):
     u = resource.getrusage(who)
-    return u.ru_utime + u.ru_stime, u.ru_maxrss * 1024
+    return u.ru_utime + u.ru_stime
 
-rss0 = usage(resource.RUSAGE_SELF)[1]
-cpu0, kids0 = usage(resource.RUSAGE_SELF)[0], usage(resource.RUSAGE_CHILDREN)[0]
+def rss():  # resident now (not the peak, which imports may have set higher)
+    with open("/proc/self/statm") as fh:
+        return int(fh.read().split()[1]) * resource.getpagesize()
+
+rss0 = rss()
+cpu0, kids0 = usage(resource.RUSAGE_SELF), usage(resource.RUSAGE_CHILDREN)
 start = time.perf_counter()
 source = engine.scan(src, imagefolder=None, include=(), exclude=(), follow_symlinks=False)
-scan_s, cpu1 = time.perf_counter() - start, usage(resource.RUSAGE_SELF)[0]
+scan_s, cpu1 = time.perf_counter() - start, usage(resource.RUSAGE_SELF)
 order = list(range(len(source.samples)))
 random.Random(0).shuffle(order)
 stream = [source.samples[i] for i in order]
@@ -83,9 +88,9 @@ plan = plan_shards(framed_bounds(stream), max_shard_bytes=256 * 10**6)
 files_upto = list(itertools.accumulate((len(s.paths) for s in stream), initial=0))
 bytes_upto = list(itertools.accumulate((s.num_bytes for s in stream), initial=0))
 plan_s = time.perf_counter() - start - scan_s
-cpu2, rss1 = usage(resource.RUSAGE_SELF)
+cpu2, rss1 = usage(resource.RUSAGE_SELF), rss()
 print(json.dumps({"files": files_upto[-1], "scan_s": scan_s, "driver_cpu_s": cpu1 - cpu0,
-                  "children_cpu_s": usage(resource.RUSAGE_CHILDREN)[0] - kids0,
+                  "children_cpu_s": usage(resource.RUSAGE_CHILDREN) - kids0,
                   "plan_s": plan_s, "plan_cpu_s": cpu2 - cpu1, "tasks": len(tasks),
                   "rss_growth_bytes": rss1 - rss0}))
 engine.close()

@@ -40,6 +40,9 @@ BLOCKS: dict[str, str] = {
     "bench-tables": "benchmarks.report:tables_block",
     "bench-remote": "benchmarks.remote_report:remote_block",
     "bench-remote-summary": "benchmarks.remote_report:summary_block",
+    "pack-engines": "benchmarks.pack_report:engines_block",
+    "pack-scan": "benchmarks.pack_report:scan_block",
+    "pack-estimate": "benchmarks.pack_report:estimate_block",
 }
 """Block name -> ``"module:function"`` rendering it; imported only when rendered."""
 
