@@ -103,19 +103,25 @@ def tree_spec(tree: Tree) -> dict[str, Any]:
 
 
 def measure(spec: dict[str, Any], *, cache: Path, env: dict[str, str], logs: Path, tag: str,
-            timeout_s: float, server: S3rver) -> dict[str, Any]:
-    """Run one ``remote_child`` with a sampled cache folder; its result plus what was seen."""
+            timeout_s: float, server: S3rver, proxy: FaultProxy) -> dict[str, Any]:
+    """Run one ``remote_child`` with a sampled cache folder; its result plus what was seen.
+
+    ``run_get_bytes`` (GET bytes over the whole run, read here) says what a run that
+    timed out had downloaded by then.
+    """
     import psutil
 
     shutil.rmtree(cache, ignore_errors=True)
     cache.mkdir(parents=True)
     spec_path, result_path = logs / f"{tag}.spec.json", logs / f"{tag}.result.json"
+    result_path.unlink(missing_ok=True)  # never read an earlier run's result
     spec = {**spec, "result": str(result_path)}
     spec_path.write_text(json.dumps(spec), encoding="utf-8")
     server_cpu = sum(psutil.Process(server.pid).cpu_times()[:2])
     own = resource.getrusage(resource.RUSAGE_SELF)
     kids = resource.getrusage(resource.RUSAGE_CHILDREN)
     load = os.getloadavg()[0]
+    sent = proxy.plan.counters()["get_bytes"]
     with FolderSampler(cache) as sampler, open(logs / f"{tag}.log", "wb") as log:
         try:
             proc = subprocess.run([sys.executable, "-m", "benchmarks.remote_child", str(spec_path)],
@@ -124,12 +130,15 @@ def measure(spec: dict[str, Any], *, cache: Path, env: dict[str, str], logs: Pat
             code: int | str = proc.returncode
         except subprocess.TimeoutExpired:
             code = f"timeout after {timeout_s:.0f} s"
+    out_bytes = proxy.plan.counters()["get_bytes"] - sent
     own2 = resource.getrusage(resource.RUSAGE_SELF)
     kids2 = resource.getrusage(resource.RUSAGE_CHILDREN)
     out: dict[str, Any] = {"epochs": [], "error": None}
     if result_path.exists():
         out = json.loads(result_path.read_text(encoding="utf-8"))
-    if code != 0:
+    out["exit"] = code
+    out["run_get_bytes"] = out_bytes
+    if code != 0 or not result_path.exists():
         tail = (logs / f"{tag}.log").read_text(errors="replace").strip().splitlines()[-3:]
         out["error"] = out["error"] or {"epoch": len(out["epochs"]) + 1, "type": "exit",
                                         "message": f"exit {code}: " + " | ".join(tail)}
@@ -177,6 +186,8 @@ def measure_tree(tree: Tree, args: argparse.Namespace, runner: Runner, server: S
         else:
             print(f"[{tree.kind}] skip {name}: {reason}", flush=True)
     budgets = {"fits": None, "half": tree.num_bytes // 2}
+    timeout_s = args.timeout or run_timeout(out, args.bandwidth_mbs)
+    timed_out: set[tuple[str, str]] = set()
     for rep in range(args.repeats):
         for budget in args.budgets:
             for workers in args.workers:
@@ -184,6 +195,8 @@ def measure_tree(tree: Tree, args: argparse.Namespace, runner: Runner, server: S
                 print(f"[{tree.kind}] {config}, repeat {rep + 1}/{args.repeats}", flush=True)
                 for name in rotate(ready, rep):
                     if budget != "fits" and not get_reader(name).has_budget:
+                        continue
+                    if (name, config) in timed_out:  # once is enough to know; saves the time
                         continue
                     upload = out["systems"][name]["upload"]
                     remote = {"url": f"s3://{BUCKET}/{upload['prefix']}",
@@ -196,8 +209,10 @@ def measure_tree(tree: Tree, args: argparse.Namespace, runner: Runner, server: S
                             "expected_crc": str(crc), "proxy_url": proxy.url}
                     tag = f"{tree.kind}-{name}-{config}-r{rep}"
                     res = measure(spec, cache=args.work_dir / "cache", env=env, logs=runner.logs,
-                                  tag=tag, timeout_s=args.timeout, server=server)
+                                  tag=tag, timeout_s=timeout_s, server=server, proxy=proxy)
                     res["budget_bytes"] = budgets[budget]
+                    if isinstance(res["exit"], str):
+                        timed_out.add((name, config))
                     if args.verbose:
                         brief = [(round(e["samples_per_s"]), round(e["get_bytes"] / 1e6))
                                  for e in res["epochs"]]
@@ -217,6 +232,12 @@ def remote_versions() -> dict[str, str | None]:
         except importlib.metadata.PackageNotFoundError:
             out[name] = None
     return out
+
+
+def run_timeout(tree: dict[str, Any], bandwidth_mbs: float) -> float:
+    """Seconds a run may take: 60 s plus 15x its two epochs at the link's rate (largest pack)."""
+    largest = max((e.get("stored_bytes", 0) for e in tree["systems"].values()), default=0)
+    return 60 + 15 * 2 * largest / (bandwidth_mbs * 1e6) if bandwidth_mbs else 600
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -240,7 +261,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--work-dir", type=Path, default=HERE / "work" / "remote",
                    help="packs, the S3 server's folder, caches, logs")
     p.add_argument("--out", type=Path, help="results JSON (default results/remote.json)")
-    p.add_argument("--timeout", type=float, default=600, help="seconds per measurement")
+    p.add_argument("--timeout", type=float,
+                   help="seconds per run (default: 60 + 15x two epochs at the link's rate); a "
+                        "system that times out is not run again in that configuration")
     p.add_argument("--update-readme", action="store_true", help="rewrite the generated blocks")
     p.add_argument("-v", "--verbose", action="store_true", help="print each run; keep logs")
     args = p.parse_args(argv)
@@ -266,7 +289,7 @@ def main(argv: list[str] | None = None) -> Path:
     args.work_dir.mkdir(parents=True, exist_ok=True)
     snapshot = args.work_dir / "snapshot"
     source = snapshot_head(REPO, snapshot)
-    runner = Runner(args.work_dir, timeout_s=args.timeout, verbose=args.verbose,
+    runner = Runner(args.work_dir, timeout_s=args.timeout or 900, verbose=args.verbose,
                     snapshot=str(snapshot))
     started = time.time()
     server = S3rver(args.work_dir / "s3rver", log=runner.logs / "s3rver.log")

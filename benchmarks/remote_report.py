@@ -51,6 +51,8 @@ def summarize_runs(runs: list[dict[str, Any]], stored: int) -> dict[str, Any]:
         "epoch2": _median(per_epoch(1, "samples_per_s")),
         "down2": _median([b / stored for b in per_epoch(1, "get_bytes")]),
         "cache_peak": max((r["cache_peak_bytes"] for r in runs), default=0),
+        "run_down": max((r.get("run_get_bytes", 0) / stored for r in runs if r["error"]),
+                        default=None),
         "budget": runs[0]["budget_bytes"] if runs else None,
         "exactly_once": all(e["exactly_once"] for r in runs for e in r["epochs"]),
         "load": [r["load_1min"][0] for r in runs],
@@ -88,6 +90,10 @@ def _failure(s: dict[str, Any]) -> str:
     named = ([line for line in lines if re.match(rf"([\w.]+\.)?{f['type']}: ", line)]
              or [line for line in lines if f["type"] in line] or lines or [f["type"]])
     first = re.sub(r"^[\w.]+\.(\w+: )", r"\1", named[0])[:150].replace("|", "/")
+    if f["message"].startswith("exit timeout"):
+        seconds = re.search(r"after (\d+) s", f["message"])
+        first = (f"timed out after {seconds[1] if seconds else '?'} s, "
+                 f"{_num(s['run_down'], 1)}x stored downloaded by then")
     minimum = re.search(r"the minimum is (\d+) bytes", f["message"])
     if minimum:
         first = f"{first.split(':')[0]}: the minimum is {int(minimum[1]) / 1e6:,.0f} MB"
@@ -211,6 +217,10 @@ def _half_outcome(s: dict[str, Any] | None) -> str:
         minimum = re.search(r"the minimum is (\d+) bytes", f.get("message", ""))
         return "refused at once" + (f": needs {int(minimum[1]) / 1e6:,.0f} MB" if minimum else
                                     " (budget below its minimum)")
+    if f.get("message", "").startswith("exit timeout"):
+        return (f"did not finish ({f['message'].split(':')[0].removeprefix('exit ')}; "
+                f"{_num(s['run_down'], 1)}x stored downloaded by then, cache peak "
+                f"{_mb(s['cache_peak'])} MB of {_mb(s['budget'])})")
     return f"failed ({f.get('type', '?')}) in {s['runs'] - s['completed']} of {s['runs']} runs"
 
 
