@@ -34,7 +34,6 @@ import argparse
 import contextlib
 import datetime
 import json
-import logging
 import os
 import platform
 import resource
@@ -160,16 +159,16 @@ def extract_revision(rev: str, work: Path) -> Path:
 
 
 class DaskCluster:
-    """A ``distributed.LocalCluster`` of single-threaded worker processes, and their CPU time."""
+    """``shardio.engines.dask.local_cluster``, a client, and the CPU time of its workers."""
 
     def __init__(self, num_workers: int) -> None:
         import distributed
         import psutil  # a dependency of distributed
 
+        from shardio.engines.dask import local_cluster
+
         start = time.perf_counter()
-        self.cluster = distributed.LocalCluster(
-            n_workers=num_workers, threads_per_worker=1, processes=True, host="127.0.0.1",
-            dashboard_address=None, silence_logs=logging.ERROR)
+        self.cluster = local_cluster(num_workers)  # the cluster pack itself would start
         self.client = distributed.Client(self.cluster, set_as_default=False)
         self.client.wait_for_workers(num_workers)
         self.start_s = time.perf_counter() - start
