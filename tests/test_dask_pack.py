@@ -31,7 +31,7 @@ from click.testing import CliRunner  # noqa: E402
 from storage_servers import S3Endpoint  # noqa: E402
 
 from shardio.cli import main  # noqa: E402
-from shardio.errors import BadInputError  # noqa: E402
+from shardio.errors import BadInputError, PackError  # noqa: E402
 from shardio.journal import JOURNAL_NAME  # noqa: E402
 from shardio.manifest import MANIFEST_NAME  # noqa: E402
 from shardio.pack import pack  # noqa: E402
@@ -286,6 +286,21 @@ def test_a_dask_pack_to_a_url_is_identical_to_a_local_pack(
     store = open_store(s3.url)
     objects = {name: store.read_bytes(name) for name in store.list_names()}
     assert objects == _files(tmp_path / "local") and local.shards >= 8
+
+
+def test_a_worker_that_does_not_see_src_or_out_refuses_to_walk_or_build(tmp_path: Path) -> None:
+    from shardio.engines.dasktasks import build_task, walk_task_paused
+    from shardio.scan import WalkSpec
+    from shardio.shardbuild import ShardJob
+
+    gone = str(tmp_path / "not-mounted")
+    with pytest.raises(PackError, match="not a folder on the Dask worker"):
+        walk_task_paused(WalkSpec(gone, gone + "/"), [(gone + "/a", "a/", frozenset())], 8)
+    job = ShardJob((), {0: range(0)}, tmp_path / "out", "records", "none", 3, False, False,
+                   False)
+    for src in (gone, str(tmp_path)):  # SRC missing; then OUT missing
+        with pytest.raises(PackError, match="SRC and a local OUT at the same path"):
+            build_task(job, b"\x90", 0, None, "run", src)
 
 
 IMPORTS = """

@@ -11,8 +11,9 @@ whichever engine runs them. The boundary is one protocol, ``PackEngine``:
 * ``close``: release what the engine started.
 
 ``local`` (``engines/local.py``) runs both on this machine in forked processes;
-``dask`` (``engines/dask.py``) on a Dask cluster: an existing one at a
-scheduler address, or a local one sized to this machine. A second cluster
+``dask`` (``engines/dask.py``, its tasks in ``engines/dasktasks.py``) on a Dask
+cluster: an existing one at a scheduler address, or a local one sized to this
+machine. A second cluster
 engine (Ray, …) is one more module here and one line in ``open_engine``.
 ``dask`` and ``distributed`` are imported only when the dask engine is opened.
 """

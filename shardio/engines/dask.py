@@ -18,22 +18,19 @@ absolute path, and sample paths relative to this process's working folder are
 opened relative to it on the workers (``ShardJob.base``), so messages name
 files exactly as a local pack does. All of them must be on a filesystem every
 worker sees at the same path. Progress comes from the tasks as Dask events
-(``PROGRESS_TOPIC``). Imported only when engine ``dask`` is used.
+(``PROGRESS_TOPIC``). The tasks themselves are ``shardio.engines.dasktasks``.
+Imported only when engine ``dask`` is used.
 """
 
 from __future__ import annotations
 
-import contextlib
-import gc
 import logging
 import os
 import queue
-import tempfile
 import threading
-import time
 import uuid
 from collections import deque
-from collections.abc import Generator, Iterator, Sequence
+from collections.abc import Generator, Sequence
 from dataclasses import replace
 from operator import attrgetter
 from pathlib import Path
@@ -42,14 +39,14 @@ from typing import Any, Final
 import dask.config
 import distributed
 
+from shardio.engines.dasktasks import PROGRESS_TOPIC, build_task, walk_task_paused
 from shardio.errors import PackError
 from shardio.packtarget import PackTarget
-from shardio.scan import ScanPart, WalkSpec, walk_task
-from shardio.shardbuild import ShardJob, ShardOutcome, ShardResult, build_shard
+from shardio.scan import ScanPart, WalkSpec
+from shardio.shardbuild import ShardJob, ShardOutcome
 from shardio.shardpool import Progress, default_workers
 from shardio.source import Source, scan_source
-from shardio.stems import pack_samples, unpack_samples
-from shardio.storage import Store
+from shardio.stems import pack_samples
 from shardio.walk import Folder
 
 MAX_ENTRIES: Final = 16384
@@ -58,16 +55,12 @@ TASKS_PER_THREAD: Final = 2
 """Build tasks in flight per worker thread: one running, one queued behind it."""
 POLL_S: Final = 0.2
 """How often the driver refreshes the progress bar while it waits for shards."""
-REPORT_S: Final = 0.2
-"""A task sends a progress event at most this often."""
 WORKER_ENV: Final = {"MALLOC_TRIM_THRESHOLD_": str(64 << 20)}
 """Environment of the workers of ``local_cluster``: dask sets glibc's trim threshold to
 64 KB so that workers hand memory back at once; a build task frees and takes back
 buffers the size of its files, and its workers spent twice the system time of this
 process building the same shard (measured on the JPEGs). Set it so on your own cluster
 (``distributed.nanny.pre-spawn-environ``) for the same effect."""
-PROGRESS_TOPIC: Final = "shardio-pack-progress"
-"""Events ``{"run", "shard", "files", "bytes", "pid"}``: files and bytes of the shard so far."""
 _PATHS = attrgetter("paths")
 _NUM_BYTES = attrgetter("num_bytes")
 
@@ -114,39 +107,6 @@ class _Completions:
             return None
 
 
-_gc_lock = threading.Lock()
-_gc_holds = [0, False]
-"""Tasks of this worker process running with the cyclic GC paused, and whether it was on."""
-
-
-@contextlib.contextmanager
-def _gc_paused() -> Iterator[None]:
-    """Pause the cyclic GC while a task runs, as ``pack`` does in its own process.
-
-    A walk task makes a few objects per file, all of them kept: with the GC on,
-    its collections rescanned them and a walk cost 10.7 µs per file instead of
-    5.9 (measured). Counted, so that threads of one worker overlap safely.
-    """
-    with _gc_lock:
-        if _gc_holds[0] == 0:
-            _gc_holds[1] = gc.isenabled()
-            gc.disable()
-        _gc_holds[0] += 1
-    try:
-        yield
-    finally:
-        with _gc_lock:
-            _gc_holds[0] -= 1
-            if _gc_holds[0] == 0 and _gc_holds[1]:
-                gc.enable()
-
-
-def walk_task_paused(spec: WalkSpec, folders: Sequence[Folder], max_entries: int | None) -> bytes:
-    """``shardio.scan.walk_task`` with the GC paused."""
-    with _gc_paused():
-        return walk_task(spec, folders, max_entries)
-
-
 class DaskWalkPool:
     """A ``WalkPool`` whose tasks run on the cluster."""
 
@@ -175,45 +135,6 @@ class DaskWalkPool:
         if self._running:
             self.client.cancel(list(self._running))
             self._running.clear()
-
-
-class _TaskProgress:
-    """Sends ``(files, bytes)`` of one shard being built as Dask events, at most every REPORT_S."""
-
-    def __init__(self, run: str, number: int) -> None:
-        self.worker = distributed.get_worker()
-        self.run, self.number = run, number
-        self.files = self.bytes = 0
-        self.sent = 0.0
-
-    def report(self, files: int, nbytes: int) -> None:
-        self.files += files
-        self.bytes += nbytes
-        now = time.monotonic()
-        if now - self.sent >= REPORT_S:
-            self.sent = now
-            self.worker.log_event(PROGRESS_TOPIC, {
-                "run": self.run, "shard": self.number, "files": self.files,
-                "bytes": self.bytes, "pid": os.getpid()})
-
-
-def build_task(
-    job: ShardJob, samples: bytes, number: int, store: Store | None, run: str
-) -> ShardOutcome:
-    """A build task: shard ``number`` of ``job`` (cut down to it, its stream sent as
-    ``stems.pack_samples``), put in place when complete."""
-    attempt = f"{run[:8]}-{uuid.uuid4().hex[:8]}"
-    report = _TaskProgress(run, number).report
-    with _gc_paused():
-        job = replace(job, stream=unpack_samples(samples))
-        if store is None:
-            return build_shard(job, number, report, attempt=attempt)
-        with tempfile.TemporaryDirectory(prefix="shardio-shard-") as staging:
-            outcome = build_shard(replace(job, out=Path(staging)), number, report,
-                                  attempt=attempt)
-            if isinstance(outcome, ShardResult) and outcome.num_samples:
-                store.put_file(outcome.name, Path(staging) / outcome.name)
-            return outcome
 
 
 class _DriverProgress:
@@ -266,6 +187,8 @@ class DaskEngine:
 
     def __init__(self, *, num_workers: int | None = None, scheduler: str | None = None) -> None:
         self.cluster: distributed.LocalCluster | None = None
+        self.src: str | None = None
+        """SRC's absolute path once scanned: build tasks check that their worker sees it."""
         if scheduler is None:
             self.cluster = local_cluster(num_workers or default_workers())
         self.client = distributed.Client(scheduler or self.cluster, set_as_default=False)
@@ -276,10 +199,10 @@ class DaskEngine:
     ) -> Source:
         """``scan_source`` with the walk in cluster tasks, at SRC's absolute path."""
         pool = DaskWalkPool(self.client, MAX_ENTRIES)
+        self.src = os.path.abspath(src)
         try:
             return scan_source(src, imagefolder=imagefolder, include=include, exclude=exclude,
-                               follow_symlinks=follow_symlinks, pool=pool,
-                               walk_root=os.path.abspath(src))
+                               follow_symlinks=follow_symlinks, pool=pool, walk_root=self.src)
         finally:
             pool.close()
 
@@ -306,7 +229,7 @@ class DaskEngine:
                     piece = job.for_shard(number)
                     running[completions.watch(self.client.submit(
                         build_task, replace(piece, stream=()), pack_samples(piece.stream),
-                        number, store, run, key=f"shardio-shard-{number:05d}-{run}",
+                        number, store, run, self.src, key=f"shardio-shard-{number:05d}-{run}",
                         retries=0))] = number
                 future = completions.next(POLL_S)
                 if future is not None:
