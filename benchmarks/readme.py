@@ -43,6 +43,8 @@ BLOCKS: dict[str, str] = {
     "pack-engines": "benchmarks.pack_report:engines_block",
     "pack-scan": "benchmarks.pack_report:scan_block",
     "pack-estimate": "benchmarks.pack_report:estimate_block",
+    "bench-handover": "benchmarks.handover_report:handover_block",
+    "bench-decode": "benchmarks.handover_report:decode_block",
 }
 """Block name -> ``"module:function"`` rendering it; imported only when rendered."""
 
