@@ -221,8 +221,14 @@ class RecordBatch:
         The batch has the union of the samples' fields, in first-seen order:
         in a generic pack only some samples may have a ``.txt``, and a field
         the first sample lacks must not vanish from the others. A sample that
-        lacks a field gets None there.
+        lacks a field gets None there. Samples that can batch themselves (a chunk
+        of ``shardio.stream.iter_chunks``, filed field by field as its runs were
+        decoded) do: the same batch, without a pass over the sample dicts.
         """
+        build = getattr(samples, "record_batch", None)
+        if build is not None:
+            batch: RecordBatch = build()
+            return batch
         keys = [s[KEY_FIELD] for s in samples]
         indices = np.array([s.get(INDEX_FIELD, -1) for s in samples], dtype=np.int64)
         # dict keys: an ordered set, first-seen order.

@@ -27,6 +27,7 @@ from shardio.backends import ShardFileReader
 from shardio.manifest import Manifest
 from shardio.plan import IndexArray
 from shardio.record import decode_run
+from shardio.runbatch import Chunk, WindowColumns
 
 Run = tuple[int, int, int]
 """``(shard, first record, stop record)``."""
@@ -124,23 +125,26 @@ def iter_chunks(
     size: int,
     skip: int = 0,
     zero_copy: bool = False,
-) -> Iterator[list[dict[str, Any]]]:
+) -> Iterator[Chunk]:
     """The samples of ``iter_samples``, ``size`` at a time (the last chunk may be shorter).
 
     A chunk is gathered from the windows' decoded runs with one C call per
-    window it spans, not one step per sample: what batching readers use.
+    window it spans, not one step per sample: what batching readers use. Each
+    run is also filed field by field when decoded, so a chunk builds its
+    ``RecordBatch`` from columns (``shardio.runbatch``).
     """
-    pending: list[dict[str, Any]] = []
-    for open_window in _windows(reader, order, window, max_run, skip, zero_copy):
+    pending = Chunk()
+    for open_window in _windows(reader, order, window, max_run, skip, zero_copy, columns=True):
         ranks = open_window.ranks
         at = 0
         while at < len(ranks):
-            take = ranks[at : at + size - len(pending)]
+            take = ranks[at : at + size - len(pending)].tolist()
             at += len(take)
-            pending += open_window.gather(take)
+            assert open_window.columns is not None
+            pending.add(open_window.columns, take, open_window.gather(take))
             if len(pending) == size:
                 yield pending
-                pending = []
+                pending = Chunk()
     if pending:
         yield pending
 
@@ -149,8 +153,9 @@ class _OpenWindow:
     """One window being read: its samples by rank, each run decoded when first due."""
 
     def __init__(self, reader: RunReader, plan: _Window, firsts: IndexArray,
-                 zero_copy: bool) -> None:
+                 zero_copy: bool, columns: bool = False) -> None:
         self.ranks = plan.ranks
+        self.columns = WindowColumns(plan.unique) if columns else None
         self._reader, self._runs, self._firsts, self._zero_copy = (
             reader, plan.runs, firsts, zero_copy)
         self._unique = plan.unique
@@ -166,13 +171,14 @@ class _OpenWindow:
         only = None
         if hi - lo != stop - start:  # a run through gaps: its wanted records' positions
             only = (self._unique[lo:hi] - (int(self._firsts[shard]) + start)).tolist()
-        self.samples[lo:hi] = read_run(
-            self._reader, self._runs[r], self._firsts, self._zero_copy, only)
+        decoded = read_run(self._reader, self._runs[r], self._firsts, self._zero_copy, only)
+        self.samples[lo:hi] = decoded
+        if self.columns is not None:
+            self.columns.put(lo, decoded)
         self._loaded[r] = True
 
-    def gather(self, ranks: IndexArray) -> list[dict[str, Any]]:
-        """The samples at ``ranks``, loading the runs they need first."""
-        wanted = ranks.tolist()
+    def gather(self, wanted: list[int]) -> list[dict[str, Any]]:
+        """The samples at ranks ``wanted``, loading the runs they need first."""
         if not wanted:
             return []
         loaded, run_of = self._loaded, self.run_of
@@ -185,6 +191,7 @@ class _OpenWindow:
     def close(self) -> None:
         """Let go of the window: its samples, and its runs' pages in this process."""
         self.samples = []
+        self.columns = None
         for (shard, start, stop), loaded in zip(self._runs, self._loaded, strict=True):
             drop = getattr(self._reader.shard(shard), "drop_pages", None) if loaded else None
             if drop is not None:
@@ -192,7 +199,7 @@ class _OpenWindow:
 
 
 def _windows(reader: RunReader, order: IndexArray, window: int, max_run: int, skip: int,
-             zero_copy: bool) -> Iterator[_OpenWindow]:
+             zero_copy: bool, columns: bool = False) -> Iterator[_OpenWindow]:
     """The windows of ``order[skip:]`` in turn; the next window's runs are advised ahead."""
     firsts = np.asarray([s.first_index for s in reader.manifest.shards], dtype=np.int64)
     starts = list(range(skip - skip % window, len(order), window))
@@ -205,7 +212,7 @@ def _windows(reader: RunReader, order: IndexArray, window: int, max_run: int, sk
         upcoming = _plan_window(order, w_lo + window, w_lo + window, window, firsts, max_run,
                                 gap)
         advise(reader, upcoming.due)
-        open_window = _OpenWindow(reader, current, firsts, zero_copy)
+        open_window = _OpenWindow(reader, current, firsts, zero_copy, columns)
         try:
             yield open_window
         finally:

@@ -1,0 +1,163 @@
+"""Raw batches gathered straight from decoded runs: a window's samples kept field by field.
+
+``shardio.stream`` decodes a shuffle window run by run; with columns on, each run's
+samples are also filed into one column per field, indexed by the sample's rank in the
+window (bytes values with their lengths, ints in a numpy array), once per run. A batch
+(``Chunk.record_batch``) is then a few C-level gathers per field from those columns
+(``operator.itemgetter``, numpy fancy indexing) instead of a pass over 64 sample dicts
+per field: the ``RecordBatch`` (one buffer plus offsets, its pieces views of the runs
+read) is built without touching a sample dict. Batches are what
+``RecordBatch.from_samples`` builds from the same samples, field for field; fields come
+in the order the window's runs first showed them. Torch-free.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from operator import itemgetter
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from shardio.batch import RecordBatch
+from shardio.record import INDEX_FIELD, KEY_FIELD
+
+IndexArray = npt.NDArray[np.int64]
+_BYTES = frozenset({bytes, memoryview})
+
+
+class _Column:
+    """One field of a window: its values by rank, and what kind they all are."""
+
+    def __init__(self, size: int) -> None:
+        self.values: list[Any] = [None] * size
+        self.present = np.zeros(size, np.bool_)
+        self.lengths = np.zeros(size, np.int64)
+        self.ints = np.zeros(size, np.int64)
+        self.kind: str | None = None
+        """``bytes``, ``int`` or ``other`` over every run filed so far (None: none yet)."""
+
+    def put(self, lo: int, column: list[Any]) -> None:
+        hi = lo + len(column)
+        self.values[lo:hi] = column
+        kinds = set(map(type, column))
+        whole = type(None) not in kinds
+        kinds.discard(type(None))
+        self.present[lo:hi] = True if whole else [v is not None for v in column]
+        if kinds and kinds <= _BYTES:
+            kind = "bytes"
+            self.lengths[lo:hi] = (np.fromiter(map(len, column), np.int64, hi - lo) if whole
+                                   else [0 if v is None else len(v) for v in column])
+        elif kinds == {int}:
+            kind = "int"
+            self.ints[lo:hi] = column if whole else [0 if v is None else v for v in column]
+        else:
+            kind = "other" if kinds else self.kind or "other"
+        self.kind = kind if self.kind in (None, kind) else "other"
+
+
+class WindowColumns:
+    """A window's samples field by field, by rank; filled run by run as runs are decoded."""
+
+    def __init__(self, unique: IndexArray) -> None:
+        self.indices = unique
+        self.keys: list[str | None] = [None] * len(unique)
+        self.fields: dict[str, _Column] = {}
+
+    def put(self, lo: int, samples: Sequence[dict[str, Any]]) -> None:
+        """File the decoded samples of ranks ``lo..lo+len(samples)``."""
+        hi = lo + len(samples)
+        self.keys[lo:hi] = [s[KEY_FIELD] for s in samples]
+        names = dict.fromkeys(name for s in samples for name in s)
+        names.pop(KEY_FIELD, None)
+        names.pop(INDEX_FIELD, None)
+        for name in names:
+            column = self.fields.get(name)
+            if column is None:
+                column = self.fields[name] = _Column(len(self.keys))
+            column.put(lo, [s.get(name) for s in samples])
+
+
+class Chunk(list[dict[str, Any]]):
+    """Samples of one batch as dicts, which also batch themselves from their windows' columns.
+
+    ``RecordBatch.from_samples(chunk)`` calls ``chunk.record_batch()``; any other
+    collate sees a plain list of sample dicts.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.parts: list[tuple[WindowColumns, list[int]]] = []
+
+    def add(self, columns: WindowColumns, ranks: list[int], samples: list[dict[str, Any]]
+            ) -> None:
+        """Append the samples at ``ranks`` of a window (``samples``: those same dicts)."""
+        self.parts.append((columns, ranks))
+        self.extend(samples)
+
+    def record_batch(self) -> RecordBatch:
+        """The ``RecordBatch`` of these samples, gathered column by column."""
+        return batch_from_columns(self.parts)
+
+
+def _take(values: list[Any], ranks: list[int]) -> list[Any]:
+    got = itemgetter(*ranks)(values)
+    return [got] if len(ranks) == 1 else list(got)
+
+
+def batch_from_columns(parts: list[tuple[WindowColumns, list[int]]]) -> RecordBatch:
+    """One batch of the samples at ``ranks`` of each window's columns, in order."""
+    keys = [k for columns, ranks in parts for k in _take(columns.keys, ranks)]
+    indices = np.concatenate([columns.indices[ranks] for columns, ranks in parts])
+    names = dict.fromkeys(name for columns, _ranks in parts for name in columns.fields)
+    out = _Batch()
+    for name in names:
+        cols = [(columns.fields.get(name), ranks) for columns, ranks in parts]
+        present = np.concatenate([c.present[r] if c is not None else np.zeros(len(r), np.bool_)
+                                  for c, r in cols])
+        if not present.any():
+            continue  # no sample of this batch has it
+        kinds = {c.kind for c, _r in cols if c is not None}
+        column = [v for c, r in cols for v in (_take(c.values, r) if c is not None
+                                                else [None] * len(r))]
+        if kinds == {"bytes"}:
+            out.add_bytes(name, column, np.concatenate(
+                [c.lengths[r] if c is not None else np.zeros(len(r), np.int64) for c, r in cols]),
+                present)
+        elif kinds == {"int"} and bool(present.all()):
+            out.values[name] = np.concatenate([c.ints[r] for c, r in cols if c is not None])
+        else:  # runs that disagree on the field's kind: classified as from_samples does
+            seen = set(map(type, column))
+            if seen - {type(None)} and seen - {type(None)} <= _BYTES:
+                lengths = np.array([0 if v is None else len(v) for v in column], np.int64)
+                out.add_bytes(name, column, lengths, np.array([v is not None for v in column]))
+            elif seen == {int}:
+                out.values[name] = np.array(column, dtype=np.int64)
+            else:
+                out.values[name] = column
+    return RecordBatch(keys, indices, out.pieces, out.offsets, out.values, missing=out.missing)
+
+
+class _Batch:
+    """What ``RecordBatch`` is built from, filled field by field."""
+
+    def __init__(self) -> None:
+        self.pieces: list[bytes | memoryview] = []
+        self.offsets: dict[str, IndexArray] = {}
+        self.values: dict[str, IndexArray | list[Any]] = {}
+        self.missing: dict[str, npt.NDArray[np.bool_]] = {}
+        self._start = 0
+
+    def add_bytes(self, name: str, column: list[Any], lengths: IndexArray,
+                  present: npt.NDArray[np.bool_]) -> None:
+        """A bytes field: its pieces after the others', offsets continuing theirs."""
+        if not bool(present.all()):
+            self.missing[name] = ~present
+            column = [b"" if v is None else v for v in column]
+        field_offsets = np.zeros(len(column) + 1, np.int64)
+        np.cumsum(lengths, out=field_offsets[1:])
+        field_offsets += self._start
+        self.offsets[name] = field_offsets
+        self.pieces += column
+        self._start = int(field_offsets[-1])

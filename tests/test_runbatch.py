@@ -1,0 +1,87 @@
+"""Batches gathered from a window's columns equal ``RecordBatch.from_samples`` of the same samples.
+
+A generic pack whose samples differ in fields and kinds (a field only some have, ints
+in some shards and str in others, bools, floats, numpy arrays, large zero-copy bytes)
+is streamed with ``iter_chunks`` across windows and runs; each chunk's columnar batch
+must equal the batch built from its sample dicts, field for field.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from shardio import ShardWriter, WriteOptions
+from shardio.batch import RecordBatch
+from shardio.reader import DatasetReader
+from shardio.runbatch import Chunk
+from shardio.stream import iter_chunks
+
+
+def sample(i: int) -> dict[str, Any]:
+    out: dict[str, Any] = {"__key__": f"k/{i:04d}", "bin": bytes([i % 251]) * (i % 37)}
+    if i % 3:
+        out["txt"] = f"text {i}".encode()  # only some samples have it
+    out["n"] = i if i < 120 else f"n{i}"  # ints in the first shards, str later
+    if i % 5 == 0:
+        out["flag"] = bool(i % 2)
+    if i % 7 == 0:
+        out["arr"] = np.arange(i % 4, dtype=np.float32)
+    if i % 11 == 0:
+        out["big"] = bytes(20_000 + i)  # viewed in place (zero copy)
+    return out
+
+
+@pytest.fixture(scope="module")
+def generic(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("runbatch") / "ds"
+    with ShardWriter(root, WriteOptions(max_shard_samples=40)) as writer:
+        for i in range(200):
+            writer.write(sample(i))
+    return root
+
+
+def same(a: RecordBatch, b: RecordBatch) -> None:
+    assert a.keys == b.keys and a.indices.tolist() == b.indices.tolist()
+    assert sorted(a.fields) == sorted(b.fields)
+    assert sorted(a.offsets) == sorted(b.offsets)
+    for name in a.offsets:
+        got = [None if v is None else bytes(v) for v in a.bytes(name)]
+        assert got == [None if v is None else bytes(v) for v in b.bytes(name)], name
+    for name, column in a.values.items():
+        other = b.values[name]
+        assert type(column) is type(other), name
+        if name == "arr":
+            assert all(x is y for x, y in zip(column, other, strict=True))
+        else:
+            assert list(column) == list(other), name
+    assert {k: v.tolist() for k, v in a.missing.items()} == {
+        k: v.tolist() for k, v in b.missing.items()}
+
+
+@pytest.mark.parametrize(("window", "size"), [(64, 16), (50, 64), (1000, 7), (30, 1)])
+def test_columnar_batches_equal_batches_of_the_sample_dicts(generic: Path, window: int,
+                                                             size: int) -> None:
+    order = np.random.default_rng(window).permutation(200)
+    order = np.concatenate([order, order[:9]])  # a padded tail draws samples twice
+    seen: list[int] = []
+    with DatasetReader(generic) as reader:
+        for chunk in iter_chunks(reader, order, window=window, max_run=8, size=size,
+                                 zero_copy=True):
+            assert isinstance(chunk, Chunk) and 1 <= len(chunk) <= size
+            batch = RecordBatch.from_samples(chunk)
+            same(batch, RecordBatch.from_samples(list(chunk)))
+            seen += batch.indices.tolist()
+    assert seen == order.tolist()
+
+
+def test_a_field_no_sample_of_the_batch_has_is_left_out(generic: Path) -> None:
+    with DatasetReader(generic) as reader:
+        [chunk] = list(iter_chunks(reader, np.array([1, 2]), window=8, max_run=4, size=2))
+    batch = RecordBatch.from_samples(chunk)
+    assert "big" not in batch.fields and "arr" not in batch.fields and "flag" not in batch.fields
+    assert batch.values["n"].tolist() == [1, 2]
+    assert [bytes(v) for v in batch.bytes("txt")] == [b"text 1", b"text 2"]
