@@ -57,6 +57,10 @@ HEADER_SIZES: Final = {1: HEADER.size, 2: HEADER_V2.size}
 
 FRAME = struct.Struct("<IIBB2x")
 """Record frame header: payload length, checksum of bytes 8.., codec id, checksum id."""
+_HEAD = struct.Struct("<IIBBH")
+"""``FRAME`` with its reserved bytes, which must be zero."""
+VECTOR_MIN_RECORDS: Final = 128
+"""Runs at least this long have their frame headers parsed with numpy, shorter ones in a loop."""
 
 FOOTER = struct.Struct("<QQQII8s")
 """v1 footer: index offset, keys offset, record count, index crc32, version, magic."""
@@ -79,7 +83,6 @@ if TYPE_CHECKING:  # numpy is imported where runs are checked: `import shardio` 
     import numpy.typing as npt
 
     Bounds = npt.NDArray[np.int64]
-    Codecs = npt.NDArray[np.uint8]
 
 
 @dataclass(frozen=True)
@@ -167,7 +170,7 @@ def unframe(
                                                                             offset)),
         path=path, first_record=record, verify=verify, offset_of=lambda _r: offset,
     )
-    return int(codecs[0]), view[FRAME_SIZE:end]
+    return codecs[0], view[FRAME_SIZE:end]
 
 
 def _named(view: memoryview, path: str, record: int, offset: int) -> str:
@@ -185,12 +188,13 @@ def _named(view: memoryview, path: str, record: int, offset: int) -> str:
 def check_frames(
     run: RunBytes, *, path: str, first_record: int, verify: bool = True,
     offset_of: Callable[[int], int] | None = None,
-) -> Codecs:
+) -> list[int]:
     """Check every frame of ``run`` and return their codec ids: the one record check.
 
     Frame headers are parsed for the whole run at once (numpy over the
-    bounds): each length must fill its record exactly (even with ``verify``
-    off: a damaged length must not move a payload), the codec must be known,
+    bounds; a struct loop for short runs): each length must fill its record
+    exactly (even with ``verify`` off: a damaged length must not move a
+    payload), the codec must be known,
     the checksum id the run's and the reserved bytes zero. With ``verify``,
     a run with a chain is checked by one checksum call over the run; without
     one, each frame by its own checksum. The first bad record is named.
@@ -199,8 +203,6 @@ def check_frames(
         TruncatedShardError, ShardCorruptError, ChecksumError: the first damaged record,
             with file, record and byte offset (``offset_of(record)``, else the run's).
     """
-    import numpy as np
-
     buf, bounds = run.buffer, run.bounds
     count = len(bounds) - 1
     where = offset_of or (lambda r: run.offset + int(bounds[r - first_record]))
@@ -208,18 +210,30 @@ def check_frames(
     if ident is None:
         raise ShardCorruptError(f"{path}: unknown checksum {run.checksum!r}", path=path)
     if count <= 0:
-        return np.zeros(0, np.uint8)
-    if count == 1:  # one frame (random access, a lone value): plain struct beats numpy here
-        size = int(bounds[1] - bounds[0])
-        if size < FRAME_SIZE:
-            _refuse(run, path, first_record, where, 0)
-        length, _crc, codec, got = FRAME.unpack_from(buf, int(bounds[0]))
-        reserved = buf[int(bounds[0]) + 10] | buf[int(bounds[0]) + 11]
-        bad_length = [0] if length + FRAME_SIZE != size else []
-        bad_ident = [0] if got != ident else []
-        bad_header = [0] if codec > CODEC_ZSTD or reserved else []
-        codecs: Codecs = np.array([codec], np.uint8)
+        return []
+    bad_length: list[int] = []
+    bad_ident: list[int] = []
+    bad_header: list[int] = []
+    if count < VECTOR_MIN_RECORDS:
+        # a loop of struct reads: numpy costs about 13 us a run whatever its length, the
+        # loop about 0.1 us a record (benchmarks/README.md, "Record checksums")
+        edges = bounds.tolist()
+        unpack = _HEAD.unpack_from
+        codecs = []
+        for k in range(count):
+            lo, size = edges[k], edges[k + 1] - edges[k]
+            if size < FRAME_SIZE:
+                _refuse(run, path, first_record, where, k)
+            length, _crc, codec, got, reserved = unpack(buf, lo)
+            codecs.append(codec)
+            if length + FRAME_SIZE != size or got != ident or codec > CODEC_ZSTD or reserved:
+                bad_length = [k] if length + FRAME_SIZE != size else []
+                bad_ident = [k] if got != ident else []
+                bad_header = [k] if codec > CODEC_ZSTD or reserved else []
+                break
     else:
+        import numpy as np
+
         sizes = np.diff(bounds)
         if bool((sizes < FRAME_SIZE).any()):
             _refuse(run, path, first_record, where, int(np.argmax(sizes < FRAME_SIZE)))
@@ -230,7 +244,7 @@ def check_frames(
         bad_ident = np.flatnonzero((words >> 8 & 0xFF) != ident)[:1].tolist()
         bad_header = np.flatnonzero((words != ident << 8) & (words != (ident << 8 | CODEC_ZSTD))
                                     )[:1].tolist()
-        codecs = words.astype(np.uint8)
+        codecs = words.astype(np.uint8).tolist()
     bad_sum = _first_failing(run) if verify else None
     # the first damaged record; for one record, its length is judged first (it places the
     # payload), then the checksum it names, then its checksum, then the rest of its header

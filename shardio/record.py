@@ -143,7 +143,7 @@ def decode_run(
     it as one run (every record is still checked) instead of many short ones.
     """
     codecs = check_frames(run, path=path, first_record=first_record, verify=verify,
-                          offset_of=offset_of).tolist()
+                          offset_of=offset_of)
     buf, bounds = run.buffer, run.bounds.tolist()
     out: list[dict[str, Any]] = []
     unpackb = msgpack.unpackb

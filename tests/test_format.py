@@ -262,13 +262,13 @@ def test_run_is_checked_by_its_chain_with_one_call_and_the_bad_record_is_named()
     offsets = index.offsets.astype(np.int64)
     run = RunBytes(memoryview(data)[offsets[1] : offsets[5]], offsets[1:] - offsets[1], "crc32c",
                    index.chain[1:], int(offsets[1]))
-    assert check_frames(run, path="s.rec", first_record=1).tolist() == [0, 0, 0, 0]
+    assert check_frames(run, path="s.rec", first_record=1) == [0, 0, 0, 0]
     damaged = bytearray(data)
     damaged[int(offsets[3]) + FRAME_SIZE + 1] ^= 4  # a payload byte of record 3
     run = replace(run, buffer=memoryview(bytes(damaged))[offsets[1] : offsets[5]])
     with pytest.raises(ChecksumError, match=rf"s\.rec: record 3 at byte {offsets[3]} fails"):
         check_frames(run, path="s.rec", first_record=1)
-    assert check_frames(run, path="s.rec", first_record=1, verify=False).tolist() == [0] * 4
+    assert check_frames(run, path="s.rec", first_record=1, verify=False) == [0] * 4
 
 
 def test_records_shard_of_an_unknown_version_is_refused(tmp_path: Path) -> None:
@@ -513,3 +513,33 @@ def test_incompressible_bytes_are_stored_as_is() -> None:
     framed = encode_record({"bin": noise}, get_codec("zstd"))
     assert codec_byte(framed) == CODEC_NONE
     assert decode_record(framed, path="s", record=0) == {"bin": noise}
+
+
+@pytest.mark.parametrize("count", [5, 200])  # a struct loop below VECTOR_MIN_RECORDS, numpy above
+@pytest.mark.parametrize(
+    ("at", "value", "verify", "error", "words"),
+    [
+        (0, 0x7F, False, ShardCorruptError, "frame header says"),
+        (8, 4, False, ShardCorruptError, "names unknown codec"),
+        (8, 7, True, ChecksumError, "fails its checksum"),
+        (9, 1, False, ShardCorruptError, "names checksum id 0"),
+        (10, 1, False, ShardCorruptError, "reserved bytes 0100"),
+        (FRAME_SIZE, 1, True, ChecksumError, "fails its checksum"),
+    ],
+)
+def test_a_damaged_frame_header_in_a_run_names_its_record(
+    count: int, at: int, value: int, verify: bool, error: type[Exception], words: str
+) -> None:
+    frames = [frame(bytes([i % 200]) * (i % 9 + 1), i % 2) for i in range(count)]
+    bounds = np.concatenate(([0], np.cumsum([len(f) for f in frames]))).astype(np.int64)
+    data = b"".join(frames)
+    run = RunBytes(memoryview(data), bounds, "crc32c", None, 100)
+    assert check_frames(run, path="s.rec", first_record=7) == [i % 2 for i in range(count)]
+    damaged = bytearray(data)
+    target = count - 3
+    damaged[int(bounds[target]) + at] ^= value
+    run = replace(run, buffer=memoryview(bytes(damaged)))
+    with pytest.raises(error, match=re.escape(words)) as info:
+        check_frames(run, path="s.rec", first_record=7, verify=verify)
+    assert info.value.record == 7 + target  # type: ignore[attr-defined]
+    assert info.value.offset == 100 + int(bounds[target])  # type: ignore[attr-defined]
