@@ -8,6 +8,9 @@ bool or nil; for those, ``view_flat_map`` returns the bytes values as
 arrays, extension types, or malformed input) returns None, and the caller
 falls back to msgpack, so results never differ from ``msgpack.unpackb``
 beyond bytes arriving as views. Byte layouts follow the msgpack specification.
+The map comes back as a ``ViewedSample``: a dict that can hand out an owned copy,
+so a reader keeps views while a consumer gets ``bytes`` only when it takes the
+sample (the copy then lives as long as the consumer holds it, not a whole window).
 """
 
 from __future__ import annotations
@@ -30,6 +33,14 @@ _SCALARS: dict[int, tuple[struct.Struct, int]] = {
     0xD3: (struct.Struct(">q"), 8),
 }
 _CONSTANTS = {0xC0: None, 0xC2: False, 0xC3: True}
+
+
+class ViewedSample(dict[str, Any]):
+    """A sample dict whose bytes values are ``memoryview`` slices of the record read."""
+
+    def owned(self) -> dict[str, Any]:
+        """A plain dict with every view copied into ``bytes`` (what msgpack would give)."""
+        return {k: bytes(v) if type(v) is memoryview else v for k, v in self.items()}
 
 
 def _length(buf: memoryview, pos: int, tag: int, short: int) -> tuple[int, int] | None:
@@ -76,7 +87,7 @@ def _view(buf: memoryview) -> dict[str, Any] | None:
         count, pos = _BE32(buf, 1)[0], 5
     else:
         return None
-    out: dict[str, Any] = {}
+    out = ViewedSample()
     for _ in range(count):
         key = _str(buf, pos)
         if key is None:

@@ -158,7 +158,7 @@ def decode_run(
             sample = view_flat_map(memoryview(data)) if len(data) >= big else None
             if sample is None:
                 sample = unpackb(data, raw=False, ext_hook=_ext_hook, strict_map_key=True)
-            if type(sample) is not dict:
+            if not isinstance(sample, dict):
                 raise ValueError(f"payload is a {type(sample).__name__}, not a map")
         except Exception as exc:  # msgpack and zstd raise a zoo of types; map them here
             raise _undecodable(path, first_record + n, _where(run, n, offset_of, first_record),

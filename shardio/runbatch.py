@@ -98,6 +98,8 @@ class Chunk(list[dict[str, Any]]):
 
     def record_batch(self) -> RecordBatch:
         """The ``RecordBatch`` of these samples, gathered column by column."""
+        if not self.parts:  # handed out without columns: batched from the dicts
+            return RecordBatch.from_samples(list(self))
         return batch_from_columns(self.parts)
 
 

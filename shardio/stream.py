@@ -24,6 +24,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from shardio.backends import ShardFileReader
+from shardio.flatmap import ViewedSample
 from shardio.manifest import Manifest
 from shardio.plan import IndexArray
 from shardio.record import decode_run
@@ -104,16 +105,21 @@ def iter_samples(
         window: samples per read group: the plan's shuffle window.
         max_run: most records per read: the plan's block size.
         skip: samples of ``order`` already consumed (exact resume).
-        zero_copy: large bytes values as views of the runs read (see ``decode_run``).
+        zero_copy: large bytes values as views of the runs read (see ``decode_run``);
+            otherwise each sample's large values are copied into ``bytes`` as it is
+            handed out (runs are decoded with views either way), so the copies live as
+            long as the consumer keeps them, not for the whole window.
     """
-    for open_window in _windows(reader, order, window, max_run, skip, zero_copy):
+    for open_window in _windows(reader, order, window, max_run, skip):
         samples, load, run_of = open_window.samples, open_window.load, open_window.run_of
         for rank in open_window.ranks.tolist():
             sample = samples[rank]
             if sample is None:
                 load(run_of[rank])
                 sample = samples[rank]
-            yield sample
+            # a window's worth of copies alive at once took fresh pages for each (up to
+            # 256 MB): 20+ us an 80 KB image; a copy freed by the consumer is reused
+            yield sample.owned() if not zero_copy and type(sample) is ViewedSample else sample
 
 
 def iter_chunks(
@@ -131,17 +137,21 @@ def iter_chunks(
     A chunk is gathered from the windows' decoded runs with one C call per
     window it spans, not one step per sample: what batching readers use. Each
     run is also filed field by field when decoded, so a chunk builds its
-    ``RecordBatch`` from columns (``shardio.runbatch``).
+    ``RecordBatch`` from columns (``shardio.runbatch``); without ``zero_copy``
+    the samples' large values are copied into ``bytes`` as a chunk is handed out.
     """
     pending = Chunk()
-    for open_window in _windows(reader, order, window, max_run, skip, zero_copy, columns=True):
+    for open_window in _windows(reader, order, window, max_run, skip, columns=zero_copy):
         ranks = open_window.ranks
         at = 0
         while at < len(ranks):
             take = ranks[at : at + size - len(pending)].tolist()
             at += len(take)
-            assert open_window.columns is not None
-            pending.add(open_window.columns, take, open_window.gather(take))
+            got = open_window.gather(take)
+            if open_window.columns is not None:
+                pending.add(open_window.columns, take, got)
+            else:
+                pending.extend([s.owned() if type(s) is ViewedSample else s for s in got])
             if len(pending) == size:
                 yield pending
                 pending = Chunk()
@@ -153,11 +163,10 @@ class _OpenWindow:
     """One window being read: its samples by rank, each run decoded when first due."""
 
     def __init__(self, reader: RunReader, plan: _Window, firsts: IndexArray,
-                 zero_copy: bool, columns: bool = False) -> None:
+                 columns: bool = False) -> None:
         self.ranks = plan.ranks
         self.columns = WindowColumns(plan.unique) if columns else None
-        self._reader, self._runs, self._firsts, self._zero_copy = (
-            reader, plan.runs, firsts, zero_copy)
+        self._reader, self._runs, self._firsts = reader, plan.runs, firsts
         self._unique = plan.unique
         self.run_of: list[int] = np.repeat(np.arange(len(plan.counts)), plan.counts).tolist()
         self._base = np.concatenate(([0], np.cumsum(plan.counts))).astype(np.int64).tolist()
@@ -171,7 +180,7 @@ class _OpenWindow:
         only = None
         if hi - lo != stop - start:  # a run through gaps: its wanted records' positions
             only = (self._unique[lo:hi] - (int(self._firsts[shard]) + start)).tolist()
-        decoded = read_run(self._reader, self._runs[r], self._firsts, self._zero_copy, only)
+        decoded = read_run(self._reader, self._runs[r], self._firsts, True, only)
         self.samples[lo:hi] = decoded
         if self.columns is not None:
             self.columns.put(lo, decoded)
@@ -199,7 +208,7 @@ class _OpenWindow:
 
 
 def _windows(reader: RunReader, order: IndexArray, window: int, max_run: int, skip: int,
-             zero_copy: bool, columns: bool = False) -> Iterator[_OpenWindow]:
+             columns: bool = False) -> Iterator[_OpenWindow]:
     """The windows of ``order[skip:]`` in turn; the next window's runs are advised ahead."""
     firsts = np.asarray([s.first_index for s in reader.manifest.shards], dtype=np.int64)
     starts = list(range(skip - skip % window, len(order), window))
@@ -212,7 +221,7 @@ def _windows(reader: RunReader, order: IndexArray, window: int, max_run: int, sk
         upcoming = _plan_window(order, w_lo + window, w_lo + window, window, firsts, max_run,
                                 gap)
         advise(reader, upcoming.due)
-        open_window = _OpenWindow(reader, current, firsts, zero_copy, columns)
+        open_window = _OpenWindow(reader, current, firsts, columns)
         try:
             yield open_window
         finally:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pickle
+from pathlib import Path
 from typing import Any
 
 import msgpack
@@ -68,3 +69,27 @@ def test_record_batch_of_views_joins_when_pickled() -> None:
     assert copy.buffer == b"aaaabbbbbbcc"
     assert [v.tobytes() for v in copy.bytes("bin")] == [b"aaaa", b"bbbbbb", b"cc"]
     assert copy.sample(1) == {"__key__": "b", "__index__": 1, "bin": b"bbbbbb", "n": 2}
+
+
+def test_per_sample_stream_hands_out_bytes_and_batches_keep_views(tmp_path: Path) -> None:
+    """Runs are decoded with views either way; a per-sample consumer gets owned bytes."""
+    import numpy as np
+
+    from shardio import ShardWriter
+    from shardio.reader import DatasetReader
+    from shardio.stream import iter_chunks, iter_samples
+
+    big = bytes(range(256)) * 100  # large enough to be viewed in place
+    with ShardWriter(tmp_path / "ds") as writer:
+        for i in range(6):
+            writer.write({"__key__": f"k{i}", "jpg": b"\xff\xd8\xff" + big + bytes([i]), "n": i})
+    with DatasetReader(tmp_path / "ds") as reader:
+        order = np.array([3, 1, 5, 0, 2, 4, 3])
+        owned = list(iter_samples(reader, order, window=4, max_run=2))
+        assert [type(s) for s in owned] == [dict] * 7
+        assert all(type(s["jpg"]) is bytes and s["jpg"][-1] == s["n"] for s in owned)
+        assert owned[0] is not owned[-1] and owned[0] == owned[-1], "each draw its own copy"
+        viewed = [s for chunk in iter_chunks(reader, order, window=4, max_run=2, size=3,
+                                             zero_copy=True) for s in chunk]
+        assert all(type(s["jpg"]) is memoryview for s in viewed)
+        assert [bytes(s["jpg"]) for s in viewed] == [s["jpg"] for s in owned]
