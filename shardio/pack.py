@@ -25,7 +25,7 @@ import os
 import random
 import sys
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -40,6 +40,7 @@ from shardio.shardbuild import ShardFailure, ShardJob
 from shardio.shardplan import PLAN_VERSION, framed_bounds, plan_shards
 from shardio.shardpool import ProgressBar
 from shardio.source import IMAGEFOLDER_RULES, Bad, Source, dataset_source
+from shardio.storage import RemoteOptions
 from shardio.writer import WriteOptions
 
 
@@ -130,7 +131,7 @@ def pack(
     append: bool = False,
     skip_existing: bool = False,
     progress: bool | None = None,
-    storage_options: Mapping[str, Any] | None = None,
+    remote: RemoteOptions | None = None,
     engine: str = "local",
     scheduler: str | None = None,
 ) -> PackSummary:
@@ -173,7 +174,9 @@ def pack(
         skip_existing: with ``append``, leave out samples whose keys the dataset holds
             (counted in the summary) instead of refusing them.
         progress: show a progress bar; ``None`` shows one when stderr is a terminal.
-        storage_options: for a URL ``out``, passed to its fsspec filesystem.
+        remote: how a URL ``out`` is reached (``RemoteOptions``); only its
+            ``storage_options`` and ``retry`` matter when writing. Ignored for a
+            local ``out``.
         engine: ``"local"`` (this machine) or ``"dask"``: SRC walked and shards built
             as tasks on a Dask cluster (``shardio.engines``; ``pip install
             'shardio[dask]'``), the same bytes. ``src`` and a local ``out`` must be
@@ -193,7 +196,7 @@ def pack(
     """
     start = time.perf_counter()
     root = _local_source(src)
-    with contextlib.closing(open_target(out, storage_options)) as target, contextlib.closing(
+    with contextlib.closing(open_target(out, remote)) as target, contextlib.closing(
             open_engine(engine, num_workers=num_workers, scheduler=scheduler)) as runner, \
             _gc_paused():
         if isinstance(target, LocalTarget):
@@ -229,7 +232,7 @@ def pack_imagefolder(
     append: bool = False,
     skip_existing: bool = False,
     progress: bool | None = None,
-    storage_options: Mapping[str, Any] | None = None,
+    remote: RemoteOptions | None = None,
 ) -> PackSummary:
     """Pack an ImageFolder: a root folder, or a torchvision ``ImageFolder``/``DatasetFolder``.
 
@@ -243,12 +246,12 @@ def pack_imagefolder(
         "options": options, "seed": seed, "shuffle": shuffle, "num_workers": num_workers,
         "include": include, "exclude": exclude, "check_images": check_images,
         "skip_bad": skip_bad, "overwrite": overwrite, "resume": resume, "append": append,
-        "skip_existing": skip_existing, "progress": progress, "storage_options": storage_options}
+        "skip_existing": skip_existing, "progress": progress, "remote": remote}
     if isinstance(dataset_or_root, (str, os.PathLike)):
         return pack(dataset_or_root, out, imagefolder=True, follow_symlinks=follow_symlinks,
                     **common)
     start = time.perf_counter()
-    with contextlib.closing(open_target(out, storage_options)) as target, _gc_paused():
+    with contextlib.closing(open_target(out, remote)) as target, _gc_paused():
         source = dataset_source(dataset_or_root, include=include, exclude=exclude)
         pack_options = {"imagefolder": True, "include": list(include), "exclude": list(exclude),
                         "follow_symlinks": True, "check_images": check_images}

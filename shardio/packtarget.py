@@ -26,7 +26,7 @@ from shardio.journal import (
 )
 from shardio.manifest import MANIFEST_NAME, Manifest, fsync_dir, write_manifest
 from shardio.remotetarget import RemoteTarget
-from shardio.storage import Store, open_store, split_url
+from shardio.storage import RemoteOptions, Store, open_store, split_url
 
 
 class PackTarget(Protocol):
@@ -141,18 +141,21 @@ class LocalTarget:
         """Nothing to release."""
 
 
-def open_target(out: str | os.PathLike[str],
-                storage_options: Mapping[str, Any] | None = None) -> PackTarget:
+def open_target(out: str | os.PathLike[str], remote: RemoteOptions | None = None) -> PackTarget:
     """The target of a pack to ``out``: a ``RemoteTarget`` for a URL, else a ``LocalTarget``.
 
+    Args:
+        out: the output folder or URL.
+        remote: how a URL is reached; only its ``storage_options`` and ``retry``
+            matter to a writer (nothing written is cached). Ignored for a local
+            path, as readers ignore it, so one ``RemoteOptions`` serves both.
+
     Raises:
-        ValueError: ``storage_options`` given for a local path.
         PackError: another pack on this host is writing to the same URL.
     """
     protocol, local = split_url(out)
     if protocol is not None:
-        return RemoteTarget(open_store(out, storage_options=storage_options))
-    if storage_options:
-        raise ValueError(f"{out}: storage_options are for remote URLs (s3://, gs://, ...), "
-                         "but this is a local path; drop them or pass a URL")
+        options = remote or RemoteOptions()
+        return RemoteTarget(open_store(out, storage_options=options.storage_options,
+                                       retry=options.retry))
     return LocalTarget(Path(local))  # file:///x is the folder /x, not one named "file:"

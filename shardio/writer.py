@@ -39,7 +39,7 @@ from shardio.manifest import (
 from shardio.packtarget import PackTarget, open_target
 from shardio.packtarget import prepare_output as prepare_output  # where pack found it
 from shardio.record import INDEX_FIELD, KEY_FIELD, SOURCE_FIELD, encode_record
-from shardio.storage import is_remote
+from shardio.storage import RemoteOptions, is_remote
 from shardio.version import __version__
 
 DEFAULT_MAX_SHARD_BYTES: Final = 256 * 1000 * 1000
@@ -127,7 +127,7 @@ class ShardWriter:
         max_shard_bytes: int | None = None,
         backend: str | None = None,
         codec: str | None = None,
-        storage_options: Mapping[str, Any] | None = None,
+        remote: RemoteOptions | None = None,
     ) -> None:
         """Open ``out`` for writing.
 
@@ -147,7 +147,9 @@ class ShardWriter:
             max_shard_bytes: roll to a new shard before it would pass this size.
             backend: ``"records"`` or ``"lmdb"``.
             codec: ``"zstd"`` or ``"none"``.
-            storage_options: for a URL ``out``, passed to its fsspec filesystem.
+            remote: how a URL ``out`` is reached (``RemoteOptions``); only its
+                ``storage_options`` and ``retry`` matter when writing. Ignored for a
+                local ``out``.
 
         Raises:
             TypeError: both ``options`` and one of the keywords above were given.
@@ -176,7 +178,7 @@ class ShardWriter:
         self._num_samples = 0
         self._closed = False
         self.info: dict[str, Any] = {}
-        self._target: PackTarget = open_target(out, storage_options)
+        self._target: PackTarget = open_target(out, remote)
         try:
             self._target.prepare(overwrite=overwrite, resume=resume)
             if resume:

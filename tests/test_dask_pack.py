@@ -35,7 +35,7 @@ from shardio.errors import BadInputError, PackError  # noqa: E402
 from shardio.journal import JOURNAL_NAME  # noqa: E402
 from shardio.manifest import MANIFEST_NAME  # noqa: E402
 from shardio.pack import pack  # noqa: E402
-from shardio.storage import open_store  # noqa: E402
+from shardio.storage import RemoteOptions, open_store  # noqa: E402
 from shardio.synth import make_photo, make_tiny_tree  # noqa: E402
 from shardio.writer import WriteOptions  # noqa: E402
 
@@ -281,7 +281,7 @@ def test_a_dask_pack_to_a_url_is_identical_to_a_local_pack(
     storage = {"endpoint_url": s3.proxy.url, "key": "testing", "secret": "testing",
                "client_kwargs": {"region_name": "us-east-1"}}
     pack(trees["generic"], s3.url, options=OPTIONS, engine="dask", scheduler=cluster,
-         storage_options=storage)
+         remote=RemoteOptions(storage_options=storage))
     local = pack(trees["generic"], tmp_path / "local", options=OPTIONS, num_workers=2)
     store = open_store(s3.url)
     objects = {name: store.read_bytes(name) for name in store.list_names()}

@@ -217,11 +217,20 @@ def test_a_second_pack_to_the_same_url_is_refused_while_the_first_runs(
     assert pack(tiny_tree, s3.url, options=OPTIONS, num_workers=1).shards == 8
 
 
-def test_url_sources_and_local_storage_options_are_refused(tmp_path: Path) -> None:
+def test_url_sources_are_refused_and_remote_options_ignored_for_a_local_out(
+    tiny_tree: Path, tmp_path: Path
+) -> None:
     with pytest.raises(StorageError, match="pack reads SRC from a local folder"):
         pack("s3://bucket/src", tmp_path / "out")
-    with pytest.raises(ValueError, match="storage_options are for remote URLs"):
-        pack(tmp_path, tmp_path / "out", storage_options={"anon": True})
+    # the same RemoteOptions a reader takes: a local OUT is written in place, nothing cached
+    remote = RemoteOptions(storage_options={"anon": True}, cache_dir=tmp_path / "cache")
+    assert pack(tiny_tree, tmp_path / "out", options=OPTIONS, num_workers=1,
+                remote=remote).shards == 8
+    with ShardWriter(tmp_path / "mine", remote=remote) as writer:
+        _write_samples(writer, 0, 3)
+    assert (tmp_path / "out" / "manifest.json").exists()
+    assert (tmp_path / "mine" / "manifest.json").exists()
+    assert not (tmp_path / "cache").exists()
 
 
 def _write_samples(writer: ShardWriter, start: int, stop: int) -> None:
