@@ -351,7 +351,11 @@ class StreamingDataset(ClassAttributes, IterableDataset[Any]):
         self._position = stage.skip
         # the manifest read when the dataset was built, not again: every worker and epoch
         # reads the dataset version the order was planned on
-        reader = self.reader.reopened(num_processes=info.num_workers if info is not None else 1)
+        # ranges of whole blocks when shuffled: each is then wanted by one window only,
+        # not evicted and fetched again between windows under a small cache budget
+        reader = self.reader.reopened(
+            num_processes=info.num_workers if info is not None else 1,
+            block_records=self.config.block_size if self.config.shuffle else None)
         decoder = self.decoder
         # raw samples as read: no call per sample (the stream hands out fresh dicts)
         identity = isinstance(decoder, SampleDecoder) and decoder.mode == "raw" and (

@@ -120,11 +120,17 @@ class MixtureReader:
             counts=self.counts,
         )
 
-    def reopened(self, *, num_processes: int | None = None) -> MixtureReader:
-        """The same sources and manifests (never read again) with nothing open."""
+    def reopened(self, *, num_processes: int | None = None,
+                 block_records: int | None = None) -> MixtureReader:
+        """The same sources and manifests (never read again) with nothing open.
+
+        ``block_records`` as ``DatasetReader.reopened``: a mixture's blocks are cut per
+        source shard from its first record, as a single dataset's are.
+        """
         clone: MixtureReader = object.__new__(MixtureReader)
         clone.__dict__.update(self.__dict__)
-        clone._attach(tuple(r.reopened(num_processes=num_processes) for r in self.readers))
+        clone._attach(tuple(r.reopened(num_processes=num_processes, block_records=block_records)
+                            for r in self.readers))
         return clone
 
     def shard(self, shard: int) -> ShardFileReader:

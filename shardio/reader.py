@@ -93,11 +93,17 @@ class DatasetReader:
         self._open = {}
         _LIVE.add(self)
 
-    def reopened(self, *, num_processes: int | None = None) -> DatasetReader:
-        """A reader of the same dataset and manifest (read again: never) with nothing open."""
+    def reopened(self, *, num_processes: int | None = None,
+                 block_records: int | None = None) -> DatasetReader:
+        """A reader of the same dataset and manifest (read again: never) with nothing open.
+
+        ``block_records``: the block size of the plan this reader will follow; a remote
+        dataset's ranges are then cut into whole blocks (``ShardSource``).
+        """
         clone: DatasetReader = object.__new__(DatasetReader)
         clone.__setstate__(self.__getstate__())
-        clone._source = self._source.fresh(num_processes=num_processes)
+        clone._source = self._source.fresh(num_processes=num_processes,
+                                           block_records=block_records)
         return clone
 
     @property

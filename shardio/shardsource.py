@@ -69,7 +69,7 @@ class ShardSource:
     """The manifest and shards of one dataset, local or remote."""
 
     def __init__(self, path: str | os.PathLike[str], *, remote: RemoteOptions | None = None,
-                 num_processes: int = 1) -> None:
+                 num_processes: int = 1, block_records: int | None = None) -> None:
         """Read the manifest of ``path`` (a folder, its manifest.json, or a URL).
 
         Args:
@@ -78,6 +78,10 @@ class ShardSource:
             num_processes: processes of this node reading the dataset at once, times
                 ``LOCAL_WORLD_SIZE`` from the environment: the cache budget must hold
                 the ranges all of them have in flight, which is checked on open.
+            block_records: the block size of the plan that reads the dataset: remote
+                ``.rec`` ranges are then whole blocks (``remoterecords.partition``), so a
+                range is wanted by one shuffle window only. Every process of a dataset
+                must pass the same value, so a range has one name on the node.
         """
         protocol, rest = split_url(path)
         self.remote: RemoteDataset | None = None
@@ -92,6 +96,7 @@ class ShardSource:
             self.manifest = self.remote.manifest
             self.root = self.remote.url
         self.num_processes = num_processes
+        self.block_records = block_records
         self._reset()
         _LIVE.add(self)
 
@@ -108,18 +113,25 @@ class ShardSource:
     def __getstate__(self) -> dict[str, Any]:
         """The description only: caches, threads and held ranges belong to a process."""
         return {"remote": self.remote, "options": self.options, "manifest": self.manifest,
-                "root": self.root, "num_processes": self.num_processes}
+                "root": self.root, "num_processes": self.num_processes,
+                "block_records": self.block_records}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
         self._reset()
         _LIVE.add(self)
 
-    def fresh(self, *, num_processes: int | None = None) -> ShardSource:
-        """The same dataset (same manifest, no GET) with nothing open, for another reader."""
+    def fresh(self, *, num_processes: int | None = None,
+              block_records: int | None = None) -> ShardSource:
+        """The same dataset (same manifest, no GET) with nothing open, for another reader.
+
+        ``num_processes`` and ``block_records`` (see ``__init__``) replace this one's when given.
+        """
         state = self.__getstate__()
         if num_processes is not None:
             state["num_processes"] = num_processes
+        if block_records is not None:
+            state["block_records"] = block_records
         clone = object.__new__(ShardSource)
         clone.__setstate__(state)
         return clone
@@ -209,7 +221,8 @@ class ShardSource:
                 future = self._tails.pop(number, None)
                 tail = future.result() if future is not None else self._tail(number)
                 reader = RemoteRecordsReader(self._ahead_here(), info.name, tail, url=url,
-                                             range_bytes=options.range_bytes)
+                                             range_bytes=options.range_bytes,
+                                             block_records=self.block_records)
                 local_world = int(os.environ.get("LOCAL_WORLD_SIZE", "1") or 1)
                 self.cache().require(min_cache_bytes(
                     reader.max_range_bytes, max_in_flight=options.max_in_flight,

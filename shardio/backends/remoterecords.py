@@ -43,16 +43,13 @@ from shardio.storage.readahead import ReadAhead
 TAIL_GUESS_KEY_BYTES = 64
 """Key block bytes per record the first tail GET allows for (paths of ~60 characters)."""
 MIN_TAIL_BYTES = 64 << 10
+MIN_BLOCK_RANGE_BYTES = 1 << 20
+"""Plan blocks are joined into one range until it holds this much: a GET costs a round trip
+(20 ms is 2 MB at 100 MB/s), so far smaller ranges would be bound by latency."""
 
 
-def partition(offsets: npt.NDArray[np.uint64], range_bytes: int) -> list[int]:
-    """Record boundaries ``[0, …, n]`` cutting a shard into ranges of about ``range_bytes``.
-
-    The record area is split into ``ceil(total / range_bytes)`` equal parts,
-    each cut at the last record boundary before its end; a part may exceed
-    ``range_bytes`` by less than one record, and a record larger than it is a
-    range of its own. A pure function of the index, so every process cuts alike.
-    """
+def _equal_cuts(offsets: npt.NDArray[np.uint64], range_bytes: int) -> list[int]:
+    """Cuts ``[0, …, n]`` of ``offsets``' records into ``ceil(total / range_bytes)`` equal parts."""
     n = len(offsets) - 1
     if n <= 0:
         return [0, 0]
@@ -61,6 +58,41 @@ def partition(offsets: npt.NDArray[np.uint64], range_bytes: int) -> list[int]:
     targets = base + (np.arange(1, parts, dtype=np.float64) * total) / parts
     cuts = np.searchsorted(offsets.astype(np.float64), targets, side="right") - 1
     return sorted({0, n, *(int(c) for c in cuts if 0 < c < n)})
+
+
+def partition(offsets: npt.NDArray[np.uint64], range_bytes: int,
+              block_records: int | None = None) -> list[int]:
+    """Record boundaries ``[0, …, n]`` cutting a shard into ranges of about ``range_bytes``.
+
+    Without ``block_records`` the record area is split into
+    ``ceil(total / range_bytes)`` equal parts, each cut at the last record
+    boundary before its end. With it (the plan's block size, ``shardio.plan``:
+    blocks are records ``0, b, 2b, …`` of each shard) every range is made of
+    whole blocks: one block each, since a shuffle reads the blocks of a shard in
+    different windows and a range shared by several would be needed (and, under
+    a small budget, downloaded) once per window; consecutive blocks are joined
+    only while together at most ``min(range_bytes, MIN_BLOCK_RANGE_BYTES)`` (a
+    GET costs a round trip), and a block over ``range_bytes`` is split into
+    equal parts. Either way a part may exceed ``range_bytes`` by less than one
+    record, and a record larger than it is a range of its own. A pure function
+    of the index and the block size, so every process of a dataset cuts alike.
+    """
+    n = len(offsets) - 1
+    if block_records is None or n <= 0:
+        return _equal_cuts(offsets, range_bytes)
+    offs = offsets.tolist()
+    joined = min(range_bytes, MIN_BLOCK_RANGE_BYTES)
+    cuts = [0]
+    for lo in range(0, n, block_records):
+        hi = min(n, lo + block_records)
+        if cuts[-1] != lo and offs[hi] - offs[cuts[-1]] > joined:
+            cuts.append(lo)  # joining this block would pass ``joined``
+        if offs[hi] - offs[lo] > range_bytes:  # too large for one range (and cut at lo above)
+            cuts += [lo + c for c in _equal_cuts(offsets[lo : hi + 1], range_bytes)[1:-1]]
+            cuts.append(hi)
+    if cuts[-1] != n:
+        cuts.append(n)
+    return cuts
 
 
 def tail_guess(size: int, num_records: int) -> int:
@@ -118,7 +150,7 @@ class RemoteRecordsReader:
     """One remote ``.rec`` shard, read by ranges through the node cache; the local reader's API."""
 
     def __init__(self, ahead: ReadAhead, name: str, tail: ShardTail, *, url: str,
-                 range_bytes: int) -> None:
+                 range_bytes: int, block_records: int | None = None) -> None:
         """A reader over ``tail`` (from ``read_tail``); records are fetched when asked for.
 
         Args:
@@ -126,14 +158,16 @@ class RemoteRecordsReader:
             name: the shard's object name in the store.
             tail: its checked index and key block.
             url: the shard's URL, named in messages.
-            range_bytes: the fetch range size (``partition``).
+            range_bytes: the largest fetch range (``partition``).
+            block_records: the reading plan's block size: ranges are then whole blocks
+                (``partition``); ``None`` cuts equal parts of about ``range_bytes``.
         """
         self.path = url
         self.name = name
         self._ahead = ahead
         self._offsets: list[int] = tail.offsets.tolist()
         self.num_records = len(self._offsets) - 1
-        self._cuts = partition(tail.offsets, range_bytes)
+        self._cuts = partition(tail.offsets, range_bytes, block_records)
         self._checksum = tail.checksum
         self._chain = tail.chain
         self._key_block = tail.key_block
