@@ -24,11 +24,13 @@ that have a setting). Each repeat visits the systems in a rotated order, with th
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib.metadata
 import json
 import os
 import resource
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -45,6 +47,7 @@ from benchmarks.remote_servers import (
     S3RVER_VERSION,
     FolderSampler,
     S3rver,
+    remove_mosaicml_shm,
     s3_client,
     s3_environment,
     upload_folder,
@@ -123,13 +126,18 @@ def measure(spec: dict[str, Any], *, cache: Path, env: dict[str, str], logs: Pat
     load = os.getloadavg()[0]
     sent = proxy.plan.counters()["get_bytes"]
     with FolderSampler(cache) as sampler, open(logs / f"{tag}.log", "wb") as log:
+        # its own session, so that a run killed on timeout takes its DataLoader workers along
+        proc = subprocess.Popen([sys.executable, "-m", "benchmarks.remote_child", str(spec_path)],
+                                cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT,
+                                start_new_session=True)
         try:
-            proc = subprocess.run([sys.executable, "-m", "benchmarks.remote_child", str(spec_path)],
-                                  cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT,
-                                  timeout=timeout_s, check=False)
-            code: int | str = proc.returncode
+            code: int | str = proc.wait(timeout=timeout_s)
         except subprocess.TimeoutExpired:
             code = f"timeout after {timeout_s:.0f} s"
+        with contextlib.suppress(ProcessLookupError):  # the run's workers, if any are left
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    remove_mosaicml_shm(cache)
     out_bytes = proxy.plan.counters()["get_bytes"] - sent
     own2 = resource.getrusage(resource.RUSAGE_SELF)
     kids2 = resource.getrusage(resource.RUSAGE_CHILDREN)
@@ -199,16 +207,17 @@ def measure_tree(tree: Tree, args: argparse.Namespace, runner: Runner, server: S
                     if (name, config) in timed_out:  # once is enough to know; saves the time
                         continue
                     upload = out["systems"][name]["upload"]
+                    tag = f"{tree.kind}-{name}-{config}-r{rep}"  # its own cache folder too
                     remote = {"url": f"s3://{BUCKET}/{upload['prefix']}",
                               "http_url": f"{proxy.url}/{BUCKET}/{upload['prefix']}",
                               "files": upload["files"],
-                              "cache_dir": str(args.work_dir / "cache"),
+                              "cache_dir": str(args.work_dir / "cache" / tag),
                               "max_cache_bytes": budgets[budget], "fork_fix": args.fork_fix}
                     spec = {"system": name, "tree": tree_spec(tree), "remote": remote,
                             "num_workers": workers, "num_epochs": 2, "seed": args.seed + rep,
                             "expected_crc": str(crc), "proxy_url": proxy.url}
-                    tag = f"{tree.kind}-{name}-{config}-r{rep}"
-                    res = measure(spec, cache=args.work_dir / "cache", env=env, logs=runner.logs,
+                    res = measure(spec, cache=args.work_dir / "cache" / tag, env=env,
+                                  logs=runner.logs,
                                   tag=tag, timeout_s=timeout_s, server=server, proxy=proxy)
                     res["budget_bytes"] = budgets[budget]
                     if isinstance(res["exit"], str):

@@ -17,6 +17,7 @@ Nothing here listens beyond 127.0.0.1 or imports shardio.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -158,6 +159,28 @@ def proxy_stats(proxy_url: str) -> dict[str, float]:
     with urllib.request.urlopen(proxy_url + STATS_PATH, timeout=10) as resp:
         stats: dict[str, float] = json.loads(resp.read())
     return stats
+
+
+def remove_mosaicml_shm(local: Path, shm: Path = Path("/dev/shm")) -> list[str]:
+    """Remove the shared memory a killed MosaicML run with ``local=`` left; the names removed.
+
+    MosaicML names its segments ``<prefix>_<what>`` and lists the ``local`` folders of a
+    prefix in ``<prefix>_locals``; a run killed on timeout leaves them, and a later run
+    would attach to the stale state. Only prefixes whose list names ``local`` are touched.
+    """
+    removed: list[str] = []
+    for entry in shm.glob("*_locals"):
+        try:
+            if str(local).encode() not in entry.read_bytes():
+                continue
+        except OSError:
+            continue
+        prefix = entry.name.removesuffix("_locals")
+        for path in shm.glob(f"{prefix}_*"):
+            with contextlib.suppress(OSError):
+                path.unlink()
+                removed.append(path.name)
+    return removed
 
 
 def folder_bytes(folder: Path) -> int:
