@@ -83,10 +83,10 @@ def snapshot_head(repo: Path, dest: Path) -> dict[str, Any]:
 
 def pack_and_upload(tree: Tree, name: str, work: Path, runner: Runner, client: Any,
                     args: argparse.Namespace) -> dict[str, Any]:
-    """Pack ``tree`` with system ``name`` (once per tree; kept in ``work``) and upload it."""
+    """Pack ``tree`` with system ``name`` and upload it (peers' packs are kept in ``work``)."""
     folder = work / name
     marker = work / f"{name}.packed.json"
-    if not marker.exists():
+    if not marker.exists() or name.startswith("shardio"):  # shardio: as the snapshot packs
         shutil.rmtree(folder, ignore_errors=True)
         common = {"tree": tree_spec(tree), "seed": args.seed, "pack_workers": 2}
         res = runner.child({**common, "mode": "pack", "system": name, "work": str(folder)})
