@@ -191,7 +191,10 @@ class _OpenWindow:
         if not wanted:
             return []
         loaded, run_of = self._loaded, self.run_of
-        for r in {run_of[rank] for rank in wanted}:
+        # in yield order, which is the order the runs were announced in (``due``): a remote
+        # reader's read-ahead hands out its ranges in that order, and a run taken out of
+        # turn dropped the downloads in flight and was fetched on the spot, one at a time
+        for r in dict.fromkeys(run_of[rank] for rank in wanted):
             if not loaded[r]:
                 self.load(r)
         got = itemgetter(*wanted)(self.samples)
