@@ -45,6 +45,9 @@ BLOCKS: dict[str, str] = {
     "pack-estimate": "benchmarks.pack_report:estimate_block",
     "bench-handover": "benchmarks.handover_report:handover_block",
     "bench-decode": "benchmarks.handover_report:decode_block",
+    "bench-checksum": "benchmarks.bench_checksum:checksum_block",
+    "bench-stages": "benchmarks.bench_stages:stages_block",
+    "bench-warm": "benchmarks.warm_report:warm_block",
 }
 """Block name -> ``"module:function"`` rendering it; imported only when rendered."""
 
