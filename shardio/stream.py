@@ -217,7 +217,11 @@ def _windows(reader: RunReader, order: IndexArray, window: int, max_run: int, sk
     starts = list(range(skip - skip % window, len(order), window))
     if not starts:
         return
-    gap = gap_records(reader.manifest, max_run)
+    # a remote range is downloaded whole anyway: a worker wanting a scattered part of a
+    # block reads it as one run, taking the range once a window, not once a record
+    # (between takes, a budget smaller than the dataset evicted it)
+    gap = max_run - 1 if getattr(reader, "is_remote", False) else gap_records(
+        reader.manifest, max_run)
     current = _plan_window(order, starts[0], max(starts[0], skip), window, firsts, max_run, gap)
     advise(reader, current.due)
     for w_lo in starts:

@@ -162,10 +162,12 @@ def test_a_budget_smaller_than_the_dataset_holds_and_the_epoch_completes(
     assert 0 < high <= budget
 
 
+@pytest.mark.parametrize("workers", [0, 2])
 def test_under_half_a_budget_a_shuffled_epoch_downloads_each_range_once(
-        source: Path, packed: Path, s3: S3Endpoint, tmp_path: Path) -> None:
+        workers: int, source: Path, packed: Path, s3: S3Endpoint, tmp_path: Path) -> None:
     # ranges are whole plan blocks, each wanted by one shuffle window: none is evicted
-    # between two uses (ranges cut across blocks were fetched again, 4.6x the dataset)
+    # between two uses (ranges cut across blocks were fetched again, 4.6x the dataset);
+    # with 2 workers, each reads its part of a block as one run, in the same window
     if packed.joinpath("shard-00000.mdb").exists():
         pytest.skip("LMDB shards are cached whole")
     url = upload(packed, s3.url)
@@ -175,7 +177,7 @@ def test_under_half_a_budget_a_shuffled_epoch_downloads_each_range_once(
     opts = options(tmp_path, max_cache_bytes=dataset_bytes // 2, max_in_flight=2)
     ds = StreamingDataset(url, decode="raw", shuffle_buffer=24, block_size=4, remote=opts)
     s3.plan.reset()
-    check_exactly_once(stream(ds, 0), source)
+    check_exactly_once(stream(ds, workers), source)
     assert 0 < s3.plan.body_bytes <= dataset_bytes + tails
 
 
