@@ -31,6 +31,7 @@ from typing import Any, Final, TypeVar
 
 from shardio.backends import shard_name
 from shardio.errors import OutputExistsError, PackError, StorageError
+from shardio.format import FORMAT_VERSION
 from shardio.location import is_url
 from shardio.manifest import (
     MANIFEST_NAME,
@@ -132,7 +133,8 @@ class AppendJob:
             input_bytes=self.base.input_bytes + staged.input_bytes,
             skipped=tuple(sorted((*self.base.skipped, *staged.skipped),
                                  key=lambda s: (s.path, s.reason))),
-            shardio_version=__version__))
+            # the new shards are this writer's format: a version 1 dataset's manifest says 2
+            shardio_version=__version__, version=max(self.base.version, FORMAT_VERSION)))
         shutil.rmtree(self.target.staging)
         return dataclasses.replace(summary, out=str(self.out),  # type: ignore[type-var]
                                    existing_samples=self.base.num_samples,

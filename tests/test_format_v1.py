@@ -182,3 +182,24 @@ def test_damage_to_v1_shards_is_always_found_and_never_read_as_data(
                    and all(out[r] in ("raised", "exact") for r in ("get", "stream")))]
     assert not bad, f"{len(bad)} of {len(cases)} cases broke a guarantee, e.g. {bad[:3]}"
     assert sum(out["stream"] == "raised" for out in outcomes) > len(cases) // 5
+
+
+def test_appending_to_a_v1_dataset_keeps_its_files_and_reads_both(
+        v1: tuple[Path, list[dict[str, Any]]], tmp_path: Path) -> None:
+    root, expected = v1
+    before = {p.name: p.read_bytes() for p in root.iterdir() if p.name != "manifest.json"}
+    src = tmp_path / "new"
+    (src / "n").mkdir(parents=True)
+    for i in range(5):
+        (src / "n" / f"f{i}.bin").write_bytes(bytes([i]) * (100 + i))
+    shardio.pack(src, root, append=True)
+    manifest = json.loads((root / "manifest.json").read_text(encoding="utf-8"))
+    assert manifest["version"] == 2, "the manifest lists v2 shards now"
+    assert [s["checksum"].split(":")[0] for s in manifest["shards"]] == [
+        "crc32", "crc32", *["crc32c"] * (len(manifest["shards"]) - 2)]
+    assert all((root / name).read_bytes() == data for name, data in before.items())
+    with open_dataset(root) as reader:
+        got = [plain(reader.get(i)) for i in range(len(reader))]
+    assert got[: len(expected)] == expected
+    assert sorted(s["__key__"] for s in got[len(expected):]) == [f"n/f{i}" for i in range(5)]
+    assert shardio.verify(root).ok
