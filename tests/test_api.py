@@ -8,14 +8,13 @@ import sys
 import shardio
 
 EXPECTED = {
-    "BadInputError", "CacheBudgetError", "ChecksumError", "DatasetReader", "DecodeError", "DevicePrefetcher",
-    "EmptySourceError", "IndexedDataset", "Manifest", "ManifestError", "ManifestNotFoundError",
-    "Fields", "OutputExistsError", "PackError", "PackSummary", "RecordBatch", "RecordEncodeError",
-    "RemoteOptions", "ShardCorruptError", "ShardInfo", "ShardMissingError", "ShardWriter", "ShardioError",
-    "Source", "StorageError", "StreamingDataset", "TruncatedShardError", "UnsafeKeyError",
-    "UnsupportedVersionError", "WriteOptions", "__version__", "loader", "merge", "merge_states",
-    "MergeSummary",
-    "open_dataset", "pack",
+    "BadInputError", "CacheBudgetError", "ChecksumError", "DatasetReader", "DecodeError",
+    "DevicePrefetcher", "EmptySourceError", "Fields", "IndexedDataset", "Manifest",
+    "ManifestError", "ManifestNotFoundError", "MergeSummary", "OutputExistsError", "PackError",
+    "PackSummary", "RecordBatch", "RecordEncodeError", "RemoteOptions", "ShardCorruptError",
+    "ShardInfo", "ShardMissingError", "ShardWriter", "ShardioError", "Source", "StorageError",
+    "StreamingDataset", "TruncatedShardError", "UnsafeKeyError", "UnsupportedVersionError",
+    "WriteOptions", "__version__", "loader", "merge", "merge_states", "open_dataset", "pack",
     "pack_imagefolder", "pil_backend", "preview", "read_manifest", "unpack", "verify",
 }
 
