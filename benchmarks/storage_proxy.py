@@ -74,6 +74,8 @@ class FaultPlan:
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
     _rng: random.Random = field(default_factory=random.Random, repr=False)
     _link_free_at: float = field(default=0.0, repr=False)
+    link_s: float = 0.0
+    """Seconds of link time booked by ``pace``: bytes sent under a cap / the cap."""
 
     def reset(self, **settings: Any) -> FaultPlan:
         """Clear counters and faults, then apply ``settings``; returns the plan."""
@@ -81,7 +83,7 @@ class FaultPlan:
             for name in ("slowdown_every", "cut_every", "stall_every", "requests", "ranged_gets",
                          "slowdowns", "cuts", "stalls", "body_bytes", "gets", "get_bytes"):
                 setattr(self, name, 0)
-            self.stall_s = self.latency_s = self.max_bytes_per_s = 0.0
+            self.stall_s = self.latency_s = self.max_bytes_per_s = self.link_s = 0.0
             self.seed = 0
             self.slowdown_match = ""
             for name, value in settings.items():
@@ -120,19 +122,23 @@ class FaultPlan:
             if ranged:
                 self.body_bytes += num_bytes
 
-    def pace(self, num_bytes: int) -> None:
+    def pace(self, num_bytes: int) -> float:
         """Wait until ``num_bytes`` more fit through the shared link (``max_bytes_per_s``).
 
         The link sends one chunk after another in the order they asked, so concurrent
-        bodies share the rate; idle time is not saved up for a later burst.
+        bodies share the rate; idle time is not saved up for a later burst. Returns the
+        seconds it waited (0 without a cap).
         """
         if self.max_bytes_per_s <= 0:
-            return
+            return 0.0
         with self._lock:
             now = time.monotonic()
-            self._link_free_at = max(now, self._link_free_at) + num_bytes / self.max_bytes_per_s
+            booked = num_bytes / self.max_bytes_per_s
+            self.link_s += booked
+            self._link_free_at = max(now, self._link_free_at) + booked
             wait = self._link_free_at - now
         time.sleep(wait)
+        return wait
 
     def counters(self) -> dict[str, float]:
         """Every setting and counter, as ``GET /__proxy__/stats`` answers them."""
