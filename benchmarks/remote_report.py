@@ -82,14 +82,24 @@ def _mb(value: float | None) -> str:
     return "–" if value is None else f"{value / 1e6:,.0f}"
 
 
+def error_line(f: dict[str, Any]) -> str:
+    """The line of a recorded error that names it: ``Type: message``, without module paths.
+
+    A DataLoader worker's error arrives wrapped (a ``RuntimeError`` around the worker's
+    traceback), so the last ``SomethingError: ...`` line is preferred to the type's own.
+    """
+    lines = [line.strip() for line in f["message"].splitlines() if line.strip()]
+    named = ([line for line in lines if re.match(rf"([\w.]+\.)?{f['type']}: ", line)]
+             or [line for line in lines if re.match(r"([\w.]+\.)?\w+(Error|Exception)\w*: ", line)]
+             or [line for line in lines if f["type"] in line] or lines or [f["type"]])
+    return re.sub(r"^[\w.]+\.(\w+: )", r"\1", named[-1])
+
+
 def _failure(s: dict[str, Any]) -> str:
     f = s["failure"]
     if f is None:
         return f"{s['completed']}/{s['runs']}"
-    lines = [line.strip() for line in f["message"].splitlines() if line.strip()]
-    named = ([line for line in lines if re.match(rf"([\w.]+\.)?{f['type']}: ", line)]
-             or [line for line in lines if f["type"] in line] or lines or [f["type"]])
-    first = re.sub(r"^[\w.]+\.(\w+: )", r"\1", named[0])[:150].replace("|", "/")
+    first = error_line(f)[:150].replace("|", "/")
     if f["message"].startswith("exit timeout"):
         seconds = re.search(r"after (\d+) s", f["message"])
         first = (f"timed out after {seconds[1] if seconds else '?'} s, "
@@ -210,7 +220,7 @@ def _half_outcome(s: dict[str, Any] | None) -> str:
     if s is None:
         return "–"
     if s["completed"] == s["runs"]:
-        return (f"{_num(s['epoch2'])} samples/s, {_num(s['down2'], 1)}x downloaded, cache peak "
+        return (f"{_num(s['epoch2'])} samples/s, {_num(s['down2'], 2)}x downloaded, cache peak "
                 f"{_mb(s['cache_peak'])} MB of {_mb(s['budget'])}")
     f = s["failure"] or {}
     if _refused(s):
@@ -221,7 +231,8 @@ def _half_outcome(s: dict[str, Any] | None) -> str:
         return (f"did not finish ({f['message'].split(':')[0].removeprefix('exit ')}; "
                 f"{_num(s['run_down'], 1)}x stored downloaded by then, cache peak "
                 f"{_mb(s['cache_peak'])} MB of {_mb(s['budget'])})")
-    return f"failed ({f.get('type', '?')}) in {s['runs'] - s['completed']} of {s['runs']} runs"
+    kind = error_line(f).split(":")[0] if f else "?"
+    return f"failed ({kind}) in {s['runs'] - s['completed']} of {s['runs']} runs"
 
 
 def _refused(s: dict[str, Any]) -> bool:
