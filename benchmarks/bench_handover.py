@@ -8,7 +8,8 @@ per-sample path (``decode_tensor`` per image, then ``collate_tensor``), and the 
 limit (Pillow, 2 processes decoding the same in-memory JPEGs at once, no loader). Each
 measurement is a fresh process timing one epoch from building the loader, like
 ``run.py``; it records samples/s and the CPU seconds per sample of the main process and
-of the workers, so a ratio comes with where the time went. Median of ``--repeats``
+of the workers, so a ratio comes with where the time went, then the rate of a second
+epoch through the same loader (workers already running). Median of ``--repeats``
 rounds, the variants rotated from round to round; the 1-minute load average is kept
 with every run. Writes ``benchmarks/results/handover.json`` (``--quick``: ``-quick``).
 
@@ -78,7 +79,7 @@ def run_variant(name: str, pack: Path, tree: Tree) -> dict[str, Any]:
     loader = shardio.loader(dataset, batch_size=BATCH, num_workers=workers, collate_fn=collate)
     samples = nbytes = 0
     first: tuple[float, int] | None = None
-    for batch in loader:
+    for batch in loader:  # the timed epoch
         if first is None:  # steady state from here: loader built, workers started
             first = (time.process_time(), 0)
         if decode:
@@ -98,12 +99,15 @@ def run_variant(name: str, pack: Path, tree: Tree) -> dict[str, Any]:
         if first[1] == 0:
             first = (first[0], samples)
     seconds = time.perf_counter() - start
-    main_cpu, workers_cpu = time.process_time() - cpu, worker_cpu_s()
+    main_cpu, workers_cpu = time.process_time() - cpu, worker_cpu_s()  # the timed epoch
     assert first is not None
     steady = (time.process_time() - first[0]) / max(1, samples - first[1]) * 1e6
+    again = time.perf_counter()  # a second epoch through the same loader: workers running
+    count = sum(len(batch[0]) if decode else len(batch) for batch in loader)
+    second = count / (time.perf_counter() - again)
     return {"samples": samples, "bytes": nbytes, "seconds": seconds,
             "samples_per_s": samples / seconds, "main_cpu_us": main_cpu / samples * 1e6,
-            "main_cpu_steady_us": steady,
+            "main_cpu_steady_us": steady, "second_epoch_samples_per_s": second,
             "workers_cpu_us": workers_cpu / samples * 1e6, "load_1min": os.getloadavg()[0],
             "jpeg_decoder": shardio.decode.jpeg_decoder() if decode else None}
 
