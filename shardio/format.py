@@ -245,7 +245,7 @@ def check_frames(
         bad_header = np.flatnonzero((words != ident << 8) & (words != (ident << 8 | CODEC_ZSTD))
                                     )[:1].tolist()
         codecs = words.astype(np.uint8).tolist()
-    bad_sum = _first_failing(run) if verify else None
+    bad_sum = first_failing(run) if verify else None
     # the first damaged record; for one record, its length is judged first (it places the
     # payload), then the checksum it names, then its checksum, then the rest of its header
     # (codec, reserved bytes), as format v1 readers did
@@ -270,7 +270,7 @@ def check_frames(
     raise AssertionError("unreachable")  # pragma: no cover
 
 
-def _first_failing(run: RunBytes) -> int | None:
+def first_failing(run: RunBytes) -> int | None:
     """The first record of ``run`` whose checksum fails (its chain link, else its frame's)."""
     compute = checksum_function(run.checksum)
     buf, bounds, chain = run.buffer, run.bounds.tolist(), run.chain

@@ -24,7 +24,10 @@ from typing import Any, Protocol
 import numpy as np
 
 from shardio.backends import ShardFileReader
+from shardio.backends.records import RecordsShardReader
+from shardio.checkahead import Check, checker
 from shardio.flatmap import ViewedSample
+from shardio.format import RunBytes
 from shardio.manifest import Manifest
 from shardio.plan import IndexArray
 from shardio.record import decode_run
@@ -172,6 +175,7 @@ class _OpenWindow:
         self._base = np.concatenate(([0], np.cumsum(plan.counts))).astype(np.int64).tolist()
         self.samples: list[dict[str, Any] | None] = [None] * self._base[-1]
         self._loaded: list[bool] = [False] * len(plan.counts)
+        self._checks: dict[Run, tuple[RunBytes, Check]] = _check_ahead(reader, plan.due)
 
     def load(self, r: int) -> None:
         """Read and decode run ``r`` (its wanted records) into ``samples``."""
@@ -180,7 +184,10 @@ class _OpenWindow:
         only = None
         if hi - lo != stop - start:  # a run through gaps: its wanted records' positions
             only = (self._unique[lo:hi] - (int(self._firsts[shard]) + start)).tolist()
-        decoded = read_run(self._reader, self._runs[r], self._firsts, True, only)
+        ahead = self._checks.pop(self._runs[r], None)
+        decoded = read_run(self._reader, self._runs[r], self._firsts, True, only,
+                           ahead=None if ahead is None else ahead[0],
+                           checked=ahead is not None and ahead[1].passed())
         self.samples[lo:hi] = decoded
         if self.columns is not None:
             self.columns.put(lo, decoded)
@@ -204,6 +211,9 @@ class _OpenWindow:
         """Let go of the window: its samples, and its runs' pages in this process."""
         self.samples = []
         self.columns = None
+        for _run, check in self._checks.values():
+            check.cancel()
+        self._checks = {}
         for (shard, start, stop), loaded in zip(self._runs, self._loaded, strict=True):
             drop = getattr(self._reader.shard(shard), "drop_pages", None) if loaded else None
             if drop is not None:
@@ -276,19 +286,44 @@ def _sorted_unique(values: IndexArray) -> IndexArray:
     return ordered[np.concatenate(([True], ordered[1:] != ordered[:-1]))]
 
 
+def _check_ahead(reader: RunReader, due: list[Run]) -> dict[Run, tuple[RunBytes, Check]]:
+    """Hand the checksums of a window's runs to this process's checker thread, in due order.
+
+    Only runs of mapped local shards: reading them is taking a view, while a remote
+    run's bytes are downloaded when it is read, and an LMDB run is copied out of its map.
+    """
+    if not reader.verify or not due:
+        return {}
+    out: dict[Run, tuple[RunBytes, Check]] = {}
+    thread = None
+    for run in due:
+        shard, start, stop = run
+        shard_reader = reader.shard(shard)
+        if type(shard_reader) is not RecordsShardReader:
+            continue
+        thread = thread or checker()
+        run_bytes = shard_reader.read_run(start, stop)
+        out[run] = run_bytes, thread.submit(run_bytes)
+    return out
+
+
 def read_run(
     reader: RunReader, run: Run, firsts: IndexArray, zero_copy: bool = False,
-    only: list[int] | None = None,
+    only: list[int] | None = None, *, ahead: RunBytes | None = None, checked: bool = False,
 ) -> list[dict[str, Any]]:
-    """Read and decode one run of records (of it, the positions ``only``)."""
+    """Read and decode one run of records (of it, the positions ``only``).
+
+    ``ahead``: the run's bytes, already read; ``checked``: their checksums passed on the
+    checker thread (``shardio.checkahead``), so they are not computed again.
+    """
     shard, start, stop = run
     shard_reader = reader.shard(shard)
     return decode_run(
-        shard_reader.read_run(start, stop),
+        ahead if ahead is not None else shard_reader.read_run(start, stop),
         path=shard_reader.path,
         first_record=start,
         offset_of=shard_reader.offset,
-        verify=reader.verify,
+        verify=reader.verify and not checked,
         first_index=int(firsts[shard]) + start,
         zero_copy=zero_copy,
         keys=shard_reader.keys(),

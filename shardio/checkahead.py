@@ -1,0 +1,106 @@
+"""Record checksums computed on a thread, ahead of the reader, in the order runs will be read.
+
+On a warm local epoch of 80 KB images, CRC-32C over every byte is the largest
+single cost per sample (``benchmarks/README.md``, "Record checksums"): it is
+memory bandwidth, not Python, so no encoding makes it much cheaper. It does not
+need the interpreter, though: the ``crc32c`` and ``zlib`` functions release the
+GIL on large buffers. So the stream hands each window's runs, in the order their
+first samples are due, to one thread per process that checks them while the
+reader decodes and hands out earlier ones; the reader then takes a run's result
+before it decodes the run, and decodes only runs that passed. A run that failed
+is checked again where it is read, which names the record and raises. The
+thread touching a run's pages first also maps them into the process, so the
+reader does not stop on those page faults either.
+
+Only runs that are already in memory are handed over (views of a mapped local
+shard); a remote range is checked where it arrives. The thread belongs to the
+process that started it: a forked child (a DataLoader worker) starts its own
+and never touches the one it inherited. Torch-free.
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import threading
+
+from shardio.format import RunBytes, first_failing
+
+_PENDING, _DONE, _CANCELLED = 0, 1, 2
+
+
+class Check:
+    """One run's checksum, computed on the checker thread."""
+
+    __slots__ = ("_done", "_state", "error", "failing", "run")
+
+    def __init__(self, run: RunBytes) -> None:
+        self.run: RunBytes | None = run
+        self.failing: int | None = None
+        """The first record (position in the run) whose checksum fails; None: all pass."""
+        self.error: BaseException | None = None
+        self._state = _PENDING
+        self._done = threading.Event()
+
+    def passed(self) -> bool:
+        """Wait for the result: True when every record of the run passed its checksum."""
+        self._done.wait()
+        return self._state == _DONE and self.error is None and self.failing is None
+
+    def cancel(self) -> None:
+        """Not wanted any more: skipped if not started (a started one runs to its end)."""
+        if self._state == _PENDING:
+            self._state = _CANCELLED
+        self.run = None
+
+    def _work(self) -> None:
+        run = self.run
+        try:
+            if self._state == _PENDING and run is not None:
+                self.failing = first_failing(run)
+                self._state = _DONE
+        except BaseException as exc:  # the reader checks the run itself, which names it
+            self.error = exc
+        finally:
+            self.run = None
+            self._done.set()
+
+
+class Checker:
+    """The checker thread of this process, and its queue of runs."""
+
+    def __init__(self) -> None:
+        self.pid = os.getpid()
+        self.checked = 0
+        """Runs whose checksums this thread computed (cancelled ones not counted)."""
+        self._jobs: queue.SimpleQueue[Check] = queue.SimpleQueue()
+        # a daemon: a reader that stops mid-window must not keep the interpreter alive
+        threading.Thread(target=self._loop, name="shardio-check", daemon=True).start()
+
+    def submit(self, run: RunBytes) -> Check:
+        """Queue ``run``'s checksums behind those queued before it."""
+        check = Check(run)
+        self._jobs.put(check)
+        return check
+
+    def _loop(self) -> None:
+        while True:
+            check = self._jobs.get()
+            check._work()
+            self.checked += check._state == _DONE
+
+
+_CHECKER: Checker | None = None
+_LOCK = threading.Lock()
+
+
+def checker() -> Checker:
+    """This process's checker (started on first use; a new one after a fork)."""
+    global _CHECKER
+    found = _CHECKER
+    if found is not None and found.pid == os.getpid():
+        return found
+    with _LOCK:
+        if _CHECKER is None or _CHECKER.pid != os.getpid():
+            _CHECKER = Checker()
+        return _CHECKER

@@ -1,0 +1,133 @@
+"""Record checksums computed on the checker thread ahead of the stream (shardio.checkahead)."""
+
+from __future__ import annotations
+
+import multiprocessing
+from pathlib import Path
+
+import pytest
+from torch.utils.data import DataLoader
+
+import shardio
+from shardio import checkahead
+from shardio.backends.records import RecordsShardReader
+from shardio.dataset import StreamingDataset
+from shardio.errors import ChecksumError
+from shardio.format import first_failing
+from shardio.writer import ShardWriter, WriteOptions
+
+
+def payload(i: int) -> bytes:
+    return bytes([i % 251]) * (3000 + i % 17)
+
+
+def write(out: Path, num: int = 600) -> Path:
+    with ShardWriter(out, WriteOptions(codec="none", max_shard_samples=200)) as writer:
+        for i in range(num):
+            writer.write({"__key__": f"k/{i:05d}", "bin": payload(i), "n": i})
+    return out
+
+
+def flip(root: Path, shard: str, record: int) -> None:
+    path = root / shard
+    reader = RecordsShardReader(path)
+    at = reader.offset(record) + 40  # inside the payload
+    reader.close()
+    data = bytearray(path.read_bytes())
+    data[at] ^= 0x01
+    path.write_bytes(bytes(data))
+
+
+def test_an_epoch_is_checked_on_the_thread_and_delivers_every_sample(tmp_path: Path) -> None:
+    root = write(tmp_path / "ds")
+    before = checkahead.checker().checked
+    loader = shardio.loader(StreamingDataset(root, shuffle=True, seed=3), batch_size=32,
+                            num_workers=0)
+    seen = []
+    for batch in loader:
+        for i, data, n in zip(batch.indices.tolist(), batch.bytes("bin"), batch["n"].tolist(),
+                              strict=True):
+            assert bytes(data) == payload(i) and n == i
+            seen.append(i)
+    assert sorted(seen) == list(range(600))
+    assert checkahead.checker().checked > before  # the thread did check the runs read
+
+
+@pytest.mark.parametrize("shuffle", [True, False])
+def test_a_flipped_bit_is_named_though_checked_on_the_thread(tmp_path: Path,
+                                                             shuffle: bool) -> None:
+    root = write(tmp_path / "ds")
+    flip(root, "shard-00001.rec", 77)
+    ds = StreamingDataset(root, shuffle=shuffle, seed=1)
+    with pytest.raises(ChecksumError, match=r"shard-00001\.rec: record 77 at byte"):
+        for _batch in shardio.loader(ds, batch_size=16, num_workers=0):
+            pass
+    with pytest.raises(ChecksumError, match=r"shard-00001\.rec: record 77 at byte"):
+        for _sample in ds:
+            pass
+
+
+def test_verify_off_hands_nothing_to_the_thread(tmp_path: Path) -> None:
+    root = write(tmp_path / "ds")
+    flip(root, "shard-00000.rec", 3)
+    thread = checkahead.checker()
+    before = thread.checked
+    got = sorted(s["__index__"] for s in StreamingDataset(root, shuffle=True, verify=False))
+    assert got == list(range(600)) and thread.checked == before
+
+
+def test_the_thread_finds_the_first_failing_record_of_a_run(tmp_path: Path) -> None:
+    root = write(tmp_path / "ds")
+    flip(root, "shard-00002.rec", 150)
+    reader = RecordsShardReader(root / "shard-00002.rec")
+    try:
+        run = reader.read_run(100, 200)
+        check = checkahead.checker().submit(run)
+        assert not check.passed() and check.failing == 50 == first_failing(run)
+        good = checkahead.checker().submit(reader.read_run(0, 100))
+        assert good.passed() and good.failing is None
+    finally:
+        reader.close()
+
+
+def test_a_cancelled_check_is_skipped_and_never_passes() -> None:
+    import numpy as np
+
+    from shardio.format import RunBytes
+
+    gate = checkahead.Check(RunBytes(memoryview(b""), np.zeros(1, np.int64), "crc32c"))
+    gate.cancel()
+    gate._work()
+    assert not gate.passed() and gate.run is None
+
+
+def test_stopping_mid_window_then_a_new_epoch(tmp_path: Path) -> None:
+    root = write(tmp_path / "ds", 2000)
+    ds = StreamingDataset(root, shuffle=True, seed=5)
+    loader = shardio.loader(ds, batch_size=16, num_workers=0)
+    for _batch in loader:
+        break  # the window's checks still queued are cancelled when it closes
+    assert sum(len(b) for b in loader) == 2000
+
+
+def _epoch_in_forked_workers(root: str) -> list[int]:
+    loader = DataLoader(StreamingDataset(root, shuffle=True, seed=2), batch_size=None,
+                        num_workers=2, multiprocessing_context="fork")
+    return sorted(int(s["__index__"]) for s in loader)
+
+
+def test_forked_workers_after_the_parent_used_the_thread(tmp_path: Path) -> None:
+    root = write(tmp_path / "ds")
+    parent = checkahead.checker()
+    assert sum(1 for _ in StreamingDataset(root, shuffle=True)) == 600
+    assert _epoch_in_forked_workers(str(root)) == list(range(600))
+    assert checkahead.checker() is parent  # the parent keeps its own thread
+    with multiprocessing.get_context("fork").Pool(1) as pool:
+        child_pid, child_is_new = pool.apply(_child_checker)
+    assert child_is_new and child_pid != parent.pid
+
+
+def _child_checker() -> tuple[int, bool]:
+    inherited = checkahead._CHECKER
+    mine = checkahead.checker()
+    return mine.pid, mine is not inherited
