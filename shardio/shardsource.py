@@ -44,7 +44,7 @@ from shardio.manifest import MANIFEST_NAME, Manifest, ShardInfo
 from shardio.manifest import read_manifest as read_local_manifest
 from shardio.storage.cache import RangeCache
 from shardio.storage.cachedrange import CachedRange
-from shardio.storage.fetch import RangeRequest, min_cache_bytes
+from shardio.storage.fetch import RangeRequest, in_flight_bytes, min_cache_bytes
 from shardio.storage.options import RemoteOptions
 from shardio.storage.readahead import ReadAhead
 from shardio.storage.url import split_url
@@ -176,7 +176,8 @@ class ShardSource:
         cache = self.cache()
         if self._ahead is None:
             self._ahead = ReadAhead(cache, remote.store, version=remote.version,
-                                    max_in_flight=options.max_in_flight)
+                                    max_in_flight=options.max_in_flight,
+                                    max_in_flight_bytes=options.max_in_flight_bytes)
         return self._ahead
 
     def _fetch(self, request: RangeRequest) -> bytes:
@@ -223,13 +224,7 @@ class ShardSource:
                 reader = RemoteRecordsReader(self._ahead_here(), info.name, tail, url=url,
                                              range_bytes=options.range_bytes,
                                              block_records=self.block_records)
-                local_world = int(os.environ.get("LOCAL_WORLD_SIZE", "1") or 1)
-                self.cache().require(min_cache_bytes(
-                    reader.max_range_bytes, max_in_flight=options.max_in_flight,
-                    num_processes=max(1, self.num_processes) * max(1, local_world)),
-                    what=f"the ranges {max(1, self.num_processes) * max(1, local_world)} "
-                         f"reading process(es) keep in flight ({options.max_in_flight} ahead "
-                         f"+ 1, up to {reader.max_range_bytes} bytes each, for {url})")
+                self._fit_in_flight(reader.max_range_bytes, url)
             else:
                 cached = self._whole.pop(number, None) or self._download_whole(number)
                 reader = CachedShardReader(self.manifest.backend, cached, url=url)
@@ -239,6 +234,31 @@ class ShardSource:
             raise self._missing(info, url) from exc
         self._readers.add(reader)
         return reader
+
+    def _fit_in_flight(self, max_range_bytes: int, url: str) -> None:
+        """Fit what this process downloads ahead into its share of the budget, or fail at once.
+
+        Every reading process of the node (DataLoader workers times ``LOCAL_WORLD_SIZE``)
+        holds the range it reads plus those it has in flight; when the budget cannot
+        hold the options' in-flight limits for all of them, the limits shrink to fit,
+        down to one range ahead; below that the read fails saying the minimum.
+
+        Raises:
+            CacheBudgetError: the budget cannot hold two ranges per reading process.
+        """
+        _remote, options = self._remote()
+        assert options.max_cache_bytes is not None
+        local_world = int(os.environ.get("LOCAL_WORLD_SIZE", "1") or 1)
+        processes = max(1, self.num_processes) * max(1, local_world)
+        self.cache().require(
+            min_cache_bytes(max_range_bytes, max_in_flight=1, num_processes=processes),
+            what=f"the ranges {processes} reading process(es) need at least (one ahead + the "
+                 f"one read, up to {max_range_bytes} bytes each, for {url})")
+        want = in_flight_bytes(max_range_bytes, max_in_flight=options.max_in_flight,
+                               max_in_flight_bytes=options.max_in_flight_bytes)
+        ahead = min(want, options.max_cache_bytes // processes - max_range_bytes)
+        self._ahead_here().limit(max_in_flight=max(1, ahead // max(1, max_range_bytes)),
+                                 max_in_flight_bytes=ahead)
 
     def _missing(self, info: ShardInfo, url: str) -> ShardMissingError:
         return ShardMissingError(

@@ -30,6 +30,8 @@ CONFIG_ENV_PREFIXES = ("AWS_", "GOOGLE_", "AZURE_", "FSSPEC_")
 """Environment variables that configure a client: part of its key, so a changed endpoint or
 profile gets a new client instead of one resolved for the old settings."""
 S3_PROTOCOLS = ("s3", "s3a")
+POOL_CONNECTIONS = 32
+"""Connections an S3 client keeps open at most (a reading process: ranges ahead + tails)."""
 REMOTE_EXTRA = "pip install 'shardio[remote]'"
 
 _clients: dict[str, tuple[Mapping[str, Any], Any]] = {}
@@ -81,6 +83,9 @@ def _new_client(protocol: str, options: Mapping[str, Any], policy: RetryPolicy) 
         config.setdefault("retries", {"total_max_attempts": 1})
         config.setdefault("connect_timeout", policy.connect_timeout_s)
         config.setdefault("read_timeout", policy.read_timeout_s)
+        # botocore's pool of 10 connections queued the ranges a reader keeps in flight
+        # (up to fetch.DEFAULT_IN_FLIGHT) behind the tails it fetches at once
+        config.setdefault("max_pool_connections", POOL_CONNECTIONS)
         opts["config_kwargs"] = config
     elif protocol in HTTP_PROTOCOLS:
         import aiohttp

@@ -22,7 +22,16 @@ from shardio.storage.cache import RangeCache, RangeCheck
 from shardio.storage.cachedrange import CachedRange
 from shardio.storage.store import Store
 
-DEFAULT_IN_FLIGHT = 3
+DEFAULT_IN_FLIGHT = 16
+"""Ranges a reading process keeps downloading ahead, at most (one thread each)."""
+DEFAULT_IN_FLIGHT_BYTES = 32 << 20
+"""...and bytes: ranges of one plan block (about 2 MB) are small, and 3 of them in flight
+left a 100 MB/s link with 20 ms a request half idle (a GET's round trip is 2 MB of
+bandwidth); two 16 MiB ranges still fit. ``ReadAhead`` starts a range while the
+downloads ahead of it hold less than this, or fewer than two ranges."""
+MIN_IN_FLIGHT = 2
+PREFETCH_IN_FLIGHT = 3
+"""``RangePrefetcher``'s ranges ahead (whole-order readers: ``verify``-like scans)."""
 
 
 @dataclass(frozen=True)
@@ -35,11 +44,23 @@ class RangeRequest:
     check: RangeCheck | None = None
 
 
+def in_flight_bytes(max_range_bytes: int, *, max_in_flight: int = DEFAULT_IN_FLIGHT,
+                    max_in_flight_bytes: int = DEFAULT_IN_FLIGHT_BYTES) -> int:
+    """Bytes one reader's ranges downloading ahead may hold at most (ranges up to
+    ``max_range_bytes``): ``max_in_flight`` ranges, or ``max_in_flight_bytes`` and at
+    least ``MIN_IN_FLIGHT`` ranges, whichever is less."""
+    floor = min(max_in_flight, MIN_IN_FLIGHT) * max_range_bytes
+    return min(max_in_flight * max_range_bytes, max(max_in_flight_bytes, floor))
+
+
 def min_cache_bytes(max_range_bytes: int, *, max_in_flight: int = DEFAULT_IN_FLIGHT,
+                    max_in_flight_bytes: int = DEFAULT_IN_FLIGHT_BYTES,
                     num_processes: int = 1) -> int:
     """The budget that ``num_processes`` readers on a node need at least: each holds the range
-    it reads plus ``max_in_flight`` downloading."""
-    return num_processes * (max_in_flight + 1) * max_range_bytes
+    it reads plus what it has downloading (``in_flight_bytes``)."""
+    ahead = in_flight_bytes(max_range_bytes, max_in_flight=max_in_flight,
+                            max_in_flight_bytes=max_in_flight_bytes)
+    return num_processes * (ahead + max_range_bytes)
 
 
 class RangePrefetcher:
@@ -50,7 +71,7 @@ class RangePrefetcher:
     """
 
     def __init__(self, cache: RangeCache, store: Store, requests: Iterable[RangeRequest], *,
-                 version: str, max_in_flight: int = DEFAULT_IN_FLIGHT) -> None:
+                 version: str, max_in_flight: int = PREFETCH_IN_FLIGHT) -> None:
         if max_in_flight < 1:
             raise ValueError(f"max_in_flight must be at least 1, got {max_in_flight}")
         self._cache = cache

@@ -10,6 +10,7 @@ say. The default cache budget is computed here from the cache folder's disk
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import shutil
 from collections.abc import Mapping
@@ -19,7 +20,7 @@ from typing import Any, Final
 
 from shardio.storage.budget import PARTIAL, RANGES
 from shardio.storage.cache import default_cache_dir
-from shardio.storage.fetch import DEFAULT_IN_FLIGHT
+from shardio.storage.fetch import DEFAULT_IN_FLIGHT, DEFAULT_IN_FLIGHT_BYTES
 from shardio.storage.retry import RetryPolicy
 
 DEFAULT_RANGE_BYTES: Final = 16 << 20
@@ -46,7 +47,10 @@ class RemoteOptions:
         max_cache_bytes: hard budget of that folder (downloads in flight included);
             default ``default_max_cache_bytes(cache_dir)``: half the free space of its
             filesystem plus what the cache already holds, at most 100 GB.
-        max_in_flight: ranges each reading process keeps downloading ahead of it.
+        max_in_flight: ranges each reading process keeps downloading ahead of it, at most.
+        max_in_flight_bytes: bytes of those ranges, at most (two ranges may hold more):
+            both limits shrink to fit ``max_cache_bytes`` when it cannot hold them for
+            every reading process of the node, down to one range ahead.
         range_bytes: largest range of records fetched at once (ranges are cut at record
             boundaries from each shard's index; the same cut in every process, so each
             range is downloaded once per node).
@@ -57,6 +61,7 @@ class RemoteOptions:
     cache_dir: str | os.PathLike[str] | None = None
     max_cache_bytes: int | None = None
     max_in_flight: int = DEFAULT_IN_FLIGHT
+    max_in_flight_bytes: int = DEFAULT_IN_FLIGHT_BYTES
     range_bytes: int = DEFAULT_RANGE_BYTES
     retry: RetryPolicy | None = None
 
@@ -65,6 +70,9 @@ class RemoteOptions:
             raise ValueError(f"max_cache_bytes must be positive, got {self.max_cache_bytes}")
         if self.max_in_flight < 1:
             raise ValueError(f"max_in_flight must be at least 1, got {self.max_in_flight}")
+        if self.max_in_flight_bytes < 1:
+            raise ValueError(
+                f"max_in_flight_bytes must be positive, got {self.max_in_flight_bytes}")
         if self.range_bytes < MIN_RANGE_BYTES:
             raise ValueError(
                 f"range_bytes must be at least {MIN_RANGE_BYTES} (64 KiB), got {self.range_bytes}")
@@ -82,10 +90,8 @@ class RemoteOptions:
         """
         if self.max_cache_bytes is not None:
             return self
-        return RemoteOptions(
-            storage_options=self.storage_options, cache_dir=self.cache_path,
-            max_cache_bytes=default_max_cache_bytes(self.cache_path),
-            max_in_flight=self.max_in_flight, range_bytes=self.range_bytes, retry=self.retry)
+        return dataclasses.replace(self, cache_dir=self.cache_path,
+                                   max_cache_bytes=default_max_cache_bytes(self.cache_path))
 
 
 def _cached_bytes(cache_dir: Path) -> int:

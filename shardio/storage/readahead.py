@@ -5,10 +5,13 @@ order up front. A dataset reader learns its order a window at a time (the
 stream announces the runs of this window and the next one as it goes) and
 takes ranges from several shards in between, so its queue grows while it is
 read: ``plan`` appends ranges, ``take`` hands out the one the reader needs
-now. At most ``max_in_flight`` planned ranges are downloading or waiting to be
-taken, whatever the length of the plan, so a process holds at most
-``max_in_flight + 1`` ranges of the cache (``min_cache_bytes``), and the first
-sample waits for one range, not one shard.
+now. Planned ranges downloading or waiting to be taken are at most
+``max_in_flight`` and hold at most ``max_in_flight_bytes`` (at least
+``MIN_IN_FLIGHT`` ranges), whatever the length of the plan: a count alone
+either starves a link with small ranges or holds too much with large ones. So
+a process holds at most ``in_flight_bytes`` plus the range it reads of the
+cache (``min_cache_bytes``), and the first sample waits for one range, not one
+shard.
 
 ``take`` tolerates a reader that leaves the plan: planned ranges it skips
 (an exact resume starts mid-window) are released, and a range it never
@@ -27,7 +30,12 @@ from types import TracebackType
 
 from shardio.storage.cache import RangeCache
 from shardio.storage.cachedrange import CachedRange
-from shardio.storage.fetch import DEFAULT_IN_FLIGHT, RangeRequest
+from shardio.storage.fetch import (
+    DEFAULT_IN_FLIGHT,
+    DEFAULT_IN_FLIGHT_BYTES,
+    MIN_IN_FLIGHT,
+    RangeRequest,
+)
 from shardio.storage.store import Store
 
 _Slot = tuple[str, int, int]
@@ -42,7 +50,8 @@ class ReadAhead:
     """Planned ranges of one store, downloaded into the node cache ahead of one reader."""
 
     def __init__(self, cache: RangeCache, store: Store, *, version: str,
-                 max_in_flight: int = DEFAULT_IN_FLIGHT) -> None:
+                 max_in_flight: int = DEFAULT_IN_FLIGHT,
+                 max_in_flight_bytes: int = DEFAULT_IN_FLIGHT_BYTES) -> None:
         """Nothing starts until ``plan``.
 
         Args:
@@ -50,6 +59,7 @@ class ReadAhead:
             store: where they are downloaded from.
             version: the dataset version (its manifest's checksum) naming the cache entries.
             max_in_flight: planned ranges downloading or waiting to be taken, at most.
+            max_in_flight_bytes: their bytes, at most (``MIN_IN_FLIGHT`` ranges may hold more).
         """
         if max_in_flight < 1:
             raise ValueError(f"max_in_flight must be at least 1, got {max_in_flight}")
@@ -57,8 +67,10 @@ class ReadAhead:
         self.store = store
         self.version = version
         self.max_in_flight = max_in_flight
+        self.max_in_flight_bytes = max_in_flight_bytes
         self._planned: deque[RangeRequest] = deque()
         self._pending: deque[tuple[_Slot, Future[CachedRange]]] = deque()
+        self._pending_bytes = 0
         self._pool: ThreadPoolExecutor | None = None
         self._fetched: list[CachedRange] = []
         """Ranges fetched ahead and not taken: what a forked child must let go of (a plain
@@ -83,9 +95,26 @@ class ReadAhead:
         self._fetched.remove(cached)
         return cached
 
+    def limit(self, *, max_in_flight: int, max_in_flight_bytes: int) -> None:
+        """Lower the limits (never raise them): a shard with larger ranges was opened."""
+        self.max_in_flight = max(1, min(self.max_in_flight, max_in_flight))
+        self.max_in_flight_bytes = min(self.max_in_flight_bytes, max_in_flight_bytes)
+
+    def _room_for(self, request: RangeRequest) -> bool:
+        count = len(self._pending)
+        return count < self.max_in_flight and (
+            count < MIN_IN_FLIGHT
+            or self._pending_bytes + request.stop - request.start <= self.max_in_flight_bytes)
+
+    def _pop(self) -> Future[CachedRange]:
+        (_name, start, stop), future = self._pending.popleft()
+        self._pending_bytes -= stop - start
+        return future
+
     def _fill(self) -> None:
-        while self._planned and len(self._pending) < self.max_in_flight:
+        while self._planned and self._room_for(self._planned[0]):
             request = self._planned.popleft()
+            self._pending_bytes += request.stop - request.start
             if self._pool is None:
                 self._pool = ThreadPoolExecutor(self.max_in_flight,
                                                 thread_name_prefix="shardio-readahead")
@@ -104,8 +133,8 @@ class ReadAhead:
         for position, (pending, _future) in enumerate(self._pending):
             if pending == slot:
                 for _ in range(position):
-                    self._discard(self._pending.popleft()[1])
-                future = self._pending.popleft()[1]
+                    self._discard(self._pop())
+                future = self._pop()
                 self._fill()
                 return self._taken(future)
         planned = [_slot(r) for r in self._planned]
@@ -118,7 +147,7 @@ class ReadAhead:
 
     def _drop_pending(self) -> None:
         while self._pending:
-            self._discard(self._pending.popleft()[1])
+            self._discard(self._pop())
 
     def _discard(self, future: Future[CachedRange]) -> None:
         """Release a range fetched ahead and never taken (its error, if any, matters no more)."""
