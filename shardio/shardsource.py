@@ -23,7 +23,7 @@ from __future__ import annotations
 import os
 import weakref
 from collections.abc import Iterable
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from pathlib import Path
 from typing import Any
 
@@ -49,8 +49,9 @@ from shardio.storage.options import RemoteOptions
 from shardio.storage.readahead import ReadAhead
 from shardio.storage.url import split_url
 
-TAIL_THREADS = 8
-"""Shard tails fetched at once (each is one small GET: latency, not bandwidth)."""
+TAIL_THREADS = 32
+"""Shard tails fetched at once (each is one small GET: latency, not bandwidth; a shuffle
+window of a large dataset touches up to its number of blocks, 128 by default)."""
 
 _LIVE: weakref.WeakSet[ShardSource] = weakref.WeakSet()
 
@@ -219,6 +220,10 @@ class ShardSource:
             reader: RemoteRecordsReader | CachedShardReader
             if self.manifest.backend == "records" and number not in self._whole:
                 self.cache()
+                # tails first: a shard's ranges start downloading as soon as it is open, and
+                # with a window's tails still on the way they took the link and the cache's
+                # budget lock from them (opening 40 shards of a window took up to 1.5 s)
+                wait(list(self._tails.values()))
                 future = self._tails.pop(number, None)
                 tail = future.result() if future is not None else self._tail(number)
                 reader = RemoteRecordsReader(self._ahead_here(), info.name, tail, url=url,
