@@ -24,7 +24,11 @@ import os
 import queue
 import threading
 
-from shardio.format import RunBytes, first_failing
+import numpy as np
+import numpy.typing as npt
+
+from shardio.codecs import decompressor
+from shardio.format import FRAME_SIZE, RunBytes, first_failing
 
 _PENDING, _DONE, _CANCELLED = 0, 1, 2
 
@@ -32,13 +36,16 @@ _PENDING, _DONE, _CANCELLED = 0, 1, 2
 class Check:
     """One run's checksum, computed on the checker thread."""
 
-    __slots__ = ("_done", "_state", "error", "failing", "run")
+    __slots__ = ("_done", "_state", "error", "failing", "inflated", "run")
 
-    def __init__(self, run: RunBytes) -> None:
+    def __init__(self, run: RunBytes | None) -> None:
         self.run: RunBytes | None = run
         self.failing: int | None = None
         """The first record (position in the run) whose checksum fails; None: all pass."""
         self.error: BaseException | None = None
+        self.inflated: tuple[bytes, npt.NDArray[np.int64]] | None = None
+        """Where the run holds compressed records and passed: every record's payload,
+        inflated where its codec byte says so, back to back, and their lengths."""
         self._state = _PENDING
         self._done = threading.Event()
 
@@ -58,12 +65,42 @@ class Check:
         try:
             if self._state == _PENDING and run is not None:
                 self.failing = first_failing(run)
+                if self.failing is None:
+                    self.inflated = _inflate(run)
                 self._state = _DONE
         except BaseException as exc:  # the reader checks the run itself, which names it
             self.error = exc
         finally:
             self.run = None
             self._done.set()
+
+
+def _inflate(run: RunBytes) -> tuple[bytes, npt.NDArray[np.int64]] | None:
+    """The run's payloads inflated (None: none is compressed, or one would not inflate).
+
+    zstd releases the GIL while it inflates, so this too runs beside the reader; a
+    payload that fails here is inflated again where it is decoded, which names it.
+    """
+    bounds = run.bounds
+    if len(bounds) < 2:
+        return None
+    heads = np.frombuffer(run.buffer, np.uint8)[bounds[:-1] + 8]
+    if not bool(heads.any()):
+        return None
+    inflate = decompressor().decompress
+    buf, lo, hi = run.buffer, (bounds[:-1] + FRAME_SIZE).tolist(), bounds[1:].tolist()
+    try:
+        pieces = [inflate(buf[a:b]) if c else buf[a:b]
+                  for a, b, c in zip(lo, hi, heads.tolist(), strict=True)]
+    except Exception:  # zstd raises several types on a bad frame
+        return None
+    return b"".join(pieces), np.fromiter(map(len, pieces), np.int64, len(pieces))
+
+
+PASSED = Check(None)
+"""A check already made where the run was read (its frames checked there)."""
+PASSED._state = _DONE
+PASSED._done.set()
 
 
 class Checker:

@@ -316,7 +316,9 @@ class StreamingDataset(ClassAttributes, IterableDataset[Any]):
         worker's process. ``zero_copy``: raw samples' large bytes values may be
         views of the blocks read, because the collate (``RecordBatch``) holds them
         only as long as the batch lives and joins them when the batch crosses to
-        another process. ``drop_last``: leave out the epoch's last batch if short.
+        another process; the collate then gets a ``shardio.runbatch.Chunk`` (a
+        sequence of sample dicts that builds its ``RecordBatch`` by field) instead of
+        a list. ``drop_last``: leave out the epoch's last batch if short.
         """
         view = object.__new__(StreamingDataset)
         view.__dict__.update(self.__dict__)
@@ -387,7 +389,7 @@ class StreamingDataset(ClassAttributes, IterableDataset[Any]):
             reader.close()
 
     def _batches(
-        self, chunks: Iterator[list[dict[str, Any]]], split: Split, stage: Stage,
+        self, chunks: Iterator[Sequence[dict[str, Any]]], split: Split, stage: Stage,
         reader: DatasetReader | MixtureReader, identity: bool,
     ) -> Iterator[tuple[Any, int, int, int]]:
         """The view's collated batches, with their positions in the rank's order."""
@@ -398,7 +400,8 @@ class StreamingDataset(ClassAttributes, IterableDataset[Any]):
                 chunk = list(reader.tagged(iter(chunk)))
             if len(chunk) < size and self.drop_last_batch:
                 return
-            batch = chunk if identity else [decoder(sample) for sample in chunk]
+            # a Chunk reaches only shardio's own collates (zero_copy), which take any sequence
+            batch: Any = chunk if identity else [decoder(sample) for sample in chunk]
             lo, hi = batch_span(
                 stage.count - stage.offset, size, split.worker, split.num_workers,
                 self._position // size,

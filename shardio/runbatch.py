@@ -13,15 +13,20 @@ in the order the window's runs first showed them. Torch-free.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from operator import itemgetter
-from typing import Any
+from typing import TYPE_CHECKING, Any, overload
 
 import numpy as np
 import numpy.typing as npt
 
 from shardio.batch import RecordBatch
+from shardio.flatmap import ViewedSample
 from shardio.record import INDEX_FIELD, KEY_FIELD
+from shardio.runfields import BYTES, INT
+
+if TYPE_CHECKING:
+    from shardio.columnar import Columns
 
 IndexArray = npt.NDArray[np.int64]
 _BYTES = frozenset({bytes, memoryview})
@@ -56,6 +61,21 @@ class _Column:
             kind = "other" if kinds else self.kind or "other"
         self.kind = kind if self.kind in (None, kind) else "other"
 
+    def put_typed(self, lo: int, values: list[Any], kind: int, array: IndexArray) -> None:
+        """File values of one kind with their lengths (bytes, str) or themselves (int)."""
+        hi = lo + len(values)
+        self.values[lo:hi] = values
+        self.present[lo:hi] = True
+        if kind == BYTES:
+            self.lengths[lo:hi] = array
+            name = "bytes"
+        elif kind == INT:
+            self.ints[lo:hi] = array
+            name = "int"
+        else:
+            name = "other"
+        self.kind = name if self.kind in (None, name) else "other"
+
 
 class WindowColumns:
     """A window's samples field by field, by rank; filled run by run as runs are decoded."""
@@ -64,10 +84,13 @@ class WindowColumns:
         self.indices = unique
         self.keys: list[str | None] = [None] * len(unique)
         self.fields: dict[str, _Column] = {}
+        self.dicts: list[dict[str, Any] | None] = [None] * len(unique)
+        """Samples filed as dicts (``put``), handed out as they are."""
 
     def put(self, lo: int, samples: Sequence[dict[str, Any]]) -> None:
         """File the decoded samples of ranks ``lo..lo+len(samples)``."""
         hi = lo + len(samples)
+        self.dicts[lo:hi] = samples
         self.keys[lo:hi] = [s[KEY_FIELD] for s in samples]
         names = dict.fromkeys(name for s in samples for name in s)
         names.pop(KEY_FIELD, None)
@@ -78,28 +101,74 @@ class WindowColumns:
                 column = self.fields[name] = _Column(len(self.keys))
             column.put(lo, [s.get(name) for s in samples])
 
+    def put_columns(self, lo: int, decoded: Columns) -> None:
+        """File records decoded field by field (``shardio.columnar``) at ranks from ``lo``."""
+        hi = lo + len(decoded.keys)
+        self.keys[lo:hi] = decoded.keys
+        for name, kind, values, array in zip(decoded.names, decoded.kinds, decoded.values,
+                                             decoded.arrays, strict=True):
+            column = self.fields.get(name)
+            if column is None:
+                column = self.fields[name] = _Column(len(self.keys))
+            column.put_typed(lo, values, kind, array)
 
-class Chunk(list[dict[str, Any]]):
-    """Samples of one batch as dicts, which also batch themselves from their windows' columns.
+    def sample(self, rank: int) -> dict[str, Any]:
+        """The sample at ``rank`` as its reader yields it (bytes values as filed: views)."""
+        filed = self.dicts[rank]
+        if filed is not None:
+            return filed
+        out = ViewedSample()
+        out[KEY_FIELD] = self.keys[rank]
+        for name, column in self.fields.items():
+            if column.present[rank]:
+                out[name] = column.values[rank]
+        out[INDEX_FIELD] = int(self.indices[rank])
+        return out
 
-    ``RecordBatch.from_samples(chunk)`` calls ``chunk.record_batch()``; any other
-    collate sees a plain list of sample dicts.
+
+class Chunk(Sequence[dict[str, Any]]):
+    """Samples of one batch, which batch themselves from their windows' columns.
+
+    ``RecordBatch.from_samples(chunk)`` calls ``chunk.record_batch()``, which
+    gathers the batch column by column; the sample dicts are made only for a
+    collate that reads them.
     """
 
     def __init__(self) -> None:
-        super().__init__()
         self.parts: list[tuple[WindowColumns, list[int]]] = []
+        self._size = 0
+        self._samples: list[dict[str, Any]] | None = None
 
-    def add(self, columns: WindowColumns, ranks: list[int], samples: list[dict[str, Any]]
-            ) -> None:
-        """Append the samples at ``ranks`` of a window (``samples``: those same dicts)."""
+    def add(self, columns: WindowColumns, ranks: list[int]) -> None:
+        """Append the samples at ``ranks`` of a window."""
         self.parts.append((columns, ranks))
-        self.extend(samples)
+        self._size += len(ranks)
+        self._samples = None
+
+    def __len__(self) -> int:
+        return self._size
+
+    @overload
+    def __getitem__(self, index: int) -> dict[str, Any]: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> list[dict[str, Any]]: ...
+
+    def __getitem__(self, index: int | slice) -> dict[str, Any] | list[dict[str, Any]]:
+        return self.samples()[index]
+
+    def __iter__(self) -> Iterator[dict[str, Any]]:
+        return iter(self.samples())
+
+    def samples(self) -> list[dict[str, Any]]:
+        """The samples as dicts (made on first use)."""
+        if self._samples is None:
+            self._samples = [columns.sample(rank) for columns, ranks in self.parts
+                             for rank in ranks]
+        return self._samples
 
     def record_batch(self) -> RecordBatch:
         """The ``RecordBatch`` of these samples, gathered column by column."""
-        if not self.parts:  # handed out without columns: batched from the dicts
-            return RecordBatch.from_samples(list(self))
         return batch_from_columns(self.parts)
 
 

@@ -25,7 +25,9 @@ import numpy as np
 
 from shardio.backends import ShardFileReader
 from shardio.backends.records import RecordsShardReader
+from shardio.checkahead import PASSED as _PASSED
 from shardio.checkahead import Check, checker
+from shardio.columnar import RunPart, decode_columns
 from shardio.flatmap import ViewedSample
 from shardio.format import RunBytes
 from shardio.manifest import Manifest
@@ -115,11 +117,15 @@ def iter_samples(
     """
     for open_window in _windows(reader, order, window, max_run, skip):
         samples, load, run_of = open_window.samples, open_window.load, open_window.run_of
+        columns = open_window.columns
         for rank in open_window.ranks.tolist():
             sample = samples[rank]
             if sample is None:
                 load(run_of[rank])
                 sample = samples[rank]
+                if sample is None:  # filed field by field
+                    assert columns is not None
+                    sample = columns.sample(rank)
             # a window's worth of copies alive at once took fresh pages for each (up to
             # 256 MB): 20+ us an 80 KB image; a copy freed by the consumer is reused
             yield sample.owned() if not zero_copy and type(sample) is ViewedSample else sample
@@ -134,58 +140,69 @@ def iter_chunks(
     size: int,
     skip: int = 0,
     zero_copy: bool = False,
-) -> Iterator[Chunk]:
+) -> Iterator[Chunk | list[dict[str, Any]]]:
     """The samples of ``iter_samples``, ``size`` at a time (the last chunk may be shorter).
 
-    A chunk is gathered from the windows' decoded runs with one C call per
-    window it spans, not one step per sample: what batching readers use. Each
-    run is also filed field by field when decoded, so a chunk builds its
-    ``RecordBatch`` from columns (``shardio.runbatch``); without ``zero_copy``
-    the samples' large values are copied into ``bytes`` as a chunk is handed out.
+    With ``zero_copy``, a chunk is a ``Chunk``: the ranks of its samples in their
+    windows' columns (each run is filed field by field when decoded), from which
+    it builds its ``RecordBatch`` without a sample dict (``shardio.runbatch``).
+    Otherwise it is a list of sample dicts, gathered with one C call per window it
+    spans, their bytes values copied into ``bytes`` as the chunk is handed out.
     """
-    pending = Chunk()
+    pending: Chunk | list[dict[str, Any]] = Chunk() if zero_copy else []
     for open_window in _windows(reader, order, window, max_run, skip, columns=zero_copy):
         ranks = open_window.ranks
         at = 0
         while at < len(ranks):
             take = ranks[at : at + size - len(pending)].tolist()
             at += len(take)
-            got = open_window.gather(take)
-            if open_window.columns is not None:
-                pending.add(open_window.columns, take, got)
+            if isinstance(pending, Chunk):
+                open_window.ensure(take)
+                assert open_window.columns is not None
+                pending.add(open_window.columns, take)
             else:
-                pending.extend([s.owned() if type(s) is ViewedSample else s for s in got])
+                pending.extend([s.owned() if type(s) is ViewedSample else s
+                                for s in open_window.gather(take)])
             if len(pending) == size:
                 yield pending
-                pending = Chunk()
+                pending = Chunk() if zero_copy else []
     if pending:
         yield pending
 
 
 class _OpenWindow:
-    """One window being read: its samples by rank, each run decoded when first due."""
+    """One window being read: its samples by rank, each run decoded when first due.
+
+    The runs of mapped local ``.rec`` shards are decoded all at once, shard by shard,
+    field by field (``shardio.columnar``), when the window's first sample is due; other
+    runs (remote, LMDB) one at a time, as their first sample is due.
+    """
 
     def __init__(self, reader: RunReader, plan: _Window, firsts: IndexArray,
                  columns: bool = False) -> None:
         self.ranks = plan.ranks
-        self.columns = WindowColumns(plan.unique) if columns else None
         self._reader, self._runs, self._firsts = reader, plan.runs, firsts
         self._unique = plan.unique
         self.run_of: list[int] = np.repeat(np.arange(len(plan.counts)), plan.counts).tolist()
         self._base = np.concatenate(([0], np.cumsum(plan.counts))).astype(np.int64).tolist()
         self.samples: list[dict[str, Any] | None] = [None] * self._base[-1]
         self._loaded: list[bool] = [False] * len(plan.counts)
+        self._due = plan.due
+        self._local = bool(plan.due) and all(
+            type(reader.shard(shard)) is RecordsShardReader for shard, _a, _b in plan.due)
+        self.columns = WindowColumns(plan.unique) if columns or self._local else None
         self._checks: dict[Run, tuple[RunBytes, Check]] = _check_ahead(reader, plan.due)
 
     def load(self, r: int) -> None:
-        """Read and decode run ``r`` (its wanted records) into ``samples``."""
+        """Read and decode run ``r`` (its wanted records): every due run of a local window."""
+        if self._local:
+            self._local = False
+            self._load_local()
+            if self._loaded[r]:
+                return
         lo, hi = self._base[r], self._base[r + 1]
-        shard, start, stop = self._runs[r]
-        only = None
-        if hi - lo != stop - start:  # a run through gaps: its wanted records' positions
-            only = (self._unique[lo:hi] - (int(self._firsts[shard]) + start)).tolist()
         ahead = self._checks.pop(self._runs[r], None)
-        decoded = read_run(self._reader, self._runs[r], self._firsts, True, only,
+        decoded = read_run(self._reader, self._runs[r], self._firsts, True, self._only(r),
                            ahead=None if ahead is None else ahead[0],
                            checked=ahead is not None and ahead[1].passed())
         self.samples[lo:hi] = decoded
@@ -193,10 +210,52 @@ class _OpenWindow:
             self.columns.put(lo, decoded)
         self._loaded[r] = True
 
-    def gather(self, wanted: list[int]) -> list[dict[str, Any]]:
-        """The samples at ranks ``wanted``, loading the runs they need first."""
-        if not wanted:
-            return []
+    def _only(self, r: int) -> list[int] | None:
+        """Positions of run ``r``'s wanted records when it reads through gaps, else None."""
+        lo, hi = self._base[r], self._base[r + 1]
+        shard, start, stop = self._runs[r]
+        if hi - lo == stop - start:
+            return None
+        wanted: list[int] = (self._unique[lo:hi] - (int(self._firsts[shard]) + start)).tolist()
+        return wanted
+
+    def _load_local(self) -> None:
+        """Decode the due runs of each shard together, field by field, into ``columns``."""
+        number = {run: r for r, run in enumerate(self._runs)}
+        groups: list[list[int]] = []
+        for r in sorted(number[run] for run in self._due):
+            if groups and groups[-1][-1] == r - 1 and self._runs[r - 1][0] == self._runs[r][0]:
+                groups[-1].append(r)  # runs next to each other in one shard: ranks follow on
+            else:
+                groups.append([r])
+        for group in groups:
+            self._load_group(group)
+
+    def _load_group(self, group: list[int]) -> None:
+        shard = self._runs[group[0]][0]
+        shard_reader = self._reader.shard(shard)
+        parts = []
+        for r in group:
+            _shard, start, stop = run = self._runs[r]
+            ahead = self._checks.pop(run, None)
+            run_bytes = ahead[0] if ahead is not None else shard_reader.read_run(start, stop)
+            checked = ahead is not None and ahead[1].passed()
+            inflated = ahead[1].inflated if checked and ahead is not None else None
+            parts.append(RunPart(run_bytes, start, self._only(r), checked, inflated))
+        decoded = decode_columns(parts, path=shard_reader.path, keys=shard_reader.keys(),
+                                 verify=self._reader.verify, offset_of=shard_reader.offset)
+        if decoded is None:  # record by record, where what is wrong gets its name
+            for r, part in zip(group, parts, strict=True):
+                self._checks[self._runs[r]] = part.run, _PASSED
+                self.load(r)
+            return
+        assert self.columns is not None
+        self.columns.put_columns(self._base[group[0]], decoded)
+        for r in group:
+            self._loaded[r] = True
+
+    def ensure(self, wanted: list[int]) -> None:
+        """Load the runs of the samples at ranks ``wanted``."""
         loaded, run_of = self._loaded, self.run_of
         # in yield order, which is the order the runs were announced in (``due``): a remote
         # reader's read-ahead hands out its ranges in that order, and a run taken out of
@@ -204,8 +263,19 @@ class _OpenWindow:
         for r in dict.fromkeys(run_of[rank] for rank in wanted):
             if not loaded[r]:
                 self.load(r)
+
+    def gather(self, wanted: list[int]) -> list[dict[str, Any]]:
+        """The samples at ranks ``wanted``, loading the runs they need first."""
+        if not wanted:
+            return []
+        self.ensure(wanted)
         got = itemgetter(*wanted)(self.samples)
-        return [got] if len(wanted) == 1 else list(got)
+        got = [got] if len(wanted) == 1 else list(got)
+        if self.columns is not None and None in got:
+            columns = self.columns
+            got = [columns.sample(rank) if s is None else s
+                   for rank, s in zip(wanted, got, strict=True)]
+        return got
 
     def close(self) -> None:
         """Let go of the window: its samples, and its runs' pages in this process."""

@@ -1,0 +1,180 @@
+"""Runs of one local shard decoded together, field by field: checked, inflated, parsed at once.
+
+``record.decode_run`` decodes one run record by record. A window of a local
+``.rec`` shard is read whole anyway (its runs are views of one map, checked on
+the checker thread), so the stream decodes all of a shard's runs in a window in
+one pass here: frame headers checked per run, payloads inflated where their
+codec says so, and every record's map parsed by ``shardio.runfields`` in a few
+numpy operations per field, with each record's ``__key__`` compared with the
+shard's key block in one comparison. What comes back is one list of values per
+field (views of the map for uncompressed bytes, ``bytes`` cut from the inflated
+payloads otherwise), the samples' keys, and lengths or ints as arrays: what
+``runbatch.WindowColumns`` files. Anything ``runfields`` leaves alone, or any
+key that does not match, makes it return None and the caller decodes those runs
+with ``decode_run``, which names what is wrong. Torch-free.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from shardio.codecs import decompressor
+from shardio.format import FRAME_SIZE, RunBytes, check_frames
+from shardio.record import INDEX_FIELD, KEY_FIELD
+from shardio.runfields import BYTES, INT, STR, Column, parse_flat_maps
+
+IndexArray = npt.NDArray[np.int64]
+
+
+@dataclass(frozen=True)
+class RunPart:
+    """One run to decode: its bytes, first record, wanted positions (None: all), and
+    whether its checksums already passed (on the checker thread)."""
+
+    run: RunBytes
+    start: int
+    only: list[int] | None
+    checked: bool
+    inflated: tuple[bytes, IndexArray] | None = None
+    """Every record's payload inflated, back to back, with their lengths (the checker's)."""
+
+
+@dataclass
+class Columns:
+    """Records decoded field by field, in the order of the parts and their positions."""
+
+    keys: list[str]
+    names: list[str]
+    """Fields other than ``__key__``, in their order in the records."""
+    kinds: list[int]
+    values: list[list[Any]]
+    arrays: list[IndexArray]
+    """Per field: its lengths (bytes, str) or its values (int)."""
+
+
+def decode_columns(parts: Sequence[RunPart], *, path: str, keys: Sequence[str], verify: bool,
+                   offset_of: Callable[[int], int]) -> Columns | None:
+    """Check the runs' frames (raising what ``check_frames`` raises) and decode them by field.
+
+    Returns None where the records are not all flat maps of one shape with the
+    keys of ``keys`` (the shard's key block): ``decode_run`` decodes those.
+    """
+    codecs: list[npt.NDArray[np.uint8]] = []
+    for part in parts:
+        got = check_frames(part.run, path=path, first_record=part.start,
+                           verify=verify and not part.checked, offset_of=offset_of)
+        codecs.append(np.asarray(got, np.uint8))
+    positions = [np.arange(len(part.run.bounds) - 1) if part.only is None
+                 else np.asarray(part.only, np.int64) for part in parts]
+    base = parts[0].run.buffer.obj
+    mapped = all(part.run.buffer.obj is base and part.run.offset >= 0 for part in parts) and (
+        not any(bool(c.any()) for c in codecs))
+    if mapped:  # every payload is a slice of one map: parse it in place
+        data: Any = memoryview(base)
+        starts = np.concatenate([part.run.offset + part.run.bounds[pos] + FRAME_SIZE
+                                 for part, pos in zip(parts, positions, strict=True)])
+        ends = np.concatenate([part.run.offset + part.run.bounds[pos + 1]
+                               for part, pos in zip(parts, positions, strict=True)])
+    else:
+        data, starts, ends = _inflated(parts, codecs, positions)
+        if data is None:
+            return None
+    arr = np.frombuffer(data, np.uint8)
+    maps = parse_flat_maps(arr, starts, ends)
+    if maps is None or KEY_FIELD not in maps.names or INDEX_FIELD in maps.names:
+        return None
+    key_column = maps.columns[maps.names.index(KEY_FIELD)]
+    expected = _expected_keys(keys, parts, positions)
+    if key_column.kind != STR or not _same_keys(arr, key_column, expected):
+        return None
+    out = Columns(expected, [], [], [], [])
+    try:
+        for name, column in zip(maps.names, maps.columns, strict=True):
+            if name != KEY_FIELD:
+                _file(out, name, column, data)
+    except UnicodeDecodeError:  # a str field that is not UTF-8: decode_run names the record
+        return None
+    return out
+
+
+def _inflated(parts: Sequence[RunPart], codecs: list[npt.NDArray[np.uint8]],
+              positions: list[IndexArray]) -> tuple[bytes | None, IndexArray, IndexArray]:
+    """The wanted payloads, inflated where compressed, back to back in one ``bytes``."""
+    if all(part.inflated is not None for part in parts):  # by the checker thread
+        blobs: list[bytes] = []
+        firsts: list[IndexArray] = []
+        lasts: list[IndexArray] = []
+        at = 0
+        for part, pos in zip(parts, positions, strict=True):
+            assert part.inflated is not None
+            blob, lengths = part.inflated
+            stops = np.cumsum(lengths) + at
+            firsts.append((stops - lengths)[pos])
+            lasts.append(stops[pos])
+            blobs.append(blob)
+            at += len(blob)
+        return b"".join(blobs), np.concatenate(firsts), np.concatenate(lasts)
+    inflate = decompressor().decompress
+    pieces: list[bytes | memoryview] = []
+    try:
+        for part, codec, pos in zip(parts, codecs, positions, strict=True):
+            buf, bounds = part.run.buffer, part.run.bounds
+            lo = (bounds[pos] + FRAME_SIZE).tolist()
+            hi = bounds[pos + 1].tolist()
+            for a, b, c in zip(lo, hi, codec[pos].tolist(), strict=True):
+                pieces.append(inflate(buf[a:b]) if c else buf[a:b])
+    except Exception:  # zstd raises several types on a bad frame: decode_run names it
+        empty = np.empty(0, np.int64)
+        return None, empty, empty
+    lengths = np.fromiter(map(len, pieces), np.int64, len(pieces))
+    ends = np.cumsum(lengths)
+    return b"".join(pieces), ends - lengths, ends
+
+
+def _expected_keys(keys: Sequence[str], parts: Sequence[RunPart],
+                   positions: list[IndexArray]) -> list[str]:
+    out: list[str] = []
+    for part, pos in zip(parts, positions, strict=True):
+        if part.only is None:
+            out += keys[part.start : part.start + len(pos)]
+        else:
+            out += [keys[part.start + p] for p in part.only]
+    return out
+
+
+def _same_keys(arr: npt.NDArray[np.uint8], column: Column, expected: list[str]) -> bool:
+    """Whether each record's ``__key__`` bytes are those of its key in the key block."""
+    assert column.starts is not None and column.ends is not None
+    joined = "".join(expected)
+    if not joined.isascii():  # lengths in characters are not lengths in bytes
+        return False
+    lengths = np.fromiter(map(len, expected), np.int64, len(expected))
+    if not np.array_equal(column.ends - column.starts, lengths):
+        return False
+    total = int(lengths.sum())
+    firsts = np.cumsum(lengths) - lengths
+    where = np.repeat(column.starts - firsts, lengths) + np.arange(total)
+    return bool(np.array_equal(arr[where], np.frombuffer(joined.encode("ascii"), np.uint8)))
+
+
+def _file(out: Columns, name: str, column: Column, data: Any) -> None:
+    out.names.append(name)
+    out.kinds.append(column.kind)
+    if column.kind == INT:
+        assert column.ints is not None
+        out.values.append(column.ints.tolist())
+        out.arrays.append(column.ints)
+        return
+    assert column.starts is not None and column.ends is not None
+    pairs = zip(column.starts.tolist(), column.ends.tolist(), strict=True)
+    if column.kind == STR:
+        out.values.append([str(data[a:b], "utf-8") for a, b in pairs])
+    else:  # a map gives views; inflated payloads (``bytes``) are cut into copies, so that
+        assert column.kind == BYTES  # no sample keeps every other sample's bytes alive
+        out.values.append([data[a:b] for a, b in pairs])
+    out.arrays.append(column.ends - column.starts)

@@ -1,0 +1,175 @@
+"""Many records' flat msgpack maps parsed at once, field by field, with numpy.
+
+Most records of a pack share one shape: a flat msgpack map whose field names
+come in the same order, each with values of one kind (``__key__`` a str,
+``image`` a bin, ``label`` an int). Parsing such maps one by one in Python costs
+about 2 us a record (``benchmarks/README.md``, "Record checksums"), as much as
+the rest of a warm read. ``parse_flat_maps`` takes every record of a window's
+runs in one shard at once instead: a few numpy operations per field, whatever
+the number of records, so the cost per record falls with the number parsed
+(numpy's fixed cost makes it slower than the loop below a few hundred records).
+It gives what ``msgpack.unpackb`` gives for each record, column by column:
+bytes values and strs as (start, end) offsets into the buffer, ints as an int64
+array. Records of any other shape (nested values, floats, nil, bools, more than
+15 fields, field names over 31 bytes, a field holding values of two kinds,
+anything malformed) make it return None, and the caller parses them one by one
+with msgpack, whose errors name the record, so results never differ from
+msgpack's. Torch-free.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
+
+IndexArray = npt.NDArray[np.int64]
+UInt8Array = npt.NDArray[np.uint8]
+
+INT, BYTES, STR = 1, 2, 3
+"""The kinds of value a column holds."""
+
+_KIND = np.zeros(256, np.uint8)
+_KIND[0x00:0x80] = INT  # positive fixint
+_KIND[0xE0:0x100] = INT  # negative fixint
+_KIND[0xCC:0xD4] = INT  # uint and int of 8, 16, 32, 64 bits
+_KIND[0xC4:0xC7] = BYTES  # bin 8, 16, 32
+_KIND[0xA0:0xC0] = STR  # fixstr
+_KIND[0xD9:0xDC] = STR  # str 8, 16, 32
+_WIDTH = np.zeros(256, np.int64)
+"""Bytes after the tag holding an int's value, or a bin's or str's length (0: in the tag)."""
+for _tag, _width in ((0xCC, 1), (0xCD, 2), (0xCE, 4), (0xCF, 8), (0xD0, 1), (0xD1, 2),
+                     (0xD2, 4), (0xD3, 8), (0xC4, 1), (0xC5, 2), (0xC6, 4), (0xD9, 1),
+                     (0xDA, 2), (0xDB, 4)):
+    _WIDTH[_tag] = _width
+_SIGNED = np.zeros(256, np.bool_)
+_SIGNED[0xD0:0xD4] = True
+
+
+@dataclass
+class Column:
+    """One field of the parsed records: its kind, and its value in each record."""
+
+    kind: int
+    starts: IndexArray | None = None
+    """``BYTES`` and ``STR``: where each record's value starts in the buffer."""
+    ends: IndexArray | None = None
+    ints: IndexArray | None = None
+    """``INT``: the values."""
+
+
+@dataclass
+class FlatMaps:
+    """The records parsed, field by field in their order in the maps."""
+
+    names: list[str]
+    columns: list[Column]
+
+
+def parse_flat_maps(data: UInt8Array, starts: IndexArray, ends: IndexArray) -> FlatMaps | None:
+    """Parse the msgpack maps at ``data[starts[i]:ends[i]]``, all of one shape, by field.
+
+    Returns None unless every record is a map of at most 15 fields with the same
+    field names in the same order, each field holding one kind of value (int,
+    bin or str) in every record, and each map ending where its record ends.
+    """
+    count = len(starts)
+    if count == 0 or len(ends) != count or not bool((ends > starts).all()):
+        return None
+    if int(ends.max()) > len(data) or int(starts.min()) < 0:
+        return None
+    tags = data[starts]
+    first = int(tags[0])
+    if not 0x80 <= first <= 0x8F or not bool((tags == first).all()):
+        return None
+    pos = starts + 1
+    names: list[str] = []
+    columns: list[Column] = []
+    for _ in range(first & 0x0F):
+        named = _field_name(data, pos, ends)
+        if named is None or named[0] in names:
+            return None
+        valued = _values(data, named[1], ends)
+        if valued is None:
+            return None
+        names.append(named[0])
+        columns.append(valued[0])
+        pos = valued[1]
+    if not bool((pos == ends).all()):
+        return None
+    return FlatMaps(names, columns)
+
+
+def _field_name(data: UInt8Array, pos: IndexArray, ends: IndexArray
+                ) -> tuple[str, IndexArray] | None:
+    """The fixstr at ``pos`` if it is one name in every record, and where its values start."""
+    if not bool((pos < ends).all()):
+        return None
+    tags = data[pos]
+    tag = int(tags[0])
+    if not 0xA0 <= tag <= 0xBF or not bool((tags == tag).all()):
+        return None
+    size = tag & 0x1F
+    after = pos + 1 + size
+    if not bool((after < ends).all()):  # a value must follow
+        return None
+    rows = data[pos[:, None] + np.arange(1, size + 1)]
+    if size and not bool((rows == rows[0]).all()):
+        return None
+    try:
+        return rows[0].tobytes().decode("utf-8"), after
+    except UnicodeDecodeError:
+        return None
+
+
+def _values(data: UInt8Array, pos: IndexArray, ends: IndexArray
+            ) -> tuple[Column, IndexArray] | None:
+    """The column of values at ``pos`` (one kind in every record) and where each ends."""
+    tags = data[pos]
+    kinds = _KIND[tags]
+    kind = int(kinds[0])
+    if kind == 0 or not bool((kinds == kind).all()):
+        return None
+    widths = _WIDTH[tags]
+    body = pos + 1
+    if not bool((body + widths <= ends).all()):
+        return None
+    raw = _big_endian(data, body, widths)
+    if bool((raw >= np.uint64(1 << 63)).any()) and bool((tags[raw >= np.uint64(1 << 63)] != 0xD3
+                                                         ).any()):
+        return None  # a uint64 above int64's range: msgpack gives a Python int, left to it
+    values = raw.astype(np.int64)  # an int64's two's complement wraps to its value
+    inline = widths == 0
+    if kind == INT:
+        if bool(inline.any()):
+            fix = tags[inline].astype(np.int64)
+            values[inline] = np.where(fix >= 0xE0, fix - 0x100, fix)
+        signed = _SIGNED[tags] & (widths < 8)  # an int64 is right already
+        if bool(signed.any()):
+            top = np.left_shift(np.int64(1), widths[signed] * 8 - 1)
+            v = values[signed]
+            values[signed] = np.where(v >= top, v - 2 * top, v)
+        return Column(INT, ints=values), body + widths
+    if bool(inline.any()):  # fixstr: the length is in the tag
+        values[inline] = tags[inline].astype(np.int64) & 0x1F
+    start = body + widths
+    stop = start + values
+    if not bool((stop <= ends).all()):
+        return None
+    return Column(kind, starts=start, ends=stop), stop
+
+
+def _big_endian(data: UInt8Array, at: IndexArray, widths: IndexArray) -> npt.NDArray[np.uint64]:
+    """Unsigned big-endian numbers of ``widths`` bytes at ``at`` (width 0: 0)."""
+    out = np.zeros(len(at), np.uint64)
+    for width in (1, 2, 4, 8):
+        which = np.flatnonzero(widths == width)
+        if len(which) == 0:
+            continue
+        rows = data[at[which, None] + np.arange(width)].astype(np.uint64)
+        value = rows[:, 0]
+        for j in range(1, width):
+            value = (value << np.uint64(8)) | rows[:, j]
+        out[which] = value
+    return out

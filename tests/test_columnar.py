@@ -1,0 +1,119 @@
+"""Windows of local shards decoded field by field (shardio.columnar) give exactly what
+record-by-record decoding gives, and every fault record-by-record decoding names."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from shardio.batch import RecordBatch
+from shardio.codecs import get_codec
+from shardio.errors import ShardCorruptError
+from shardio.reader import DatasetReader
+from shardio.record import encode_record
+from shardio.stream import iter_chunks, iter_samples
+from shardio.writer import ShardWriter, WriteOptions
+
+NUM = 300
+
+
+def sample(i: int, shape: str) -> dict[str, Any]:
+    if shape == "images":  # JPEG-like bytes: stored uncompressed, parsed in the map
+        return {"__key__": f"c{i % 3}/img_{i:04d}.jpg", "image": b"\xff\xd8" + bytes([i % 256]) * (
+            20000 + 37 * i), "label": i % 3}
+    if shape == "tiny":  # text: zstd, inflated (on the checker thread when it checks)
+        return {"__key__": f"t/{i:05d}", "txt": f"line {i} ".encode() * (1 + i % 9),
+                "n": i * 7 - 1000, "big": 2**40 + i, "tag": f"é{i}"}
+    if shape == "mixed":  # some records compressed, some not, in the same runs
+        body = (b"\xff\xd8" + bytes(range(256)) * 4) if i % 2 else b"abc" * 400
+        return {"__key__": f"m/{i}", "bin": body, "n": i}
+    if shape == "generic":  # fields some records lack: not one shape, record by record
+        out: dict[str, Any] = {"__key__": f"g/{i}", "txt": b"t%d" % i}
+        if i % 4 == 0:
+            out["extra"] = {"nested": [i, None, 1.5]}
+        return out
+    assert shape == "unicode_keys"
+    return {"__key__": f"ключ/{i}", "bin": b"v" * (i % 50), "n": i}
+
+
+SHAPES = ["images", "tiny", "mixed", "generic", "unicode_keys"]
+
+
+@pytest.fixture(scope="module", params=SHAPES)
+def dataset(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+            ) -> tuple[Path, str]:
+    out = tmp_path_factory.mktemp(request.param) / "ds"
+    with ShardWriter(out, WriteOptions(codec="zstd", max_shard_samples=110)) as writer:
+        for i in range(NUM):
+            writer.write(sample(i, request.param))
+    return out, request.param
+
+
+def plain(value: Any) -> Any:
+    return bytes(value) if isinstance(value, memoryview) else value
+
+
+@pytest.mark.parametrize("verify", [True, False])
+@pytest.mark.parametrize(("window", "max_run", "take"), [(300, 16, None), (64, 8, None),
+                                                         (300, 16, 3), (50, 128, 2)])
+def test_every_sample_equals_random_access(dataset: tuple[Path, str], verify: bool,
+                                           window: int, max_run: int, take: int | None) -> None:
+    root, _shape = dataset
+    order = np.random.default_rng(window).permutation(NUM)
+    if take is not None:  # a worker's scattered part: runs read through gaps
+        order = order[order % take == 0]
+    with DatasetReader(root, verify=verify) as reader:
+        expected = {i: reader.get(i) for i in range(NUM)}
+        got = [{k: plain(v) for k, v in s.items()}
+               for s in iter_samples(reader, order, window=window, max_run=max_run)]
+        assert got == [expected[i] for i in order.tolist()]
+        seen: list[int] = []
+        for chunk in iter_chunks(reader, order, window=window, max_run=max_run, size=32,
+                                 zero_copy=True):
+            batch = RecordBatch.from_samples(chunk)
+            for k, i in enumerate(batch.indices.tolist()):  # a field a sample lacks is None
+                assert batch.sample(k) == {**dict.fromkeys(batch.fields), **expected[i]}
+            assert [{k: plain(v) for k, v in s.items()} for s in chunk] == [
+                expected[i] for i in batch.indices.tolist()]
+            seen += batch.indices.tolist()
+        assert seen == order.tolist()
+
+
+def test_the_common_shapes_take_the_columnar_path(dataset: tuple[Path, str],
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    import shardio.stream as stream
+
+    root, shape = dataset
+    results: list[bool] = []
+    real = stream.decode_columns
+
+    def spy(*args: Any, **kwargs: Any) -> Any:
+        out = real(*args, **kwargs)
+        results.append(out is not None)
+        return out
+
+    monkeypatch.setattr(stream, "decode_columns", spy)
+    with DatasetReader(root) as reader:
+        assert len(list(iter_samples(reader, np.arange(NUM), window=NUM, max_run=32))) == NUM
+    assert results and all(results) == (shape in ("images", "tiny", "mixed")), results
+
+
+def craft(out: Path, records: list[dict[str, Any]]) -> None:
+    """A shard whose key block says ``k/<i>`` while record ``i`` holds ``records[i]``."""
+    codec = get_codec("none")
+    with ShardWriter(out, WriteOptions(codec="none")) as writer:
+        for i, record in enumerate(records):
+            writer._write_encoded(f"k/{i}", encode_record(record, codec), ["txt"])
+
+
+def test_a_record_holding_another_key_is_named(tmp_path: Path) -> None:
+    records = [{"__key__": f"k/{i}", "txt": b"x" * 10} for i in range(200)]
+    records[150] = {"__key__": "k/15", "txt": b"x" * 10}  # same length, another's key
+    craft(tmp_path / "ds", records)
+    with DatasetReader(tmp_path / "ds") as reader, pytest.raises(
+            ShardCorruptError, match=r"record 150 at byte \d+ holds key 'k/15' but the shard's "
+                                     r"key block says 'k/150'"):
+        list(iter_samples(reader, np.arange(200), window=200, max_run=64))

@@ -1,0 +1,92 @@
+"""shardio.runfields against msgpack: the same values, or None and msgpack decides."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgpack
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from shardio.runfields import BYTES, INT, STR, parse_flat_maps
+
+INTS = st.integers(min_value=-(2**63), max_value=2**64 - 1)
+VALUES = st.one_of(INTS, st.binary(max_size=300), st.text(max_size=40))
+NAMES = st.text(min_size=0, max_size=35)
+
+
+def pack(records: list[dict[str, Any]]) -> tuple[np.ndarray, np.ndarray, np.ndarray, bytes]:
+    payloads = [msgpack.packb(r, use_bin_type=True) for r in records]
+    blob = b"".join(payloads)
+    lengths = np.array([len(p) for p in payloads], np.int64)
+    ends = np.cumsum(lengths)
+    return np.frombuffer(blob, np.uint8), ends - lengths, ends, blob
+
+
+def decoded(maps: Any, blob: bytes, count: int) -> list[dict[str, Any]]:
+    out: list[dict[str, Any]] = [{} for _ in range(count)]
+    for name, column in zip(maps.names, maps.columns, strict=True):
+        for i in range(count):
+            if column.kind == INT:
+                out[i][name] = int(column.ints[i])
+            else:
+                piece = blob[int(column.starts[i]) : int(column.ends[i])]
+                out[i][name] = piece.decode() if column.kind == STR else piece
+    return out
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.data())
+def test_parsed_like_msgpack_or_refused(data: st.DataObject) -> None:
+    names = data.draw(st.lists(NAMES, min_size=0, max_size=17, unique=True))
+    kinds = [data.draw(st.sampled_from([INTS, st.binary(max_size=300),
+                                        st.text(max_size=40), VALUES])) for _ in names]
+    count = data.draw(st.integers(1, 12))
+    records = [{n: data.draw(k) for n, k in zip(names, kinds, strict=True)}
+               for _ in range(count)]
+    arr, starts, ends, blob = pack(records)
+    maps = parse_flat_maps(arr, starts, ends)
+    if maps is None:
+        return  # msgpack parses these one by one
+    assert decoded(maps, blob, count) == [msgpack.unpackb(blob[s:e], raw=False) for s, e in
+                                          zip(starts.tolist(), ends.tolist(), strict=True)]
+    assert [list(r) for r in records] == [maps.names] * count
+
+
+def test_the_common_shapes_are_parsed() -> None:
+    images = [{"__key__": f"c/{i}.jpg", "image": bytes([i]) * (70000 + i), "label": i - 3}
+              for i in range(40)]
+    tiny = [{"__key__": f"t/{i}", "txt": b"x" * i, "n": 2**40 + i, "m": -(2**31) - i}
+            for i in range(40)]
+    for records in (images, tiny):
+        arr, starts, ends, blob = pack(records)
+        maps = parse_flat_maps(arr, starts, ends)
+        assert maps is not None and decoded(maps, blob, len(records)) == records
+    assert [c.kind for c in parse_flat_maps(*pack(images)[:3]).columns] == [STR, BYTES, INT]
+
+
+@given(st.binary(min_size=1, max_size=200), st.integers(0, 199))
+def test_damaged_or_cut_records_never_parse_past_their_end(blob: bytes, cut: int) -> None:
+    record = msgpack.packb({"__key__": "k", "bin": blob, "n": 7}, use_bin_type=True)
+    for bad in (record[: min(cut, len(record) - 1)] or b"\x80\x00",
+                record[:cut] + bytes([record[cut % len(record)] ^ 0xFF]) + record[cut + 1:]):
+        arr = np.frombuffer(bad + b"\xc6\xff\xff\xff\xff" * 4, np.uint8)
+        got = parse_flat_maps(arr, np.array([0], np.int64), np.array([len(bad)], np.int64))
+        if got is None:
+            continue
+        try:  # only what msgpack itself reads from exactly those bytes
+            mine = decoded(got, bad, 1)
+        except UnicodeDecodeError:  # a str that is not utf-8: msgpack refuses it too
+            with pytest.raises(UnicodeDecodeError):
+                msgpack.unpackb(bad, raw=False)
+            continue
+        assert mine == [msgpack.unpackb(bad, raw=False)]
+
+
+def test_shapes_left_to_msgpack() -> None:
+    for records in ([{"a": 1.5}], [{"a": None}], [{"a": [1]}], [{"a": 1}, {"b": 1}],
+                    [{"a": 1}, {"a": b"x"}], [{"a": 2**63}],
+                    [{str(i): i for i in range(16)}], [{"x" * 32: 1}]):
+        assert parse_flat_maps(*pack(records)[:3]) is None, records
