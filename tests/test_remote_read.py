@@ -162,6 +162,36 @@ def test_a_budget_smaller_than_the_dataset_holds_and_the_epoch_completes(
     assert 0 < high <= budget
 
 
+def test_read_ahead_shrinks_to_fit_a_budget_below_its_default_limits(
+        source: Path, packed: Path, s3: S3Endpoint, tmp_path: Path) -> None:
+    # the defaults keep up to 16 ranges (32 MiB) ahead per process: 2 workers x 17 ranges of
+    # ~88 KB need 3 MB; a budget for 3 ranges a process is enough, with fewer ahead
+    if packed.joinpath("shard-00000.mdb").exists():
+        pytest.skip("LMDB shards are cached whole")
+    url = upload(packed, s3.url)
+    budget = 2 * 3 * (RANGE + (24 << 10))
+    opts = options(tmp_path, max_cache_bytes=budget)
+    assert opts.max_in_flight * RANGE > budget
+    high = 0
+    done = threading.Event()
+
+    def sample() -> None:
+        nonlocal high
+        while not done.is_set():
+            high = max(high, _folder_bytes(tmp_path / "cache"))
+            done.wait(0.002)
+
+    sampler = threading.Thread(target=sample)
+    sampler.start()
+    try:
+        ds = StreamingDataset(url, decode="raw", shuffle_buffer=24, remote=opts)
+        check_exactly_once(stream(ds, 2), source)
+    finally:
+        done.set()
+        sampler.join()
+    assert 0 < high <= budget
+
+
 @pytest.mark.parametrize("workers", [0, 2])
 def test_under_half_a_budget_a_shuffled_epoch_downloads_each_range_once(
         workers: int, source: Path, packed: Path, s3: S3Endpoint, tmp_path: Path) -> None:
