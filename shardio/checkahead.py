@@ -30,16 +30,20 @@ import numpy.typing as npt
 from shardio.codecs import decompressor
 from shardio.format import FRAME_SIZE, RunBytes, first_failing
 
-_PENDING, _DONE, _CANCELLED = 0, 1, 2
+_PENDING, _RUNNING, _DONE, _CANCELLED = 0, 1, 2, 3
 
 
 class Check:
-    """One run's checksum, computed on the checker thread."""
+    """One run's checksum, computed on the checker thread (or by the reader, if it gets
+    there first: a reader waiting for a check not yet started runs it itself, so on two
+    cores the two share the checking whichever is ahead)."""
 
-    __slots__ = ("_done", "_state", "error", "failing", "inflated", "run")
+    __slots__ = ("_claim_lock", "_done", "_state", "error", "failing", "inflated", "run")
 
-    def __init__(self, run: RunBytes | None) -> None:
+    def __init__(self, run: RunBytes | None, claim_lock: threading.Lock) -> None:
         self.run: RunBytes | None = run
+        self._claim_lock = claim_lock
+        """Taken to move the check from pending to running, so it runs once."""
         self.failing: int | None = None
         """The first record (position in the run) whose checksum fails; None: all pass."""
         self.error: BaseException | None = None
@@ -50,29 +54,44 @@ class Check:
         self._done = threading.Event()
 
     def passed(self) -> bool:
-        """Wait for the result: True when every record of the run passed its checksum."""
-        self._done.wait()
+        """The result (computed here if the thread has not started it): True when every
+        record of the run passed its checksum."""
+        if not self._done.is_set():
+            self._work()
+            self._done.wait()
         return self._state == _DONE and self.error is None and self.failing is None
 
     def cancel(self) -> None:
         """Not wanted any more: skipped if not started (a started one runs to its end)."""
-        if self._state == _PENDING:
-            self._state = _CANCELLED
-        self.run = None
+        with self._claim_lock:
+            if self._state == _PENDING:
+                self._state = _CANCELLED
+                self.run = None
+                self._done.set()
 
-    def _work(self) -> None:
-        run = self.run
+    def _claim(self) -> RunBytes | None:
+        with self._claim_lock:
+            if self._state != _PENDING:
+                return None
+            self._state = _RUNNING
+            return self.run
+
+    def _work(self) -> bool:
+        """Run the check unless it was started or cancelled elsewhere; whether it ran here."""
+        run = self._claim()
+        if run is None:
+            return False
         try:
-            if self._state == _PENDING and run is not None:
-                self.failing = first_failing(run)
-                if self.failing is None:
-                    self.inflated = _inflate(run)
-                self._state = _DONE
+            self.failing = first_failing(run)
+            if self.failing is None:
+                self.inflated = _inflate(run)
         except BaseException as exc:  # the reader checks the run itself, which names it
             self.error = exc
         finally:
+            self._state = _DONE
             self.run = None
             self._done.set()
+        return True
 
 
 def _inflate(run: RunBytes) -> tuple[bytes, npt.NDArray[np.int64]] | None:
@@ -97,7 +116,7 @@ def _inflate(run: RunBytes) -> tuple[bytes, npt.NDArray[np.int64]] | None:
     return b"".join(pieces), np.fromiter(map(len, pieces), np.int64, len(pieces))
 
 
-PASSED = Check(None)
+PASSED = Check(None, threading.Lock())
 """A check already made where the run was read (its frames checked there)."""
 PASSED._state = _DONE
 PASSED._done.set()
@@ -108,23 +127,22 @@ class Checker:
 
     def __init__(self) -> None:
         self.pid = os.getpid()
+        self._claim_lock = threading.Lock()
         self.checked = 0
-        """Runs whose checksums this thread computed (cancelled ones not counted)."""
+        """Runs whose checksums this thread computed (not those the reader took over)."""
         self._jobs: queue.SimpleQueue[Check] = queue.SimpleQueue()
         # a daemon: a reader that stops mid-window must not keep the interpreter alive
         threading.Thread(target=self._loop, name="shardio-check", daemon=True).start()
 
     def submit(self, run: RunBytes) -> Check:
         """Queue ``run``'s checksums behind those queued before it."""
-        check = Check(run)
+        check = Check(run, self._claim_lock)
         self._jobs.put(check)
         return check
 
     def _loop(self) -> None:
         while True:
-            check = self._jobs.get()
-            check._work()
-            self.checked += check._state == _DONE
+            self.checked += self._jobs.get()._work()
 
 
 _CHECKER: Checker | None = None
@@ -141,3 +159,13 @@ def checker() -> Checker:
         if _CHECKER is None or _CHECKER.pid != os.getpid():
             _CHECKER = Checker()
         return _CHECKER
+
+
+def _after_fork_in_child() -> None:
+    # the parent's thread is not in the child, and a lock it held at the fork stays held
+    global _LOCK
+    _LOCK = threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):  # POSIX
+    os.register_at_fork(after_in_child=_after_fork_in_child)
