@@ -125,22 +125,31 @@ def _entries(
 ) -> Iterator[dict[str, Any]]:
     """Key, stored size and (for labelled data) label of each sample, in stored order.
 
-    Sizes come from the shard index and labels from ``read_label``, which
-    neither checks nor decodes the image bytes: listing is not verifying.
+    Sizes come from the shard index (a ``.rec`` shard's record offsets: a remote
+    one fetches its tail, not its records) and labels from ``read_label``, which
+    neither checks nor decodes the image bytes: listing is not verifying. A remote
+    shard whose labels are listed has its ranges read ahead in stored order.
     """
     from shardio.catalog import read_label
     from shardio.reader import open_dataset
 
     with open_dataset(dataset, remote=remote) as reader:
         classes = reader.manifest.classes
+        by_offsets = reader.manifest.backend == "records"
         index = 0
         for number, shard_info in enumerate(reader.manifest.shards):
             shard = reader.shard(number)
+            if classes is not None and reader.is_remote and shard.num_records:
+                left = shard.num_records if limit is None else limit - index
+                if left > 0:
+                    shard.will_need(0, min(shard.num_records, left))
             for record, key in enumerate(shard.keys()):
                 if limit is not None and index >= limit:
                     return
+                size = (shard.offset(record + 1) - shard.offset(record) if by_offsets
+                        else len(shard.frame(record)))
                 entry: dict[str, Any] = {"index": index, "key": key, "shard": shard_info.name,
-                                         "bytes": len(shard.frame(record))}
+                                         "bytes": size}
                 if classes is not None:
                     label = read_label(reader, index)
                     entry["label"] = label
