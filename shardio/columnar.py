@@ -24,7 +24,7 @@ import numpy as np
 import numpy.typing as npt
 
 from shardio.codecs import decompressor
-from shardio.format import FRAME_SIZE, RunBytes, check_frames
+from shardio.format import FRAME_SIZE, RunBytes, check_frames, frame_codecs
 from shardio.record import INDEX_FIELD, KEY_FIELD
 from shardio.runfields import BYTES, INT, STR, Column, parse_flat_maps
 
@@ -64,14 +64,17 @@ def decode_columns(parts: Sequence[RunPart], *, path: str, keys: Sequence[str], 
     Returns None where the records are not all flat maps of one shape with the
     keys of ``keys`` (the shard's key block): ``decode_run`` decodes those.
     """
-    codecs: list[npt.NDArray[np.uint8]] = []
-    for part in parts:
-        got = check_frames(part.run, path=path, first_record=part.start,
-                           verify=verify and not part.checked, offset_of=offset_of)
-        codecs.append(np.asarray(got, np.uint8))
+    for part in parts:  # checksums not checked on the checker thread: checked here
+        if verify and not part.checked:
+            check_frames(part.run, path=path, first_record=part.start, offset_of=offset_of)
+    base = parts[0].run.buffer.obj
+    codecs = _frame_codecs(parts, base)
+    if codecs is None:  # a damaged header: found and named run by run
+        codecs = [np.asarray(check_frames(part.run, path=path, first_record=part.start,
+                                          verify=False, offset_of=offset_of), np.uint8)
+                  for part in parts]
     positions = [np.arange(len(part.run.bounds) - 1) if part.only is None
                  else np.asarray(part.only, np.int64) for part in parts]
-    base = parts[0].run.buffer.obj
     mapped = all(part.run.buffer.obj is base and part.run.offset >= 0 for part in parts) and (
         not any(bool(c.any()) for c in codecs))
     if mapped:  # every payload is a slice of one map: parse it in place
@@ -100,6 +103,24 @@ def decode_columns(parts: Sequence[RunPart], *, path: str, keys: Sequence[str], 
     except UnicodeDecodeError:  # a str field that is not UTF-8: decode_run names the record
         return None
     return out
+
+
+def _frame_codecs(parts: Sequence[RunPart], base: object
+                  ) -> list[npt.NDArray[np.uint8]] | None:
+    """Every frame header of the parts checked in one pass over their map (None: one
+    failed, or the runs are not views of one map)."""
+    if not all(part.run.buffer.obj is base and part.run.offset >= 0 for part in parts):
+        return None
+    if len({part.run.checksum for part in parts}) != 1:
+        return None
+    starts = np.concatenate([part.run.offset + part.run.bounds[:-1] for part in parts])
+    sizes = np.concatenate([np.diff(part.run.bounds) for part in parts])
+    data = np.frombuffer(base, np.uint8)  # type: ignore[call-overload]
+    codecs = frame_codecs(data, starts, sizes, parts[0].run.checksum)
+    if codecs is None:
+        return None
+    cuts = np.cumsum([len(part.run.bounds) - 1 for part in parts])[:-1]
+    return list(np.split(codecs, cuts))
 
 
 def _inflated(parts: Sequence[RunPart], codecs: list[npt.NDArray[np.uint8]],

@@ -270,6 +270,31 @@ def check_frames(
     raise AssertionError("unreachable")  # pragma: no cover
 
 
+def frame_codecs(data: npt.NDArray[np.uint8], starts: Bounds, sizes: Bounds, checksum: str
+                 ) -> npt.NDArray[np.uint8] | None:
+    """Codec ids of the frames at ``data[starts[i]:starts[i] + sizes[i]]``, all checked at once.
+
+    None if any frame fails a header check of ``check_frames`` (its length does not
+    fill its record, its checksum id is not ``checksum``'s, its codec is unknown, its
+    reserved bytes are not zero): ``check_frames`` then names the first.
+    """
+    import numpy as np
+
+    if len(starts) == 0:
+        return np.empty(0, np.uint8)
+    ident = IDS.get(checksum)
+    if ident is None or bool((sizes < FRAME_SIZE).any()) or int(
+            (starts + sizes).max()) > len(data):
+        return None
+    heads = data[starts[:, None] + np.arange(FRAME_SIZE)].view("<u4")
+    words = heads[:, 2]  # codec | checksum id << 8 | reserved << 16
+    if not bool((heads[:, 0] + FRAME_SIZE == sizes).all()) or not bool(
+            ((words == ident << 8) | (words == (ident << 8 | CODEC_ZSTD))).all()):
+        return None
+    codecs: npt.NDArray[np.uint8] = words.astype(np.uint8)
+    return codecs
+
+
 def first_failing(run: RunBytes) -> int | None:
     """The first record of ``run`` whose checksum fails (its chain link, else its frame's)."""
     compute = checksum_function(run.checksum)

@@ -191,6 +191,7 @@ class _OpenWindow:
         self._local = bool(plan.due) and all(
             type(reader.shard(shard)) is RecordsShardReader for shard, _a, _b in plan.due)
         self.columns = WindowColumns(plan.unique) if columns or self._local else None
+        self._complete = False
         self._checks: dict[Run, tuple[RunBytes, Check]] = _check_ahead(reader, plan.due)
 
     def load(self, r: int) -> None:
@@ -230,6 +231,7 @@ class _OpenWindow:
                 groups.append([r])
         for group in groups:
             self._load_group(group)
+        self._complete = True  # every run a sample of the window is yielded from
 
     def _load_group(self, group: list[int]) -> None:
         shard = self._runs[group[0]][0]
@@ -256,6 +258,8 @@ class _OpenWindow:
 
     def ensure(self, wanted: list[int]) -> None:
         """Load the runs of the samples at ranks ``wanted``."""
+        if self._complete:
+            return
         loaded, run_of = self._loaded, self.run_of
         # in yield order, which is the order the runs were announced in (``due``): a remote
         # reader's read-ahead hands out its ranges in that order, and a run taken out of

@@ -117,3 +117,25 @@ def test_a_record_holding_another_key_is_named(tmp_path: Path) -> None:
             ShardCorruptError, match=r"record 150 at byte \d+ holds key 'k/15' but the shard's "
                                      r"key block says 'k/150'"):
         list(iter_samples(reader, np.arange(200), window=200, max_run=64))
+
+
+@pytest.mark.parametrize(("at", "value", "message"), [
+    (8, 9, r"record 120 at byte \d+ names unknown codec 9"),
+    (0, 0, r"record 120 at byte \d+ is \d+ bytes in the shard's index but its frame header"),
+    (10, 1, r"record 120 at byte \d+ names checksum id 1 \(reserved bytes 0100\)"),
+])
+def test_a_damaged_frame_header_is_named_without_checksums(tmp_path: Path, at: int, value: int,
+                                                           message: str) -> None:
+    from shardio.backends.records import RecordsShardReader
+
+    craft(tmp_path / "ds", [{"__key__": f"k/{i}", "txt": b"y" * 30} for i in range(200)])
+    shard = next((tmp_path / "ds").glob("*.rec"))
+    reader = RecordsShardReader(shard)
+    offset = reader.offset(120)
+    reader.close()
+    data = bytearray(shard.read_bytes())
+    data[offset + at] = value
+    shard.write_bytes(bytes(data))
+    with DatasetReader(tmp_path / "ds", verify=False) as reader, pytest.raises(
+            ShardCorruptError, match=message):
+        list(iter_samples(reader, np.arange(200), window=200, max_run=64))
