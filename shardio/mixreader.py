@@ -133,6 +133,13 @@ class MixtureReader:
                             for r in self.readers))
         return clone
 
+    @property
+    def is_remote(self) -> bool:
+        """Whether a source is read from a URL: the stream then reads a process's part of a
+        block as one run (one range taken once a window, not once a record), as it does
+        for a single remote dataset."""
+        return any(reader.is_remote for reader in self.readers)
+
     def shard(self, shard: int) -> ShardFileReader:
         """The open reader of shard number ``shard`` (counting every source's shards)."""
         source, own = self._shards[shard]
