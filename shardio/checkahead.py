@@ -23,6 +23,7 @@ from __future__ import annotations
 import os
 import queue
 import threading
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -113,7 +114,7 @@ def _inflate(run: RunBytes) -> tuple[bytes, npt.NDArray[np.int64]] | None:
             import zstandard
 
             segments = np.column_stack((lo, hi - lo)).astype(np.uint64)
-            out = dctx.multi_decompress_to_buffer(
+            out: Any = dctx.multi_decompress_to_buffer(  # iterates its segments (buffers)
                 zstandard.BufferWithSegments(buf, segments.tobytes()), threads=0)
             return b"".join(out), np.fromiter(map(len, out), np.int64, len(bounds) - 1)
         except Exception:  # a frame without its size, or a bad one: record by record below

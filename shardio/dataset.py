@@ -75,6 +75,13 @@ def read_window(window: int, num_workers: int, by_batches: bool) -> int:
     return max(1, window // num_workers) if by_batches else window
 
 
+def available_cpus() -> int:
+    """CPUs this process may run on (its affinity mask, where the OS has one)."""
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1
+
+
 def default_window(mean_sample_bytes: float) -> int:
     """Shuffle window in samples: about 256 MB of records, between 256 and 16,384 samples."""
     fit = int(DEFAULT_WINDOW_BYTES / max(mean_sample_bytes, 1.0))
@@ -364,17 +371,20 @@ class StreamingDataset(ClassAttributes, IterableDataset[Any]):
             decoder.transform is None) and not isinstance(reader, MixtureReader)
         workers = info.num_workers if info is not None else 1
         window = read_window(self.config.window, workers, self.batch_size is not None)
+        # a checker thread beside each reading process pays only where a core is free for it
+        ahead = workers < available_cpus()
         block = self.config.block_size
         try:
             if self.collate is not None:
                 assert self.batch_size is not None
                 chunks = iter_chunks(reader, stage.order, window=window, max_run=block,
                                      size=self.batch_size, skip=stage.skip,
-                                     zero_copy=self.zero_copy)
+                                     zero_copy=self.zero_copy, check_ahead=ahead)
                 yield from self._batches(chunks, split, stage, reader, identity)
                 return
             samples = iter_samples(reader, stage.order, window=window, max_run=block,
-                                   skip=stage.skip, zero_copy=self.zero_copy)
+                                   skip=stage.skip, zero_copy=self.zero_copy,
+                                   check_ahead=ahead)
             if isinstance(reader, MixtureReader):
                 samples = reader.tagged(samples)
             if identity:

@@ -101,6 +101,7 @@ def iter_samples(
     max_run: int,
     skip: int = 0,
     zero_copy: bool = False,
+    check_ahead: bool = True,
 ) -> Iterator[dict[str, Any]]:
     """Yield the decoded samples of ``order[skip:]``, each with its ``__index__``.
 
@@ -114,8 +115,11 @@ def iter_samples(
             otherwise each sample's large values are copied into ``bytes`` as it is
             handed out (runs are decoded with views either way), so the copies live as
             long as the consumer keeps them, not for the whole window.
+        check_ahead: hand local runs' checksums to this process's checker thread
+            (``shardio.checkahead``); worth it where a core is free for it.
     """
-    for open_window in _windows(reader, order, window, max_run, skip):
+    for open_window in _windows(reader, order, window, max_run, skip,
+                                check_ahead=check_ahead):
         samples, load, run_of = open_window.samples, open_window.load, open_window.run_of
         columns = open_window.columns
         for rank in open_window.ranks.tolist():
@@ -140,6 +144,7 @@ def iter_chunks(
     size: int,
     skip: int = 0,
     zero_copy: bool = False,
+    check_ahead: bool = True,
 ) -> Iterator[Chunk | list[dict[str, Any]]]:
     """The samples of ``iter_samples``, ``size`` at a time (the last chunk may be shorter).
 
@@ -148,9 +153,11 @@ def iter_chunks(
     it builds its ``RecordBatch`` without a sample dict (``shardio.runbatch``).
     Otherwise it is a list of sample dicts, gathered with one C call per window it
     spans, their bytes values copied into ``bytes`` as the chunk is handed out.
+    ``check_ahead`` as in ``iter_samples``.
     """
     pending: Chunk | list[dict[str, Any]] = Chunk() if zero_copy else []
-    for open_window in _windows(reader, order, window, max_run, skip, columns=zero_copy):
+    for open_window in _windows(reader, order, window, max_run, skip, columns=zero_copy,
+                                check_ahead=check_ahead):
         ranks = open_window.ranks
         at = 0
         while at < len(ranks):
@@ -179,7 +186,7 @@ class _OpenWindow:
     """
 
     def __init__(self, reader: RunReader, plan: _Window, firsts: IndexArray,
-                 columns: bool = False) -> None:
+                 columns: bool = False, check_ahead: bool = True) -> None:
         self.ranks = plan.ranks
         self._reader, self._runs, self._firsts = reader, plan.runs, firsts
         self._unique = plan.unique
@@ -192,7 +199,8 @@ class _OpenWindow:
             type(reader.shard(shard)) is RecordsShardReader for shard, _a, _b in plan.due)
         self.columns = WindowColumns(plan.unique) if columns or self._local else None
         self._complete = False
-        self._checks: dict[Run, tuple[RunBytes, Check]] = _check_ahead(reader, plan.due)
+        self._checks: dict[Run, tuple[RunBytes, Check]] = (
+            _check_ahead(reader, plan.due) if check_ahead else {})
 
     def load(self, r: int) -> None:
         """Read and decode run ``r`` (its wanted records): every due run of a local window."""
@@ -295,7 +303,7 @@ class _OpenWindow:
 
 
 def _windows(reader: RunReader, order: IndexArray, window: int, max_run: int, skip: int,
-             columns: bool = False) -> Iterator[_OpenWindow]:
+             columns: bool = False, check_ahead: bool = True) -> Iterator[_OpenWindow]:
     """The windows of ``order[skip:]`` in turn; the next window's runs are advised ahead."""
     firsts = np.asarray([s.first_index for s in reader.manifest.shards], dtype=np.int64)
     starts = list(range(skip - skip % window, len(order), window))
@@ -312,7 +320,7 @@ def _windows(reader: RunReader, order: IndexArray, window: int, max_run: int, sk
         upcoming = _plan_window(order, w_lo + window, w_lo + window, window, firsts, max_run,
                                 gap)
         advise(reader, upcoming.due)
-        open_window = _OpenWindow(reader, current, firsts, columns)
+        open_window = _OpenWindow(reader, current, firsts, columns, check_ahead)
         try:
             yield open_window
         finally:
@@ -376,6 +384,7 @@ def _check_ahead(reader: RunReader, due: list[Run]) -> dict[Run, tuple[RunBytes,
         if type(shard_reader) is not RecordsShardReader:
             continue
         thread = thread or checker()
+        shard_reader.map_pages(start, stop)
         run_bytes = shard_reader.read_run(start, stop)
         out[run] = run_bytes, thread.submit(run_bytes)
     return out

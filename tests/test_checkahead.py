@@ -157,3 +157,37 @@ def test_a_reader_ahead_of_the_thread_checks_runs_itself(tmp_path: Path) -> None
         assert thread.checked - before <= len(runs)
     finally:
         reader.close()
+
+
+@pytest.mark.parametrize(("cpus", "used"), [(1, False), (2, True)])
+def test_the_thread_is_used_only_with_a_core_to_spare(tmp_path: Path, cpus: int, used: bool,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    import shardio.dataset
+    import shardio.stream
+
+    root = write(tmp_path / "ds")
+    calls: list[int] = []
+    real = shardio.stream._check_ahead
+
+    def spy(reader: object, due: list[object]) -> object:
+        calls.append(len(due))
+        return real(reader, due)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(shardio.stream, "_check_ahead", spy)
+    monkeypatch.setattr(shardio.dataset, "available_cpus", lambda: cpus)
+    loader = shardio.loader(StreamingDataset(root, shuffle=True), batch_size=50, num_workers=0)
+    assert sum(len(b) for b in loader) == 600
+    assert bool(calls) == used
+
+
+def test_mapping_a_run_ahead_changes_no_byte(tmp_path: Path) -> None:
+    root = write(tmp_path / "ds")
+    reader = RecordsShardReader(root / "shard-00001.rec")
+    try:
+        before = [bytes(reader.frame(i)) for i in range(reader.num_records)]
+        reader.map_pages(0, reader.num_records)
+        reader.map_pages(17, 18)
+        reader.map_pages(5, 5)
+        assert [bytes(reader.frame(i)) for i in range(reader.num_records)] == before
+    finally:
+        reader.close()
