@@ -384,7 +384,6 @@ def _check_ahead(reader: RunReader, due: list[Run]) -> dict[Run, tuple[RunBytes,
         if type(shard_reader) is not RecordsShardReader:
             continue
         thread = thread or checker()
-        shard_reader.map_pages(start, stop)
         run_bytes = shard_reader.read_run(start, stop)
         out[run] = run_bytes, thread.submit(run_bytes)
     return out

@@ -178,16 +178,3 @@ def test_the_thread_is_used_only_with_a_core_to_spare(tmp_path: Path, cpus: int,
     loader = shardio.loader(StreamingDataset(root, shuffle=True), batch_size=50, num_workers=0)
     assert sum(len(b) for b in loader) == 600
     assert bool(calls) == used
-
-
-def test_mapping_a_run_ahead_changes_no_byte(tmp_path: Path) -> None:
-    root = write(tmp_path / "ds")
-    reader = RecordsShardReader(root / "shard-00001.rec")
-    try:
-        before = [bytes(reader.frame(i)) for i in range(reader.num_records)]
-        reader.map_pages(0, reader.num_records)
-        reader.map_pages(17, 18)
-        reader.map_pages(5, 5)
-        assert [bytes(reader.frame(i)) for i in range(reader.num_records)] == before
-    finally:
-        reader.close()

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import mmap
 import os
-import sys
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import BinaryIO
@@ -43,9 +42,6 @@ WRITE_BUFFER_BYTES = 1 << 20
 """Large enough that writes are few; small enough that glibc does not map (and the kernel
 zero) a fresh buffer for every shard, which cost pack about 3 ms of CPU per shard at 8 MB."""
 PAGE = mmap.PAGESIZE
-_POPULATE: int | None = getattr(mmap, "MADV_POPULATE_READ", 22 if sys.platform == "linux" else None)
-"""``madvise`` advice that maps a range's pages at once (22 on Linux, where Python 3.11 lacks
-the name)."""
 FAULT_AROUND = 2 << 20
 """How far around the records a process read the kernel may have mapped a shard's pages
 into it: a read fault maps the neighbouring pages already cached (``fault_around_bytes``,
@@ -260,24 +256,6 @@ class RecordsShardReader:
         offs = self._offsets_list
         view = self._view
         return [view[offs[i] : offs[i + 1]] for i in range(start, stop)]
-
-    def map_pages(self, start: int, stop: int) -> None:
-        """Map the pages of records ``start..stop`` into this process now, in one call.
-
-        Reading a mapped run faults its pages in 64 KB at a time; one
-        ``MADV_POPULATE_READ`` (Linux 5.14) maps them all for a fraction of that
-        (``benchmarks/README.md``, "Record checksums"). Elsewhere, or on an older
-        kernel, the faults happen as before.
-        """
-        global _POPULATE
-        if _POPULATE is None or stop <= start:
-            return
-        lo = self._offsets_list[start] // PAGE * PAGE
-        hi = self._offsets_list[stop]
-        try:
-            self._mmap.madvise(_POPULATE, lo, hi - lo)
-        except OSError:  # EINVAL: a kernel without it; stop asking
-            _POPULATE = None
 
     def drop_pages(self, start: int, stop: int) -> None:
         """Drop the pages of records ``start..stop`` from this process (not from the page cache).
