@@ -7,11 +7,16 @@ wall clock) per sample, the minimum of ``--rounds``:
 
 * ``check``: ``format.check_frames`` over every run of every shard (frame headers and
   the CRC-32C chain), and the same without the checksum (``verify=False``);
-* ``decode``: ``record.decode_run`` (check, decompress, msgpack or the zero-copy view);
+* ``checker``: what the checker thread does per run (``shardio.checkahead``: the CRC-32C
+  chain, and zstd payloads inflated), here on the measuring thread;
+* ``decode``: ``record.decode_run`` (check, decompress, msgpack or the zero-copy view),
+  record by record, and ``columnar.decode_columns``, a shard's runs by field at once
+  (what the stream does with a window's runs of a local shard);
 * ``stream``: ``stream.iter_chunks`` over the epoch's planned order (plan, runs
   decoded when due, gathering), then with each chunk's ``RecordBatch`` built;
 * ``shardio.loader`` and a plain ``DataLoader`` with the user's collate, whole epochs
-  (each payload's length taken, as the harness does);
+  (each payload's length taken, as the harness does), the CPU of both threads, and
+  the loader's epoch again counting only the reading thread (``time.thread_time``);
 * the single-LMDB-file peer's whole epoch (``benchmarks/adapters/lmdb_file.py``).
 
 Writes ``benchmarks/results/stages.json``; the README table comes from it
@@ -25,6 +30,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -34,12 +40,13 @@ RESULTS = Path(__file__).resolve().parent / "results"
 WORK = Path(__file__).resolve().parent / "work" / "stages"
 
 
-def _cpu(function: Callable[[], object], rounds: int) -> float:
+def _cpu(function: Callable[[], object], rounds: int,
+         clock: Callable[[], float] = time.process_time) -> float:
     best = float("inf")
     for _ in range(rounds):
-        start = time.process_time()
+        start = clock()
         function()
-        best = min(best, time.process_time() - start)
+        best = min(best, clock() - start)
     return best
 
 
@@ -51,6 +58,8 @@ def measure(kind: str, num_files: int, rounds: int) -> dict[str, Any]:
     from benchmarks.adapters import EpochSpec, get_adapter
     from benchmarks.datagen import ensure_tree
     from shardio.batch import RecordBatch
+    from shardio.checkahead import Check
+    from shardio.columnar import RunPart, decode_columns
     from shardio.format import check_frames
     from shardio.reader import DatasetReader
     from shardio.record import decode_run
@@ -79,6 +88,27 @@ def measure(kind: str, num_files: int, rounds: int) -> dict[str, Any]:
         for s, lo, hi in runs:
             shard = reader.shard(s)
             check_frames(shard.read_run(lo, hi), path=shard.path, first_record=lo, verify=verify)
+
+    def mapping() -> None:
+        # each run's pages dropped first, so that its check maps them again: what a fresh
+        # process (or a window after the last dropped its pages) pays
+        for s, lo, hi in runs:
+            shard = reader.shard(s)
+            shard.drop_pages(lo, hi)
+            check_frames(shard.read_run(lo, hi), path=shard.path, first_record=lo)
+
+    def checker_work() -> None:
+        lock = threading.Lock()
+        for s, lo, hi in runs:
+            assert Check(reader.shard(s).read_run(lo, hi), lock).passed()
+
+    def columns() -> None:
+        for s in range(len(reader.manifest.shards)):
+            shard = reader.shard(s)
+            parts = [RunPart(shard.read_run(lo, hi), lo, None, True) for t, lo, hi in runs
+                     if t == s]
+            assert decode_columns(parts, path=shard.path, keys=shard.keys(), verify=False,
+                                  offset_of=shard.offset) is not None
 
     def decode(zero_copy: bool) -> None:
         for s, lo, hi in runs:
@@ -116,18 +146,24 @@ def measure(kind: str, num_files: int, rounds: int) -> dict[str, Any]:
     stages: dict[str, Callable[[], None]] = {
         "check_frames (CRC-32C chain)": lambda: check(True),
         "check_frames, verify=False": lambda: check(False),
-        "decode_run, zero copy (loader)": lambda: decode(True),
+        "checker thread's work (CRC-32C chain, inflate)": checker_work,
+        "drop_pages, then check_frames (pages mapped again)": mapping,
+        "decode_run, zero copy (record by record)": lambda: decode(True),
         "decode_run, copies (per-sample dicts)": lambda: decode(False),
-        "iter_chunks (plan, runs, gather)": lambda: stream(False),
-        "iter_chunks + RecordBatch": lambda: stream(True),
-        "shardio.loader epoch": loader,
-        "plain DataLoader epoch, own collate": plain,
+        "decode_columns (a shard's runs by field)": columns,
+        "iter_chunks (plan, runs, gather; both threads)": lambda: stream(False),
+        "iter_chunks + RecordBatch (both threads)": lambda: stream(True),
+        "shardio.loader epoch (both threads)": loader,
+        "plain DataLoader epoch, own collate (both threads)": plain,
         "lmdb-file epoch (the peer)": lmdb_file,
     }
     for function in stages.values():
         function()  # warm: imports, allocator, page tables
     results = {name: _cpu(function, rounds) / num_files * 1e6
                for name, function in stages.items()}
+    # what the reader's own thread spends: the checker thread takes the rest on another core
+    results["shardio.loader epoch, reading thread only"] = _cpu(
+        loader, rounds, time.thread_time) / num_files * 1e6
     reader.close()
     return {"kind": kind, "num_files": num_files, "us_per_sample": results}
 
