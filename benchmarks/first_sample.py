@@ -108,5 +108,20 @@ def main(argv: list[str] | None = None) -> None:
     print(f"results: {args.out}")
 
 
+def first_sample_block(path: Path | None = None) -> str:
+    """The README lines on the time to the first batch, from ``first-sample.json``."""
+    result = json.loads((path or HERE / "results" / "first-sample.json").read_text(
+        encoding="utf-8"))
+    first = result["first_batch_s"]
+    source = result.get("shardio_source", {}).get("git_head", "?")
+    cells = [f"{first[f'w{w}-warm']:.2f} s warm and {first[f'w{w}-cold']:.2f} s cold with {w} "
+             f"worker{'s' if w != 1 else ''}" for w in sorted(
+                 {int(k[1:].split("-")[0]) for k in first})]
+    worst = max(first.values())
+    return (f"Measured {result['date']} (shardio at git {source}, {result['num_samples']:,} "
+            f"records, {result['dataset_bytes'] / 1e6:.0f} MB, median of {result['repeats']}): "
+            + ", ".join(cells) + f"; target under 1 s: {'met' if worst < 1 else 'missed'}.\n")
+
+
 if __name__ == "__main__":
     main()

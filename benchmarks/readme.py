@@ -48,6 +48,7 @@ BLOCKS: dict[str, str] = {
     "bench-checksum": "benchmarks.bench_checksum:checksum_block",
     "bench-stages": "benchmarks.bench_stages:stages_block",
     "bench-warm": "benchmarks.warm_report:warm_block",
+    "bench-first-sample": "benchmarks.first_sample:first_sample_block",
 }
 """Block name -> ``"module:function"`` rendering it; imported only when rendered."""
 
