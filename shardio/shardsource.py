@@ -44,7 +44,12 @@ from shardio.manifest import MANIFEST_NAME, Manifest, ShardInfo
 from shardio.manifest import read_manifest as read_local_manifest
 from shardio.storage.cache import RangeCache
 from shardio.storage.cachedrange import CachedRange
-from shardio.storage.fetch import RangeRequest, in_flight_bytes, min_cache_bytes
+from shardio.storage.fetch import (
+    MIN_IN_FLIGHT,
+    RangeRequest,
+    in_flight_bytes,
+    min_cache_bytes,
+)
 from shardio.storage.options import RemoteOptions
 from shardio.storage.readahead import ReadAhead
 from shardio.storage.url import split_url
@@ -262,7 +267,11 @@ class ShardSource:
         want = in_flight_bytes(max_range_bytes, max_in_flight=options.max_in_flight,
                                max_in_flight_bytes=options.max_in_flight_bytes)
         ahead = min(want, options.max_cache_bytes // processes - max_range_bytes)
-        self._ahead_here().limit(max_in_flight=max(1, ahead // max(1, max_range_bytes)),
+        # two ranges always go (ReadAhead): one only when two of these would not fit; the
+        # count is otherwise left alone, as one shard with a large range would keep it
+        # low for all the others
+        one = ahead < MIN_IN_FLIGHT * max_range_bytes
+        self._ahead_here().limit(max_in_flight=1 if one else options.max_in_flight,
                                  max_in_flight_bytes=ahead)
 
     def _missing(self, info: ShardInfo, url: str) -> ShardMissingError:
