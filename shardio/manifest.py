@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Callable, Mapping
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any, Final
 
@@ -45,6 +45,16 @@ class SkippedFile:
 
     path: str
     reason: str
+
+
+def _known(kind: type, entry: Any) -> Any:
+    """``entry``'s members that ``kind`` has: within a format version a later shardio may add
+    optional members (docs/format.md, section 7), which this one ignores; a missing
+    required member still fails."""
+    if not isinstance(entry, Mapping):
+        return entry  # the caller's ** raises TypeError: a malformed manifest
+    names = {f.name for f in fields(kind)}
+    return {k: v for k, v in entry.items() if k in names}
 
 
 @dataclass(frozen=True)
@@ -105,7 +115,7 @@ class Manifest:
             backend = str(data["backend"])
             if backend not in BACKENDS:
                 raise ManifestError(f"{path}: unknown backend {backend!r}", path=path)
-            shards = tuple(ShardInfo(**s) for s in data["shards"])
+            shards = tuple(ShardInfo(**_known(ShardInfo, s)) for s in data["shards"])
             classes = data.get("classes")
             class_to_idx = data.get("class_to_idx")
             manifest = cls(
@@ -121,7 +131,8 @@ class Manifest:
                 shuffle=bool(data.get("shuffle", True)),
                 options=dict(data.get("options") or {}),
                 input_bytes=int(data.get("input_bytes", 0)),
-                skipped=tuple(SkippedFile(**s) for s in data.get("skipped") or ()),
+                skipped=tuple(SkippedFile(**_known(SkippedFile, s))
+                              for s in data.get("skipped") or ()),
                 shardio_version=str(data.get("shardio_version", "")),
                 format=FORMAT_NAME,
                 version=int(version),

@@ -382,6 +382,23 @@ def test_manifest_errors(tmp_path: Path, text: str, error: type[Exception], word
     assert str(tmp_path / "manifest.json") in str(info.value)
 
 
+def test_members_a_later_writer_adds_are_ignored_missing_ones_are_not(tmp_path: Path) -> None:
+    data = make_manifest().to_json()
+    data["added_later"] = {"x": 1}
+    data["shards"] = [{**s, "added_later": [1, 2]} for s in data["shards"]]
+    data["skipped"] = [{**s, "added_later": True} for s in data["skipped"]]
+    (tmp_path / "manifest.json").write_text(json.dumps(data), encoding="utf-8")
+    assert read_manifest(tmp_path) == make_manifest()
+    data["shards"] = [{k: v for k, v in s.items() if k != "first_index"} for s in data["shards"]]
+    (tmp_path / "manifest.json").write_text(json.dumps(data), encoding="utf-8")
+    with pytest.raises(ManifestError, match=r"malformed manifest.*first_index"):
+        read_manifest(tmp_path)
+    data["shards"] = ["shard-00000.rec"]
+    (tmp_path / "manifest.json").write_text(json.dumps(data), encoding="utf-8")
+    with pytest.raises(ManifestError, match="malformed manifest"):
+        read_manifest(tmp_path)
+
+
 def test_missing_manifest(tmp_path: Path) -> None:
     with pytest.raises(ManifestNotFoundError, match=r"no manifest\.json") as info:
         read_manifest(tmp_path)
