@@ -1,8 +1,9 @@
 """Question: what does the LMDB structure check cost per shard open (warm, cold) and per epoch?
 
 ``shardio.backends.lmdbcheck.check_lmdb_file`` runs on every open of an LMDB shard
-(issue 7): it reads the meta pages, every branch and leaf page and the header of
-every overflow run. This packs the shared ImageFolder (``benchmarks/datagen.py``,
+(issue 7): it reads the meta pages and every branch and leaf page (the header of
+every overflow run too only with ``overflow_headers=True``, timed here apart as
+"with headers"). This packs the shared ImageFolder (``benchmarks/datagen.py``,
 2,000 JPEGs by default) with ``backend="lmdb"`` and measures, in rounds:
 
 * the check alone on every shard with the file in the page cache (warm) and after
@@ -15,7 +16,9 @@ every overflow run. This packs the shared ImageFolder (``benchmarks/datagen.py``
   that also decodes every JPEG with Pillow, the least work a training epoch does.
 
 ``--kind tiny`` measures 1-4 KB files instead, whose values sit inline in leaf pages,
-so the check reads every page of the file. Writes ``benchmarks/results/lmdbcheck-KIND.json``.
+so the check reads every page of the file. Writes ``benchmarks/results/lmdbcheck-KIND.json``;
+``lmdbcheck_block`` renders both kinds' results as the table of ``benchmarks/README.md``
+(block ``lmdb-check`` of ``benchmarks/readme.py``).
 
     python -m benchmarks.bench_lmdbcheck [--kind images|tiny] [--files 2000] [--rounds 5]
 """
@@ -25,6 +28,7 @@ from __future__ import annotations
 import argparse
 import io
 import json
+import math
 import os
 import platform
 import statistics
@@ -42,6 +46,8 @@ from shardio.writer import WriteOptions
 
 RESULTS = Path(__file__).resolve().parent / "results"
 WORK = Path(__file__).resolve().parent / "work" / "lmdbcheck"
+BLOCK_KINDS = {"images": "JPEGs", "tiny": "files of 1-4 KB"}
+"""The results ``lmdbcheck_block`` shows (``lmdbcheck-KIND.json``), with what their files are."""
 
 
 def evict(paths: list[Path]) -> None:
@@ -169,6 +175,93 @@ def run(kind: str, num_files: int, rounds: int) -> dict[str, Any]:
         "checks_cold_fraction_of_decoded_epoch": (
             None if decoded is None else statistics.median(cold) * len(shards) / decoded),
     }
+
+
+def _ms(value: float) -> str:
+    return f"{value:.2f} ms" if value < 1 else f"{value:.1f} ms"
+
+
+def _count(value: float) -> str:
+    """A median count rounded half up (a median of an even number of shards may end in .5)."""
+    return f"{math.floor(value + 0.5):,}"
+
+
+def _percent(fraction: float) -> str:
+    return f"{100 * fraction:.2g}%"
+
+
+def lmdbcheck_block() -> str:
+    """The README table and figures of the check's cost, from ``lmdbcheck-{images,tiny}.json``."""
+    results = {kind: json.loads((RESULTS / f"lmdbcheck-{kind}.json").read_text(encoding="utf-8"))
+               for kind in BLOCK_KINDS}
+    loads = sorted(f"{r['machine']['load_1min']:.1f}" for r in results.values())
+    dates = sorted({r["date"] for r in results.values()})
+    rounds = sorted({r["rounds"] for r in results.values()})
+    lines = [
+        f"{' and '.join(dates)}, {results['images']['machine']['cpus']}-core machine shared "
+        f"with other jobs (1-minute load average {'–'.join(dict.fromkeys([loads[0], loads[-1]]))} "
+        f"at the end), Python {results['images']['machine']['python']}, "
+        f"{' and '.join(map(str, rounds))} rounds; medians:",
+        "",
+        "| data (LMDB pack) | pages read / pages per shard | check, warm | cold "
+        "| cold, with headers | all shards cold / raw cold epoch | / `StreamingDataset` epoch |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for kind, label in BLOCK_KINDS.items():
+        r = results[kind]
+        lines.append(
+            f"| {int(r['data'].split()[0]):,} {label}, {r['dataset_bytes'] / 1e6:,.0f} MB, "
+            f"{r['num_shards']} shards | {_count(r['pages_read_per_shard'])} / "
+            f"{_count(r['pages_per_shard'])} | {_ms(r['check_warm_ms_median'])} "
+            f"| {_ms(r['check_cold_ms_median'])} "
+            f"| {_ms(r['check_cold_ms_median_with_overflow_headers'])} "
+            f"| {_percent(r['checks_cold_fraction_of_epoch'])} "
+            f"({r['cold_epoch_s_median_with_check']:.2f} s epoch) "
+            f"| {_percent(r['checks_cold_fraction_of_streaming_epoch'])} "
+            f"({r['streaming_epoch_s']:.1f} s) |")
+    lines += ["", *_lmdbcheck_notes(results)]
+    return "\n".join(lines) + "\n"
+
+
+def _lmdbcheck_notes(results: dict[str, dict[str, Any]]) -> list[str]:
+    """The figures the table's text needs: epochs with and without the check, opens, pages."""
+    def spread(r: dict[str, Any]) -> tuple[float, float]:
+        epochs = r["cold_epoch_s_with_check"] + r["cold_epoch_s_without_check"]
+        return min(epochs), max(epochs)
+
+    gaps = [abs(r["cold_epoch_s_median_with_check"] - r["cold_epoch_s_median_without_check"])
+            < spread(r)[1] - spread(r)[0] for r in results.values()]
+    epochs = ", ".join(
+        f"{kind} {100 * r['cold_epoch_overhead_fraction']:+.1f}% (epochs "
+        f"{spread(r)[0]:.2f}–{spread(r)[1]:.2f} s)" for kind, r in results.items())
+    opens = ", ".join(
+        f"{kind} {_ms(r['open_warm_ms_median'])} (the check {_ms(r['check_warm_ms_median'])})"
+        for kind, r in results.items())
+    shards = "; ".join(
+        f"{kind} {r['dataset_bytes'] / r['num_shards'] / 1e6:,.0f} MB, "
+        f"{_count(r['pages_read_per_shard'])} of {_count(r['pages_per_shard'])}"
+        for kind, r in results.items())
+    most = [(kind, r) for kind, r in results.items()
+            if r["pages_read_per_shard"] >= r["pages_per_shard"] / 2]
+    per_record = "".join(
+        f" The check reads most of a {kind} shard: {_count(r['entries_per_shard'])} records, "
+        f"{r['check_warm_ms_median'] * 1e3 / r['entries_per_shard']:.1f} µs per record per warm "
+        "check." for kind, r in most)
+    headers = ", ".join(
+        f"{kind} {r['check_cold_ms_median_with_overflow_headers'] / r['check_cold_ms_median']:.2g}×"
+        for kind, r in results.items())
+    lines = [
+        f"* Cold epoch with the check against without: {epochs}: "
+        + ("less than the run-to-run spread." if all(gaps) else "**more than the spread**."),
+        f"* A whole warm open of a shard: {opens}.",
+        f"* A shard's size, and the pages the check reads of it: {shards}.{per_record}",
+        f"* Reading the overflow headers too, cold: {headers} the check's cost.",
+    ]
+    decoded = [(kind, r) for kind, r in results.items() if r["decoded_epoch_s"] is not None]
+    lines += [f"* With Pillow decoding every JPEG ({kind}): all shards' cold checks are "
+              f"{_percent(r['checks_cold_fraction_of_decoded_epoch'])} of the warm epoch "
+              f"({r['decoded_epoch_s']:.1f} s)." for kind, r in decoded]
+    return lines
 
 
 def main() -> None:

@@ -245,12 +245,22 @@ def bench_tree(
             "dask_cluster_start_s": None if cluster is None else cluster.start_s}
 
 
-def markdown(results: list[dict[str, Any]], workers: list[int], baseline: str | None) -> str:
-    """The results as the markdown table of ``benchmarks/README.md``."""
+def markdown(results: list[dict[str, Any]], workers: list[int], baseline: str | None, *,
+             bold_workers: int | None = None) -> str:
+    """The results as a markdown table (``benchmarks/README.md`` shows it through ``pack_report``).
+
+    Args:
+        results: ``bench_tree``'s results, one per tree.
+        workers: the worker counts timed.
+        baseline: the git revision also timed, or ``None``.
+        bold_workers: the worker count whose "× tar" is set in bold (the default, all cores).
+    """
     head = "| tree | files | MB | tar files/s (+fsync) | " + " | ".join(
         f"pack {w}w files/s | × tar (+fsync)" for w in workers)
     if baseline is not None:
-        head += " | " + " | ".join(f"{baseline} {w}w × tar (+fsync)" for w in workers)
+        head += " | " + " | ".join(f"before ({baseline}) {w}w × tar (+fsync)" if i == 0
+                                   else f"before {w}w × tar (+fsync)"
+                                   for i, w in enumerate(workers))
     columns = 4 + 2 * len(workers) + (len(workers) if baseline is not None else 0)
     lines = [head + " |", "|" + "---|" * columns]
     for res in results:
@@ -261,8 +271,8 @@ def markdown(results: list[dict[str, Any]], workers: list[int], baseline: str | 
                  f"{tar['files_per_s']:,.0f} ({synced:,.0f})"]
         for w in workers:
             row = med[f"pack_w{w}"]
-            cells += [f"{row['files_per_s']:,.0f}",
-                      f"{row['vs_tar']:.2f} ({row['vs_tar_fsync']:.2f})"]
+            ratio = f"{row['vs_tar']:.2f} ({row['vs_tar_fsync']:.2f})"
+            cells += [f"{row['files_per_s']:,.0f}", f"**{ratio}**" if w == bold_workers else ratio]
         for w in workers if baseline is not None else []:
             row = med[f"{baseline}_w{w}"]
             cells.append(f"{row['vs_tar']:.2f} ({row['vs_tar_fsync']:.2f})")

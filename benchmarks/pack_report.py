@@ -1,5 +1,10 @@
-"""README blocks of the pack engines (issue 9), rendered from committed results only.
+"""README blocks of pack throughput, rendered from committed results only.
 
+* ``tar_block``: ``bench_pack`` with 1 and 2 workers against ``tar -cf`` and the
+  revision before whole-shard workers, with codec zstd (``results/pack.json``) and
+  none (``results/pack-codec-none.json``): the rates and ratios, the CPU per file,
+  the scaling from 1 to 2 workers, and issue 2's target (one worker at least 0.8
+  times tar).
 * ``engines_block``: ``bench_pack --dask-workers 2`` (``results/pack-engines.json``):
   files/s and MB/s of tar, the local pack with 1 and 2 workers and the dask
   pack on a local cluster of 2 workers, in the same rounds; the ratios against
@@ -21,16 +26,103 @@ import math
 from pathlib import Path
 from typing import Any
 
+from benchmarks.bench_pack import markdown
 from shardio.shardplan import target_shard_bytes
 
 RESULTS = Path(__file__).resolve().parent / "results"
 ESTIMATE_FILES = 10**7
 ESTIMATE_WORKERS = (8, 64)
+TAR_FILES = {"pack.json": "zstd", "pack-codec-none.json": "none"}
+"""``bench_pack``'s results of the two codecs (``--codec``), shown by ``tar_block``."""
 
 
 def _load(name: str) -> dict[str, Any]:
     data: dict[str, Any] = json.loads((RESULTS / name).read_text(encoding="utf-8"))
     return data
+
+
+def _span(values: list[float]) -> str:
+    """``min–max`` with one decimal, or one figure when both round alike."""
+    low, high = f"{min(values):.1f}", f"{max(values):.1f}"
+    return low if low == high else f"{low}–{high}"
+
+
+def tar_block() -> str:
+    """Pack against tar, 1 and 2 workers and the baseline, from ``pack.json`` and
+    ``pack-codec-none.json``."""
+    reports = {codec: _load(name) for name, codec in TAR_FILES.items()}
+    first = next(iter(reports.values()))
+    machine = first["machine"]
+    system, release = machine["platform"].split("-")[:2]
+    lines = [
+        f"{first['date']}, {machine['cores']} cores ({machine['cpu']}), {system} {release}, "
+        f"Python {machine['python']}; medians of {first['repeats']} rounds. \"× tar\" is the "
+        "median over rounds of tar's time / pack's time in the same round; \"(+fsync)\" counts "
+        "the fsync of tar's archive in tar's time; \"before\" is the `shardio` of "
+        f"{first['baseline']}, timed in the same rounds.",
+    ]
+    for (name, codec), report in zip(TAR_FILES.items(), reports.values(), strict=True):
+        load = [x for res in report["results"] for x in res["load_average_1min"]]
+        default = " (the default)" if codec == "zstd" else ""
+        lines += ["", f"`--codec {codec}`{default}: `benchmarks/results/{name}`, "
+                  f"{report['repeats']} rounds, 1-minute load average {_span(load)} "
+                  "(our own processes included):", "",
+                  markdown(report["results"], report["workers"], report["baseline"],
+                           bold_workers=report["machine"]["cores"])]
+    lines += ["", *_tar_cpu(reports), "", *_tar_targets(reports)]
+    return "\n".join(lines)
+
+
+def _tar_cpu(reports: dict[str, dict[str, Any]]) -> list[str]:
+    """CPU per file of tar and pack, the 1-worker pack's wait, and the all-cores speed-up."""
+    n = next(iter(reports.values()))["machine"]["cores"]
+    lines = [
+        f"CPU µs per file (all processes) and the speed-up from 1 to {n} workers (files/s, "
+        "medians); \"waits\" is a 1-worker pack's wall time less its CPU time, mostly the "
+        "fsync of its shards:",
+        "",
+        f"| tree | codec | tar CPU | pack 1w CPU | pack {n}w CPU | pack 1w waits "
+        f"| pack {n}w ÷ 1w | before {n}w ÷ 1w |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    rows = [(res, codec, report["baseline"]) for codec, report in reports.items()
+            for res in report["results"]]
+    for res, codec, base in sorted(rows, key=lambda row: row[0]["kind"]):
+        med = res["medians"]
+
+        def cpu(name: str, res: dict[str, Any] = res) -> str:
+            return f"{res['medians'][name]['cpu_s'] / res['num_files'] * 1e6:.1f}"
+
+        one, all_ = med["pack_w1"], med[f"pack_w{n}"]
+        lines.append(
+            f"| {res['kind']} | {codec} | {cpu('tar')} | {cpu('pack_w1')} | {cpu(f'pack_w{n}')} "
+            f"| {one['seconds'] - one['cpu_s']:.2f} s "
+            f"| {all_['files_per_s'] / one['files_per_s']:.2f}× "
+            f"| {med[f'{base}_w{n}']['files_per_s'] / med[f'{base}_w1']['files_per_s']:.2f}× |")
+    return lines
+
+
+def _tar_targets(reports: dict[str, dict[str, Any]]) -> list[str]:
+    """Issue 2's target (one worker ≥ 0.8× tar), and where all cores bring pack."""
+    kinds = [res["kind"] for res in next(iter(reports.values()))["results"]]
+    cores = next(iter(reports.values()))["machine"]["cores"]
+
+    def median(kind: str, codec: str, name: str, key: str) -> float:
+        res = next(r for r in reports[codec]["results"] if r["kind"] == kind)
+        value: float = res["medians"][name][key]
+        return value
+
+    def ratios(name: str, key: str = "vs_tar") -> str:
+        return "; ".join(f"{kind} " + ", ".join(f"{median(kind, codec, name, key):.2f}× ({codec})"
+                                                for codec in reports) for kind in kinds)
+
+    one = [median(kind, codec, "pack_w1", "vs_tar") for kind in kinds for codec in reports]
+    return [
+        f"* Issue 2, one worker ≥ 0.8× tar: {ratios('pack_w1')}: "
+        + ("met." if min(one) >= 0.8 else "**missed**."),
+        f"* With {cores} workers (the default, all cores): {ratios(f'pack_w{cores}')} tar; "
+        f"against tar + fsync {ratios(f'pack_w{cores}', 'vs_tar_fsync')}.",
+    ]
 
 
 def _rate(res: dict[str, Any], name: str) -> str:
