@@ -19,6 +19,7 @@ import os
 import secrets
 import weakref
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -58,6 +59,13 @@ def collate_for(dataset: StreamingDataset) -> Callable[[list[Any]], Any]:
 
         return collate_tensor
     return collate_items
+
+
+def _local_roots(dataset: StreamingDataset) -> tuple[str, ...]:
+    """The dataset's local folder (resolved), whose shard files batches may cross as
+    places in (``shmring._MappedFiles``); none for a remote or mixed dataset."""
+    root = getattr(dataset.reader, "root", None)
+    return (str(root.resolve()),) if isinstance(root, Path) else ()
 
 
 def _batch_decoder(dataset: StreamingDataset) -> Callable[[list[Any]], Any] | None:
@@ -110,7 +118,8 @@ class ShardLoader:
         # the ring's names are per loader, so two loaders (or jobs) never share a segment
         self._token = f"{os.getpid()}-{secrets.token_hex(8)}"
         wrapped = collate if workers == 0 or not shmring.ENABLED else shmring.RingCollate(
-            collate, self._token, max_slots=prefetch_factor + shmring.SLOTS_BEYOND_PREFETCH
+            collate, self._token, max_slots=prefetch_factor + shmring.SLOTS_BEYOND_PREFETCH,
+            roots=_local_roots(dataset) if shmring.FILES_ENABLED else (),
         )
         # raw bytes may stay views of the blocks read: these collates copy or decode them
         # (== : a classmethod is a new bound method at every access, never the same object)

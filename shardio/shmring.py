@@ -36,7 +36,9 @@ and ``shardio.collate`` only.
 
 from __future__ import annotations
 
+import mmap
 import os
+import weakref
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -59,6 +61,9 @@ DEFAULT_MAX_SLOTS = 8
 ENABLED = True
 """False: ``shardio.loader`` hands batches over as before, pickled through the queue (for
 ``benchmarks/bench_handover.py``, which measures the ring against that)."""
+FILES_ENABLED = True
+"""False: raw batches of local shards cross through the slots too, copied (for
+``benchmarks/bench_handover.py``, which measures the two against each other)."""
 SLOTS_BEYOND_PREFETCH = 4
 """Slots a worker may hold beyond its ``prefetch_factor`` batches queued: the batch being
 built, the one the consumer uses, one a ``DevicePrefetcher`` took ahead, one to spare."""
@@ -98,9 +103,13 @@ class _Slot:
 class WorkerRing:
     """A worker's slots, and the batch being built in one of them."""
 
-    def __init__(self, token: str, max_slots: int = DEFAULT_MAX_SLOTS) -> None:
+    def __init__(
+        self, token: str, max_slots: int = DEFAULT_MAX_SLOTS, roots: tuple[str, ...] = ()
+    ) -> None:
         self.token = token
         self.max_slots = max_slots
+        self.files = _MappedFiles(roots) if roots else None
+        """Where record batches may cross as places in their shard files (see ``_MappedFiles``)."""
         self.pid = os.getpid()
         self.slots: list[_Slot] = []
         self._seq = 0
@@ -156,7 +165,8 @@ class WorkerRing:
         this batch's ``buffer`` are not copied. Everything else crosses as it is.
         """
         lease = self._lease
-        packer = _Packer(self.slots[lease] if lease is not None else None, self._used)
+        packer = _Packer(self.slots[lease] if lease is not None else None, self._used,
+                         self.files)
         skeleton = packer.describe(obj)
         index = lease
         if index is None or packer.end > self.slots[index].data.size:
@@ -178,9 +188,10 @@ class WorkerRing:
 class _Packer:
     """Lays out an object's tensors and record batches in a slot, then writes them."""
 
-    def __init__(self, lease: _Slot | None, used: int) -> None:
+    def __init__(self, lease: _Slot | None, used: int, files: _MappedFiles | None = None) -> None:
         self.lease = lease
         self.end = used
+        self.files = files
         self.copies: list[tuple[int, torch.Tensor | RecordBatch, list[Any]]] = []
 
     def _place(self, nbytes: int, source: torch.Tensor | RecordBatch, entry: list[Any]) -> None:
@@ -209,6 +220,9 @@ class _Packer:
             self._place(dense.numel() * dense.element_size(), dense, entry)
             return entry
         if type(obj) is RecordBatch:
+            placed = self.files.describe(obj) if self.files is not None else None
+            if placed is not None:
+                return placed
             entry = ["r", None]
             self._place(obj.shared_nbytes(), obj, entry)
             return entry
@@ -226,6 +240,88 @@ class _Packer:
             else:
                 raw = source.reshape(-1).view(torch.uint8).numpy()
                 data[at : at + raw.size] = raw
+
+
+class _MappedFiles:
+    """A worker's record batches as places in the shard files they were read from.
+
+    A raw batch's samples are views of the worker's maps of its shards (``zero_copy``):
+    instead of copying them into a slot (8.5 us of an 80 KB image's 35 in the worker,
+    on the two cores the main process shares), the batch crosses as the file, offset
+    and length of each sample, and the main process views its own map of the same
+    file (``shardio.shmview``): no copy on either side. Only files under ``roots``
+    (the dataset's local folder: never a remote reader's cache, whose files are
+    evicted) and only batches whose every piece is such a view; anything else goes
+    through the slot. The main process checks that it maps the file the worker read
+    (device and inode, from ``/proc/self/maps``).
+    """
+
+    def __init__(self, roots: tuple[str, ...]) -> None:
+        self.roots = tuple(r.rstrip(os.sep) + os.sep for r in roots)
+        self._known: dict[int, tuple[weakref.ref[mmap.mmap], int, FileId | None]] = {}
+
+    def locate(self, owner: mmap.mmap) -> tuple[int, FileId | None]:
+        """Where ``owner`` is mapped, and its file (None: not one of ``roots``)."""
+        known = self._known.get(id(owner))
+        if known is not None and known[0]() is owner:
+            return known[1], known[2]
+        base = _address(memoryview(owner)[:1])
+        found = _file_at(base, self.roots)
+        self._known = {k: v for k, v in self._known.items() if v[0]() is not None}
+        self._known[id(owner)] = (weakref.ref(owner), base, found)
+        return base, found
+
+    def describe(self, batch: RecordBatch) -> list[Any] | None:
+        """``batch`` as its files and per-piece ``(file, offset, length)``, or None."""
+        pieces = batch._pieces  # the views of the blocks read, until the batch is joined
+        if not pieces:
+            return None
+        files: dict[FileId, int] = {}
+        spans = np.zeros((len(pieces), 3), np.int64)
+        for i, piece in enumerate(pieces):
+            if type(piece) is not memoryview:
+                if len(piece):
+                    return None
+                spans[i, 0] = -1  # a field this sample lacks: empty
+                continue
+            owner = piece.obj
+            if type(owner) is not mmap.mmap:
+                return None
+            base, found = self.locate(owner)
+            if found is None:
+                return None
+            spans[i] = (files.setdefault(found, len(files)), _address(piece) - base,
+                        piece.nbytes)
+        return ["f", list(files), spans, batch.keys, batch.indices, batch.offsets,
+                batch.values, batch.missing]
+
+
+FileId = tuple[str, int, int]
+"""A shard file as ``(path, st_dev, st_ino)``."""
+
+
+def _address(view: memoryview) -> int:
+    return int(np.frombuffer(view, np.uint8, count=1).ctypes.data)
+
+
+def _file_at(base: int, roots: tuple[str, ...]) -> FileId | None:
+    """The file mapped from its start at address ``base`` in this process, if under ``roots``."""
+    start = f"{base:x}-"
+    try:
+        with open("/proc/self/maps") as fh:
+            for line in fh:
+                if line.startswith(start):
+                    fields = line.split(maxsplit=5)
+                    if len(fields) < 6 or int(fields[2], 16) != 0:
+                        return None
+                    path = fields[5].rstrip("\n")
+                    if path.endswith(" (deleted)") or not path.startswith(roots):
+                        return None
+                    major, minor = (int(x, 16) for x in fields[3].split(":"))
+                    return path, os.makedev(major, minor), int(fields[4])
+    except OSError:  # no /proc (not Linux): batches cross through the slots
+        return None
+    return None
 
 
 def _detached(obj: Any, packer: _Packer) -> Any:
@@ -271,18 +367,26 @@ class RingCollate:
 
     def __init__(
         self, collate: Callable[[list[Any]], Any], token: str, *,
-        max_slots: int = DEFAULT_MAX_SLOTS,
+        max_slots: int = DEFAULT_MAX_SLOTS, roots: tuple[str, ...] = (),
     ) -> None:
+        """Args:
+        collate: the collate to wrap.
+        token: names the loader's rings.
+        max_slots: slots a worker's ring may hold.
+        roots: local folders whose shard files record batches may cross as places
+            in (``_MappedFiles``); empty: every batch through the slots.
+        """
         self.collate = collate
         self.token = token
         self.max_slots = max_slots
+        self.roots = roots
 
     def __call__(self, samples: list[Any]) -> Any:
         if get_worker_info() is None:
             return self.collate(samples)
         ring = _RINGS.get(self.token)
         if ring is None or ring.pid != os.getpid():
-            ring = _RINGS[self.token] = WorkerRing(self.token, self.max_slots)
+            ring = _RINGS[self.token] = WorkerRing(self.token, self.max_slots, self.roots)
         with _building(ring):
             out = self.collate(samples)
         return ring.publish(out)

@@ -7,12 +7,17 @@ is gone, a ``weakref.finalize`` on the owner writes the batch's sequence number
 into the slot's header, which gives the slot back to the worker. Each segment is
 mapped here once, when the first handle naming it arrives (it brings the segment
 as a file descriptor), and kept per ``(loader token, worker pid, slot)`` until
-the loader forgets its workers. Imports torch.
+the loader forgets its workers. A raw batch whose samples are views of the
+worker's maps of local shard files crosses as places in those files instead
+(``shmring._MappedFiles``): here its samples are views of this process's own map of
+each file, opened once, checked to be the file the worker read. Imports torch.
 """
 
 from __future__ import annotations
 
 import ctypes
+import mmap
+import os
 import weakref
 from collections.abc import Callable
 from typing import Any, cast
@@ -101,6 +106,8 @@ class _Builder:
             if self._bytes is None:
                 self._bytes = np.frombuffer(cast(Any, self.owner), np.uint8)
             return RecordBatch.from_shared(self._bytes, skeleton[2])
+        if kind == "f":
+            return _file_batch(skeleton)
         if kind == "u":
             return tuple(self.build(v) for v in skeleton[1])
         if kind == "l":
@@ -108,6 +115,51 @@ class _Builder:
         if kind == "d":
             return {k: self.build(v) for k, v in skeleton[1]}
         return skeleton[1]
+
+
+_FILES: dict[tuple[str, int, int], memoryview] = {}
+"""Main process: a view of its map of each shard file batches came in, by ``(path, dev, inode)``."""
+DROP_BYTES = 256 << 20
+"""Bytes of samples handed out between two drops of the shard maps' pages from this
+process: a consumer that reads them maps them here (file pages, counted in its RSS);
+a view still held maps its bytes again on its next touch."""
+_HANDED = [0]
+
+
+def _mapped_file(file: tuple[str, int, int]) -> memoryview:
+    """This process's view of a shard file the worker read; raises if it is another file."""
+    view = _FILES.get(file)
+    if view is not None:
+        return view
+    path, dev, inode = file
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        st = os.fstat(fd)
+        if (st.st_dev, st.st_ino) != (dev, inode):
+            raise RuntimeError(
+                f"shardio.loader: {path} is not the file a DataLoader worker read (inode "
+                f"{inode} there, {st.st_ino} here): the dataset was rewritten while it was "
+                "read; restart the loader on the new dataset"
+            )
+        view = _FILES[file] = memoryview(mmap.mmap(fd, st.st_size, access=mmap.ACCESS_READ))
+    finally:
+        os.close(fd)
+    return view
+
+
+def _file_batch(skeleton: list[Any]) -> RecordBatch:
+    """A batch that crossed as places in shard files: views of this process's maps."""
+    _, files, spans, keys, indices, offsets, values, missing = skeleton
+    views = [_mapped_file(tuple(f)) for f in files]
+    pieces: list[bytes | memoryview] = [
+        b"" if f < 0 else views[f][at : at + n] for f, at, n in spans.tolist()
+    ]
+    _HANDED[0] += int(spans[:, 2].sum())
+    if _HANDED[0] >= DROP_BYTES and hasattr(mmap, "MADV_DONTNEED"):
+        _HANDED[0] = 0
+        for view in _FILES.values():
+            cast(mmap.mmap, view.obj).madvise(mmap.MADV_DONTNEED)
+    return RecordBatch(keys, indices, pieces, offsets, values, missing=missing)
 
 
 def forget(token: str, keep: set[int] | None = None) -> None:

@@ -111,3 +111,29 @@ def test_loader_delivers_each_sample_once_with_its_bytes(pack: Path, num_workers
                 assert view is not None and view.tobytes() == payload(int(key[2:])), key
             seen += keys
         assert sorted(seen) == [f"s/{i:04d}" for i in range(NUM_SAMPLES)]
+
+
+def test_worker_batches_are_views_of_the_main_process_own_map(pack: Path) -> None:
+    # records stored uncompressed are views of the worker's map: the batch crosses as
+    # places in the shard files, and here its samples view this process's map of them
+    run = loader(StreamingDataset(pack, decode="raw", seed=1), batch_size=8, num_workers=2)
+    seen: list[str] = []
+    for batch in run:
+        views = batch.bytes("bin")
+        assert all(type(v.obj) is mmap.mmap for v in views)
+        for key, view in zip(batch.keys, views, strict=True):
+            assert view.tobytes() == payload(int(key[2:])), key
+        seen += list(batch.keys)
+    assert sorted(seen) == [f"s/{i:04d}" for i in range(NUM_SAMPLES)]
+
+
+def test_a_rewritten_shard_file_is_refused(pack: Path, tmp_path: Path) -> None:
+    from shardio import shmview
+
+    path = first_shard(pack)
+    copy = tmp_path / path.name
+    copy.write_bytes(path.read_bytes())
+    st = copy.stat()
+    assert shmview._mapped_file((str(copy), st.st_dev, st.st_ino)).nbytes == st.st_size
+    with pytest.raises(RuntimeError, match="not the file a DataLoader worker read"):
+        shmview._mapped_file((str(copy), st.st_dev, st.st_ino + 1))
