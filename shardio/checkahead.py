@@ -39,18 +39,21 @@ class Check:
     there first: a reader waiting for a check not yet started runs it itself, so on two
     cores the two share the checking whichever is ahead)."""
 
-    __slots__ = ("_claim_lock", "_done", "_state", "error", "failing", "inflated", "run")
+    __slots__ = ("_claim_lock", "_done", "_state", "error", "failing", "inflated", "only", "run")
 
-    def __init__(self, run: RunBytes | None, claim_lock: threading.Lock) -> None:
+    def __init__(self, run: RunBytes | None, claim_lock: threading.Lock,
+                 only: list[int] | None = None) -> None:
         self.run: RunBytes | None = run
+        self.only = only
+        """Positions of the records the reader wants (None: all); only these are inflated."""
         self._claim_lock = claim_lock
         """Taken to move the check from pending to running, so it runs once."""
         self.failing: int | None = None
         """The first record (position in the run) whose checksum fails; None: all pass."""
         self.error: BaseException | None = None
         self.inflated: tuple[bytes, npt.NDArray[np.int64]] | None = None
-        """Where the run holds compressed records and passed: every record's payload,
-        inflated where its codec byte says so, back to back, and their lengths."""
+        """Where the run holds compressed records and passed: the wanted records' payloads,
+        inflated where their codec byte says so, back to back, and their lengths."""
         self._state = _PENDING
         self._done = threading.Event()
 
@@ -85,7 +88,7 @@ class Check:
         try:
             self.failing = first_failing(run)
             if self.failing is None:
-                self.inflated = _inflate(run)
+                self.inflated = _inflate(run, self.only)
         except BaseException as exc:  # the reader checks the run itself, which names it
             self.error = exc
         finally:
@@ -95,8 +98,10 @@ class Check:
         return True
 
 
-def _inflate(run: RunBytes) -> tuple[bytes, npt.NDArray[np.int64]] | None:
-    """The run's payloads inflated (None: none is compressed, or one would not inflate).
+def _inflate(run: RunBytes, only: list[int] | None
+             ) -> tuple[bytes, npt.NDArray[np.int64]] | None:
+    """The run's payloads (of them, those at positions ``only``), inflated where compressed,
+    back to back, and their lengths (None: none is compressed, or one would not inflate).
 
     zstd releases the GIL while it inflates, so this too runs beside the reader; a
     payload that fails here is inflated again where it is decoded, which names it.
@@ -104,11 +109,13 @@ def _inflate(run: RunBytes) -> tuple[bytes, npt.NDArray[np.int64]] | None:
     bounds = run.bounds
     if len(bounds) < 2:
         return None
-    heads = np.frombuffer(run.buffer, np.uint8)[bounds[:-1] + 8]
+    firsts = bounds[:-1] if only is None else bounds[np.asarray(only, np.int64)]
+    heads = np.frombuffer(run.buffer, np.uint8)[firsts + 8]
     if not bool(heads.any()):
         return None
     dctx = decompressor()
-    buf, lo, hi = run.buffer, bounds[:-1] + FRAME_SIZE, bounds[1:]
+    buf, lo = run.buffer, firsts + FRAME_SIZE
+    hi = bounds[1:] if only is None else bounds[np.asarray(only, np.int64) + 1]
     if bool(heads.all()):  # all compressed: one call, in C, without the GIL
         try:
             import zstandard
@@ -116,7 +123,7 @@ def _inflate(run: RunBytes) -> tuple[bytes, npt.NDArray[np.int64]] | None:
             segments = np.column_stack((lo, hi - lo)).astype(np.uint64)
             out: Any = dctx.multi_decompress_to_buffer(  # iterates its segments (buffers)
                 zstandard.BufferWithSegments(buf, segments.tobytes()), threads=0)
-            return b"".join(out), np.fromiter(map(len, out), np.int64, len(bounds) - 1)
+            return b"".join(out), np.fromiter(map(len, out), np.int64, len(lo))
         except Exception:  # a frame without its size, or a bad one: record by record below
             pass
     inflate = dctx.decompress
@@ -146,9 +153,10 @@ class Checker:
         # a daemon: a reader that stops mid-window must not keep the interpreter alive
         threading.Thread(target=self._loop, name="shardio-check", daemon=True).start()
 
-    def submit(self, run: RunBytes) -> Check:
-        """Queue ``run``'s checksums behind those queued before it."""
-        check = Check(run, self._claim_lock)
+    def submit(self, run: RunBytes, only: list[int] | None = None) -> Check:
+        """Queue ``run``'s checksums behind those queued before it (``only``: the positions
+        of the records whose payloads to inflate; None: all)."""
+        check = Check(run, self._claim_lock, only)
         self._jobs.put(check)
         return check
 

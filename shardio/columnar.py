@@ -41,7 +41,8 @@ class RunPart:
     only: list[int] | None
     checked: bool
     inflated: tuple[bytes, IndexArray] | None = None
-    """Every record's payload inflated, back to back, with their lengths (the checker's)."""
+    """The wanted records' payloads inflated, back to back, with their lengths (the
+    checker thread's)."""
 
 
 @dataclass
@@ -131,12 +132,12 @@ def _inflated(parts: Sequence[RunPart], codecs: list[npt.NDArray[np.uint8]],
         firsts: list[IndexArray] = []
         lasts: list[IndexArray] = []
         at = 0
-        for part, pos in zip(parts, positions, strict=True):
+        for part in parts:
             assert part.inflated is not None
             blob, lengths = part.inflated
             stops = np.cumsum(lengths) + at
-            firsts.append((stops - lengths)[pos])
-            lasts.append(stops[pos])
+            firsts.append(stops - lengths)
+            lasts.append(stops)
             blobs.append(blob)
             at += len(blob)
         return b"".join(blobs), np.concatenate(firsts), np.concatenate(lasts)

@@ -16,7 +16,7 @@ chunk at a time (``iter_chunks``). Torch-free.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from operator import itemgetter
 from typing import Any, Protocol
@@ -199,8 +199,10 @@ class _OpenWindow:
             type(reader.shard(shard)) is RecordsShardReader for shard, _a, _b in plan.due)
         self.columns = WindowColumns(plan.unique) if columns or self._local else None
         self._complete = False
+        number = {run: r for r, run in enumerate(self._runs)}
         self._checks: dict[Run, tuple[RunBytes, Check]] = (
-            _check_ahead(reader, plan.due) if check_ahead else {})
+            _check_ahead(reader, plan.due, lambda run: self._only(number[run]))
+            if check_ahead else {})
 
     def load(self, r: int) -> None:
         """Read and decode run ``r`` (its wanted records): every due run of a local window."""
@@ -368,8 +370,11 @@ def _sorted_unique(values: IndexArray) -> IndexArray:
     return ordered[np.concatenate(([True], ordered[1:] != ordered[:-1]))]
 
 
-def _check_ahead(reader: RunReader, due: list[Run]) -> dict[Run, tuple[RunBytes, Check]]:
-    """Hand the checksums of a window's runs to this process's checker thread, in due order.
+def _check_ahead(reader: RunReader, due: list[Run],
+                 only: Callable[[Run], list[int] | None] = lambda _run: None,
+                 ) -> dict[Run, tuple[RunBytes, Check]]:
+    """Hand the checksums of a window's runs to this process's checker thread, in due order
+    (``only(run)``: the positions of the run's wanted records, whose payloads it inflates).
 
     Only runs of mapped local shards: reading them is taking a view, while a remote
     run's bytes are downloaded when it is read, and an LMDB run is copied out of its map.
@@ -385,7 +390,7 @@ def _check_ahead(reader: RunReader, due: list[Run]) -> dict[Run, tuple[RunBytes,
             continue
         thread = thread or checker()
         run_bytes = shard_reader.read_run(start, stop)
-        out[run] = run_bytes, thread.submit(run_bytes)
+        out[run] = run_bytes, thread.submit(run_bytes, only(run))
     return out
 
 

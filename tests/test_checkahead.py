@@ -169,9 +169,9 @@ def test_the_thread_is_used_only_with_a_core_to_spare(tmp_path: Path, cpus: int,
     calls: list[int] = []
     real = shardio.stream._check_ahead
 
-    def spy(reader: object, due: list[object]) -> object:
+    def spy(reader: object, due: list[object], *rest: object) -> object:
         calls.append(len(due))
-        return real(reader, due)  # type: ignore[arg-type]
+        return real(reader, due, *rest)  # type: ignore[arg-type]
 
     monkeypatch.setattr(shardio.stream, "_check_ahead", spy)
     monkeypatch.setattr(shardio.dataset, "available_cpus", lambda: cpus)
