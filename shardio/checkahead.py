@@ -23,13 +23,12 @@ from __future__ import annotations
 import os
 import queue
 import threading
-from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
-from shardio.codecs import decompressor
-from shardio.format import FRAME_SIZE, RunBytes, first_failing
+from shardio.columnar import compressed, inflate_payloads
+from shardio.format import RunBytes, first_failing
 
 _PENDING, _RUNNING, _DONE, _CANCELLED = 0, 1, 2, 3
 
@@ -87,8 +86,8 @@ class Check:
             return False
         try:
             self.failing = first_failing(run)
-            if self.failing is None:
-                self.inflated = _inflate(run, self.only)
+            if self.failing is None and compressed(run, self.only):
+                self.inflated = inflate_payloads(run, self.only)
         except BaseException as exc:  # the reader checks the run itself, which names it
             self.error = exc
         finally:
@@ -96,43 +95,6 @@ class Check:
             self.run = None
             self._done.set()
         return True
-
-
-def _inflate(run: RunBytes, only: list[int] | None
-             ) -> tuple[bytes, npt.NDArray[np.int64]] | None:
-    """The run's payloads (of them, those at positions ``only``), inflated where compressed,
-    back to back, and their lengths (None: none is compressed, or one would not inflate).
-
-    zstd releases the GIL while it inflates, so this too runs beside the reader; a
-    payload that fails here is inflated again where it is decoded, which names it.
-    """
-    bounds = run.bounds
-    if len(bounds) < 2:
-        return None
-    firsts = bounds[:-1] if only is None else bounds[np.asarray(only, np.int64)]
-    heads = np.frombuffer(run.buffer, np.uint8)[firsts + 8]
-    if not bool(heads.any()):
-        return None
-    dctx = decompressor()
-    buf, lo = run.buffer, firsts + FRAME_SIZE
-    hi = bounds[1:] if only is None else bounds[np.asarray(only, np.int64) + 1]
-    if bool(heads.all()):  # all compressed: one call, in C, without the GIL
-        try:
-            import zstandard
-
-            segments = np.column_stack((lo, hi - lo)).astype(np.uint64)
-            out: Any = dctx.multi_decompress_to_buffer(  # iterates its segments (buffers)
-                zstandard.BufferWithSegments(buf, segments.tobytes()), threads=0)
-            return b"".join(out), np.fromiter(map(len, out), np.int64, len(lo))
-        except Exception:  # a frame without its size, or a bad one: record by record below
-            pass
-    inflate = dctx.decompress
-    try:
-        pieces = [inflate(buf[a:b]) if c else buf[a:b]
-                  for a, b, c in zip(lo.tolist(), hi.tolist(), heads.tolist(), strict=True)]
-    except Exception:  # zstd raises several types on a bad frame
-        return None
-    return b"".join(pieces), np.fromiter(map(len, pieces), np.int64, len(pieces))
 
 
 PASSED = Check(None, threading.Lock())

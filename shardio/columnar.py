@@ -22,6 +22,7 @@ from typing import Any
 
 import numpy as np
 import numpy.typing as npt
+import zstandard
 
 from shardio.codecs import decompressor
 from shardio.format import FRAME_SIZE, RunBytes, check_frames, frame_codecs
@@ -85,7 +86,7 @@ def decode_columns(parts: Sequence[RunPart], *, path: str, keys: Sequence[str], 
         ends = np.concatenate([part.run.offset + part.run.bounds[pos + 1]
                                for part, pos in zip(parts, positions, strict=True)])
     else:
-        data, starts, ends = _inflated(parts, codecs, positions)
+        data, starts, ends = _inflated(parts)
         if data is None:
             return None
     arr = np.frombuffer(data, np.uint8)
@@ -124,38 +125,64 @@ def _frame_codecs(parts: Sequence[RunPart], base: object
     return list(np.split(codecs, cuts))
 
 
-def _inflated(parts: Sequence[RunPart], codecs: list[npt.NDArray[np.uint8]],
-              positions: list[IndexArray]) -> tuple[bytes | None, IndexArray, IndexArray]:
+def _inflated(parts: Sequence[RunPart]) -> tuple[bytes | None, IndexArray, IndexArray]:
     """The wanted payloads, inflated where compressed, back to back in one ``bytes``."""
-    if all(part.inflated is not None for part in parts):  # by the checker thread
-        blobs: list[bytes] = []
-        firsts: list[IndexArray] = []
-        lasts: list[IndexArray] = []
-        at = 0
-        for part in parts:
-            assert part.inflated is not None
-            blob, lengths = part.inflated
-            stops = np.cumsum(lengths) + at
-            firsts.append(stops - lengths)
-            lasts.append(stops)
-            blobs.append(blob)
-            at += len(blob)
-        return b"".join(blobs), np.concatenate(firsts), np.concatenate(lasts)
-    inflate = decompressor().decompress
-    pieces: list[bytes | memoryview] = []
+    blobs: list[bytes] = []
+    firsts: list[IndexArray] = []
+    lasts: list[IndexArray] = []
+    at = 0
+    for part in parts:
+        # the checker thread's, or inflated here
+        got = part.inflated or inflate_payloads(part.run, part.only)
+        if got is None:  # a frame that does not inflate: decode_run names it
+            empty = np.empty(0, np.int64)
+            return None, empty, empty
+        blob, lengths = got
+        stops = np.cumsum(lengths) + at
+        firsts.append(stops - lengths)
+        lasts.append(stops)
+        blobs.append(blob)
+        at += len(blob)
+    return b"".join(blobs), np.concatenate(firsts), np.concatenate(lasts)
+
+
+def compressed(run: RunBytes, only: list[int] | None) -> bool:
+    """Whether any of the run's records (of them, those at positions ``only``) is compressed."""
+    firsts = run.bounds[:-1] if only is None else run.bounds[np.asarray(only, np.int64)]
+    return len(firsts) > 0 and bool(np.frombuffer(run.buffer, np.uint8)[firsts + 8].any())
+
+
+def inflate_payloads(run: RunBytes, only: list[int] | None
+                     ) -> tuple[bytes, IndexArray] | None:
+    """The run's payloads (of them, those at positions ``only``), inflated where their codec
+    byte says so, back to back, and their lengths; None if one does not inflate.
+
+    A run of compressed records is inflated by one zstd call (in C, without the GIL, so
+    the checker thread runs it beside the reader); record by record otherwise.
+    """
+    bounds = run.bounds
+    wanted = None if only is None else np.asarray(only, np.int64)
+    firsts = bounds[:-1] if wanted is None else bounds[wanted]
+    lo = firsts + FRAME_SIZE
+    hi = bounds[1:] if wanted is None else bounds[wanted + 1]
+    heads = np.frombuffer(run.buffer, np.uint8)[firsts + 8]
+    dctx = decompressor()
+    buf = run.buffer
+    if len(lo) and bool(heads.all()):
+        try:
+            segments = np.column_stack((lo, hi - lo)).astype(np.uint64)
+            out: Any = dctx.multi_decompress_to_buffer(  # iterates its segments (buffers)
+                zstandard.BufferWithSegments(buf, segments.tobytes()), threads=0)
+            return b"".join(out), np.fromiter(map(len, out), np.int64, len(lo))
+        except Exception:  # a frame without its size, or a bad one: record by record below
+            pass
+    inflate = dctx.decompress
     try:
-        for part, codec, pos in zip(parts, codecs, positions, strict=True):
-            buf, bounds = part.run.buffer, part.run.bounds
-            lo = (bounds[pos] + FRAME_SIZE).tolist()
-            hi = bounds[pos + 1].tolist()
-            for a, b, c in zip(lo, hi, codec[pos].tolist(), strict=True):
-                pieces.append(inflate(buf[a:b]) if c else buf[a:b])
-    except Exception:  # zstd raises several types on a bad frame: decode_run names it
-        empty = np.empty(0, np.int64)
-        return None, empty, empty
-    lengths = np.fromiter(map(len, pieces), np.int64, len(pieces))
-    ends = np.cumsum(lengths)
-    return b"".join(pieces), ends - lengths, ends
+        pieces = [inflate(buf[a:b]) if c else buf[a:b]
+                  for a, b, c in zip(lo.tolist(), hi.tolist(), heads.tolist(), strict=True)]
+    except Exception:  # zstd raises several types on a bad frame
+        return None
+    return b"".join(pieces), np.fromiter(map(len, pieces), np.int64, len(pieces))
 
 
 def _expected_keys(keys: Sequence[str], parts: Sequence[RunPart],
