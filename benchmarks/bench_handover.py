@@ -3,10 +3,11 @@
 ``shardio.loader`` with 2 workers against one process, in the same rounds: raw batches
 (``RecordBatch``) of both trees and decoded images, each handed over through the
 workers' shared-memory rings (``shardio.shmring``, the default) and as pickled copies
-(the ring turned off, how batches crossed before); decoded images also through the
-per-sample path (``decode_tensor`` per image, then ``collate_tensor``), and the decode
-limit (Pillow, 2 processes decoding the same in-memory JPEGs at once, no loader). Each
-measurement is a fresh process timing one epoch from building the loader, like
+(the ring turned off, how batches crossed before), raw batches also copied into the
+ring (``-slots``: before they crossed as places in their shard files); decoded images
+also through the per-sample path (``decode_tensor`` per image, then ``collate_tensor``),
+and the decode limit (Pillow, 2 processes decoding the same in-memory JPEGs at once, no
+loader). Each measurement is a fresh process timing one epoch from building the loader, like
 ``run.py``; it records samples/s and the CPU seconds per sample of the main process and
 of the workers, so a ratio comes with where the time went, then the rate of a second
 epoch through the same loader (workers already running). Median of ``--repeats``
@@ -39,9 +40,11 @@ VARIANTS = {
     "raw-images-w0": ("images", False, 0, True, "batch"),
     "raw-images-w2-copy": ("images", False, 2, False, "batch"),
     "raw-images-w2-ring": ("images", False, 2, True, "batch"),
+    "raw-images-w2-slots": ("images", False, 2, True, "batch"),
     "raw-tiny-w0": ("tiny", False, 0, True, "batch"),
     "raw-tiny-w2-copy": ("tiny", False, 2, False, "batch"),
     "raw-tiny-w2-ring": ("tiny", False, 2, True, "batch"),
+    "raw-tiny-w2-slots": ("tiny", False, 2, True, "batch"),
     "decoded-w2-per-sample-copy": ("images", True, 2, False, "per-sample"),
     "decoded-w2-per-sample-ring": ("images", True, 2, True, "per-sample"),
     "decoded-w2-ring": ("images", True, 2, True, "batch"),
@@ -72,6 +75,13 @@ def run_variant(name: str, pack: Path, tree: Tree) -> dict[str, Any]:
 
     kind, decode, workers, ring, path = VARIANTS[name]
     shardio.shmring.ENABLED = ring
+    # "-ring": the default, local shards' raw batches as places in their files; "-slots":
+    # every batch copied into the worker's ring, as before those
+    shardio.shmring.FILES_ENABLED = not name.endswith("-slots")
+    # imported before the clock, like benchmarks.child's preload: shardio's lazy
+    # attributes import its torch modules (35 ms here), which in a 0.1 s epoch added the
+    # same constant to both sides of a ratio and pulled it towards 1
+    _ = (shardio.StreamingDataset, shardio.loader)
     field = "image" if kind == "images" else "bin"
     start, cpu = time.perf_counter(), time.process_time()
     dataset = shardio.StreamingDataset(pack, decode="tensor" if decode else "raw", seed=0)
