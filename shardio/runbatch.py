@@ -112,16 +112,18 @@ class WindowColumns:
                 column = self.fields[name] = _Column(len(self.keys))
             column.put_typed(lo, values, kind, array)
 
-    def sample(self, rank: int) -> dict[str, Any]:
-        """The sample at ``rank`` as its reader yields it (bytes values as filed: views)."""
+    def sample(self, rank: int, *, owned: bool = False) -> dict[str, Any]:
+        """The sample at ``rank`` as its reader yields it: bytes values as filed (views of
+        the runs read), or with ``owned`` copied into ``bytes`` (what msgpack would give)."""
         filed = self.dicts[rank]
         if filed is not None:
-            return filed
-        out = ViewedSample()
+            return filed.owned() if owned and type(filed) is ViewedSample else filed
+        out: dict[str, Any] = {} if owned else ViewedSample()
         out[KEY_FIELD] = self.keys[rank]
         for name, column in self.fields.items():
             if column.present[rank]:
-                out[name] = column.values[rank]
+                value = column.values[rank]
+                out[name] = bytes(value) if owned and type(value) is memoryview else value
         out[INDEX_FIELD] = int(self.indices[rank])
         return out
 

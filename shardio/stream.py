@@ -168,8 +168,7 @@ def iter_chunks(
                 assert open_window.columns is not None
                 pending.add(open_window.columns, take)
             else:
-                pending.extend([s.owned() if type(s) is ViewedSample else s
-                                for s in open_window.gather(take)])
+                pending.extend(open_window.gather(take, owned=True))
             if len(pending) == size:
                 yield pending
                 pending = Chunk() if zero_copy else []
@@ -278,8 +277,9 @@ class _OpenWindow:
             if not loaded[r]:
                 self.load(r)
 
-    def gather(self, wanted: list[int]) -> list[dict[str, Any]]:
-        """The samples at ranks ``wanted``, loading the runs they need first."""
+    def gather(self, wanted: list[int], *, owned: bool = False) -> list[dict[str, Any]]:
+        """The samples at ranks ``wanted``, loading the runs they need first (``owned``:
+        bytes values copied out of the runs read, see ``WindowColumns.sample``)."""
         if not wanted:
             return []
         self.ensure(wanted)
@@ -287,8 +287,10 @@ class _OpenWindow:
         got = [got] if len(wanted) == 1 else list(got)
         if self.columns is not None and None in got:
             columns = self.columns
-            got = [columns.sample(rank) if s is None else s
+            got = [columns.sample(rank, owned=owned) if s is None else s
                    for rank, s in zip(wanted, got, strict=True)]
+        if owned:
+            got = [s.owned() if type(s) is ViewedSample else s for s in got]
         return got
 
     def close(self) -> None:

@@ -80,6 +80,10 @@ def test_every_sample_equals_random_access(dataset: tuple[Path, str], verify: bo
                 expected[i] for i in batch.indices.tolist()]
             seen += batch.indices.tolist()
         assert seen == order.tolist()
+        owned = [s for chunk in iter_chunks(reader, order, window=window, max_run=max_run,
+                                            size=32) for s in chunk]
+        assert owned == [expected[i] for i in order.tolist()]
+        assert not any(type(v) is memoryview for s in owned for v in s.values())
 
 
 def test_the_common_shapes_take_the_columnar_path(dataset: tuple[Path, str],
