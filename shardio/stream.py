@@ -129,7 +129,7 @@ def iter_samples(
                 sample = samples[rank]
                 if sample is None:  # filed field by field
                     assert columns is not None
-                    sample = columns.sample(rank)
+                    sample = columns.sample(rank, owned=not zero_copy)
             # a window's worth of copies alive at once took fresh pages for each (up to
             # 256 MB): 20+ us an 80 KB image; a copy freed by the consumer is reused
             yield sample.owned() if not zero_copy and type(sample) is ViewedSample else sample
