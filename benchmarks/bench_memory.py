@@ -21,6 +21,7 @@ import time
 from pathlib import Path
 
 from benchmarks.datagen import ensure_tree
+from benchmarks.machine import source_id
 
 RESULTS = Path(__file__).resolve().parent / "results"
 WORK = Path(__file__).resolve().parent / "work" / "memory"
@@ -124,12 +125,39 @@ def main(argv: list[str] | None = None) -> None:
     RESULTS.mkdir(exist_ok=True)
     result = {
         "question": "reader memory (PSS, main + workers) against shuffle_buffer, over two epochs",
-        "date": time.strftime("%Y-%m-%d"),
+        "date": time.strftime("%Y-%m-%d %H:%M"),
+        "command": "python -m benchmarks.bench_memory" + (" " + " ".join(argv or sys.argv[1:])
+                                                          if (argv or sys.argv[1:]) else ""),
+        "load_avg_1min": os.getloadavg()[0],
+        "shardio_source": source_id(Path(__file__).resolve().parent.parent / "shardio"),
         "machine": {"cores": os.cpu_count(), "python": platform.python_version()},
         "dataset": {"images": tree.num_files, "bytes": tree.num_bytes},
         "rows": rows,
     }
     (RESULTS / "memory.json").write_text(json.dumps(result, indent=1) + "\n")
+    print(memory_block())
+
+
+def memory_block(path: Path | None = None) -> str:
+    """The README table of peak memory per ``shuffle_buffer``, from ``memory.json``."""
+    result = json.loads((path or RESULTS / "memory.json").read_text(encoding="utf-8"))
+    said = f"Measured {result['date']} on {result['machine']['cores']} cores"
+    if "load_avg_1min" in result:  # results before these were recorded lack them
+        said += f", 1-minute load {result['load_avg_1min']:.1f}"
+    if "shardio_source" in result:
+        said += f", shardio at git {result['shardio_source']['git_head']}"
+    if "command" in result:
+        said += f" (`{result['command']}`)"
+    lines = [f"{said}; {result['dataset']['images']:,} images, "
+             f"{result['dataset']['bytes'] / 1e6:,.0f} MB:", "",
+             "| workers | shuffle_buffer | records in one window | peak PSS, epoch 1 | epoch 2 "
+             "| growth |", "|---|---|---|---|---|---|"]
+    for row in result["rows"]:
+        first, second = (e["peak_pss_mb"] for e in row["epochs"][:2])
+        lines.append(f"| {row['num_workers']} | {row['shuffle_buffer']:,} | "
+                     f"{row['buffer_mb']:,.0f} MB | {first:,.0f} MB | {second:,.0f} MB | "
+                     f"{row['growth_mb']:+.1f} MB |")
+    return "\n".join(lines) + "\n"
 
 
 if __name__ == "__main__":

@@ -51,6 +51,7 @@ BLOCKS: dict[str, str] = {
     "bench-stages": "benchmarks.bench_stages:stages_block",
     "bench-warm": "benchmarks.warm_report:warm_block",
     "bench-first-sample": "benchmarks.first_sample:first_sample_block",
+    "bench-memory": "benchmarks.bench_memory:memory_block",
 }
 """Block name -> ``"module:function"`` rendering it; imported only when rendered."""
 
