@@ -4,18 +4,21 @@ On a warm local epoch of 80 KB images, CRC-32C over every byte is the largest
 single cost per sample (``benchmarks/README.md``, "Record checksums"): it is
 memory bandwidth, not Python, so no encoding makes it much cheaper. It does not
 need the interpreter, though: the ``crc32c`` and ``zlib`` functions release the
-GIL on large buffers. So the stream hands each window's runs, in the order their
-first samples are due, to one thread per process that checks them while the
-reader decodes and hands out earlier ones; the reader then takes a run's result
-before it decodes the run, and decodes only runs that passed. A run that failed
-is checked again where it is read, which names the record and raises. The
-thread touching a run's pages first also maps them into the process, so the
-reader does not stop on those page faults either.
+GIL on large buffers, and so does zstd. So the stream hands each window's runs, in
+the order their first samples are due, to one thread per process that checks them
+(and inflates their compressed payloads) while the reader decodes and hands out
+earlier ones; the reader then takes a run's result before it decodes the run, and
+decodes only runs that passed. A run that failed is checked again where it is
+read, which names the record and raises. The thread touching a run's pages first
+also maps them into the process, so the reader does not stop on those page faults.
+A reader that needs a run the thread has not started runs its check itself.
 
-Only runs that are already in memory are handed over (views of a mapped local
-shard); a remote range is checked where it arrives. The thread belongs to the
-process that started it: a forked child (a DataLoader worker) starts its own
-and never touches the one it inherited. Torch-free.
+The thread pays only where a core is free for it (``StreamingDataset`` uses it
+while its reading processes are fewer than the CPUs). Only runs that are already
+in memory are handed over (views of a mapped local shard); a remote range is
+checked where it arrives. The thread belongs to the process that started it: a
+forked child (a DataLoader worker) starts its own and never touches the one it
+inherited. Torch-free.
 """
 
 from __future__ import annotations
