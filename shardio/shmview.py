@@ -119,10 +119,12 @@ class _Builder:
 
 _FILES: dict[tuple[str, int, int], memoryview] = {}
 """Main process: a view of its map of each shard file batches came in, by ``(path, dev, inode)``."""
-DROP_BYTES = 256 << 20
+DROP_BYTES = 64 << 20
 """Bytes of samples handed out between two drops of the shard maps' pages from this
-process: a consumer that reads them maps them here (file pages, counted in its RSS);
-a view still held maps its bytes again on its next touch."""
+process: a consumer that reads them maps them here (file pages, counted in its RSS),
+so they are bounded by about this much beyond the batches it holds; a view still
+held maps its bytes again on its next touch. One call per shard file mapped here
+each time (a few dozen per 64 MB)."""
 _HANDED = [0]
 
 
