@@ -379,7 +379,8 @@ class StreamingDataset(ClassAttributes, IterableDataset[Any]):
                 assert self.batch_size is not None
                 chunks = iter_chunks(reader, stage.order, window=window, max_run=block,
                                      size=self.batch_size, skip=stage.skip,
-                                     zero_copy=self.zero_copy, check_ahead=ahead)
+                                     zero_copy=self.zero_copy, check_ahead=ahead,
+                                     drop_decoded=self.zero_copy and info is not None)
                 yield from self._batches(chunks, split, stage, reader, identity)
                 return
             samples = iter_samples(reader, stage.order, window=window, max_run=block,

@@ -145,6 +145,7 @@ def iter_chunks(
     skip: int = 0,
     zero_copy: bool = False,
     check_ahead: bool = True,
+    drop_decoded: bool = False,
 ) -> Iterator[Chunk | list[dict[str, Any]]]:
     """The samples of ``iter_samples``, ``size`` at a time (the last chunk may be shorter).
 
@@ -153,11 +154,14 @@ def iter_chunks(
     it builds its ``RecordBatch`` without a sample dict (``shardio.runbatch``).
     Otherwise it is a list of sample dicts, gathered with one C call per window it
     spans, their bytes values copied into ``bytes`` as the chunk is handed out.
-    ``check_ahead`` as in ``iter_samples``.
+    ``check_ahead`` as in ``iter_samples``. ``drop_decoded``: drop a local shard's pages
+    from this process as soon as its runs of a window are decoded, for a caller that does
+    not read the samples' bytes itself (a DataLoader worker whose batches cross as places
+    in the shard files); other callers keep them mapped until the window closes.
     """
     pending: Chunk | list[dict[str, Any]] = Chunk() if zero_copy else []
     for open_window in _windows(reader, order, window, max_run, skip, columns=zero_copy,
-                                check_ahead=check_ahead):
+                                check_ahead=check_ahead, drop_decoded=drop_decoded):
         ranks = open_window.ranks
         at = 0
         while at < len(ranks):
@@ -185,7 +189,8 @@ class _OpenWindow:
     """
 
     def __init__(self, reader: RunReader, plan: _Window, firsts: IndexArray,
-                 columns: bool = False, check_ahead: bool = True) -> None:
+                 columns: bool = False, check_ahead: bool = True,
+                 drop_decoded: bool = False) -> None:
         self.ranks = plan.ranks
         self._reader, self._runs, self._firsts = reader, plan.runs, firsts
         self._unique = plan.unique
@@ -198,6 +203,7 @@ class _OpenWindow:
             type(reader.shard(shard)) is RecordsShardReader for shard, _a, _b in plan.due)
         self.columns = WindowColumns(plan.unique) if columns or self._local else None
         self._complete = False
+        self._drop_decoded = drop_decoded
         number = {run: r for r, run in enumerate(self._runs)}
         self._checks: dict[Run, tuple[RunBytes, Check]] = (
             _check_ahead(reader, plan.due, lambda run: self._only(number[run]))
@@ -264,6 +270,9 @@ class _OpenWindow:
         self.columns.put_columns(self._base[group[0]], decoded)
         for r in group:
             self._loaded[r] = True
+        drop = getattr(shard_reader, "drop_pages", None) if self._drop_decoded else None
+        if drop is not None:  # its bytes are not read here again: no need to keep them mapped
+            drop(self._runs[group[0]][1], self._runs[group[-1]][2])
 
     def ensure(self, wanted: list[int]) -> None:
         """Load the runs of the samples at ranks ``wanted``."""
@@ -300,14 +309,20 @@ class _OpenWindow:
         for _run, check in self._checks.values():
             check.cancel()
         self._checks = {}
+        spans: dict[int, tuple[int, int]] = {}  # one system call a shard, not one a run
         for (shard, start, stop), loaded in zip(self._runs, self._loaded, strict=True):
-            drop = getattr(self._reader.shard(shard), "drop_pages", None) if loaded else None
+            if loaded:
+                lo, hi = spans.get(shard, (start, stop))
+                spans[shard] = min(lo, start), max(hi, stop)
+        for shard, (start, stop) in spans.items():
+            drop = getattr(self._reader.shard(shard), "drop_pages", None)
             if drop is not None:
                 drop(start, stop)
 
 
 def _windows(reader: RunReader, order: IndexArray, window: int, max_run: int, skip: int,
-             columns: bool = False, check_ahead: bool = True) -> Iterator[_OpenWindow]:
+             columns: bool = False, check_ahead: bool = True, drop_decoded: bool = False,
+             ) -> Iterator[_OpenWindow]:
     """The windows of ``order[skip:]`` in turn; the next window's runs are advised ahead."""
     firsts = np.asarray([s.first_index for s in reader.manifest.shards], dtype=np.int64)
     starts = list(range(skip - skip % window, len(order), window))
@@ -324,7 +339,7 @@ def _windows(reader: RunReader, order: IndexArray, window: int, max_run: int, sk
         upcoming = _plan_window(order, w_lo + window, w_lo + window, window, firsts, max_run,
                                 gap)
         advise(reader, upcoming.due)
-        open_window = _OpenWindow(reader, current, firsts, columns, check_ahead)
+        open_window = _OpenWindow(reader, current, firsts, columns, check_ahead, drop_decoded)
         try:
             yield open_window
         finally:
