@@ -8,6 +8,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from test_memory_pages import resident_kb
 
 from shardio.batch import RecordBatch
 from shardio.codecs import get_codec
@@ -145,19 +146,6 @@ def test_a_damaged_frame_header_is_named_without_checksums(tmp_path: Path, at: i
         list(iter_samples(reader, np.arange(200), window=200, max_run=64))
 
 
-def _resident_kb(path: Path) -> int:
-    """Resident kilobytes of this process's mappings of ``path`` (``/proc/self/smaps``)."""
-    total, inside = 0, False
-    with open("/proc/self/smaps") as fh:
-        for line in fh:
-            head = line.split()
-            if head and "-" in head[0] and len(head) >= 5:
-                inside = len(head) >= 6 and head[-1] == str(path)
-            elif inside and head[0] == "Rss:":
-                total += int(head[1])
-    return total
-
-
 @pytest.mark.skipif(not Path("/proc/self/smaps").exists(), reason="reads /proc/self/smaps")
 @pytest.mark.parametrize("drop_decoded", [False, True])
 def test_a_worker_that_hands_places_over_drops_a_window_once_decoded(
@@ -171,7 +159,7 @@ def test_a_worker_that_hands_places_over_drops_a_window_once_decoded(
         chunks = iter_chunks(reader, np.random.default_rng(0).permutation(64), window=64,
                              max_run=8, size=8, zero_copy=True, drop_decoded=drop_decoded)
         chunk = next(chunks)  # the whole window decoded, its first batch handed out
-        resident = _resident_kb(shard)
+        resident = resident_kb(shard)
         assert [bytes(v) for v in RecordBatch.from_samples(chunk).bytes("bin")] == [
             bytes([i]) * (256 << 10) for i in RecordBatch.from_samples(chunk).indices.tolist()]
         chunks.close()
