@@ -31,7 +31,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 RESULTS = REPO / "benchmarks" / "results"
 
-DOCUMENTS = ("README.md", "benchmarks/README.md")
+DOCUMENTS = ("README.md", "benchmarks/README.md", "docs/remote.md")
 """Documents (relative to the repository) scanned for generated blocks."""
 
 BLOCKS: dict[str, str] = {
@@ -52,6 +52,7 @@ BLOCKS: dict[str, str] = {
     "bench-warm": "benchmarks.warm_report:warm_block",
     "bench-first-sample": "benchmarks.first_sample:first_sample_block",
     "bench-memory": "benchmarks.bench_memory:memory_block",
+    "remote-ab": "benchmarks.remote_ab:ab_block",
 }
 """Block name -> ``"module:function"`` rendering it; imported only when rendered."""
 

@@ -129,3 +129,35 @@ def main(argv: list[str] | None = None) -> None:
 
 if __name__ == "__main__":
     main()
+
+
+def ab_block(path: Path | None = None) -> str:
+    """The docs table of a committed A/B (``results/remote-ab.json``): medians and ranges."""
+    result = json.loads((path or HERE / "results" / "remote-ab.json").read_text(
+        encoding="utf-8"))
+    groups: dict[tuple[str, str, int, str], list[dict[str, Any]]] = {}
+    for row in result["rows"]:
+        if row.get("error") is None:
+            key = (row["tree"], row["budget"], row["workers"], row["commit"])
+            groups.setdefault(key, []).append(row)
+    repeats = max((len(rows) for rows in groups.values()), default=0)
+    lines = [f"Measured {result['date']}, {result['link']['latency_ms']:.0f} ms a request and "
+             f"{result['link']['bandwidth_mbs']:.0f} MB/s, medians of {repeats} (range):", "",
+             "| tree | budget | workers | commit | samples/s | first batch | downloaded | load |",
+             "|---|---|---|---|---|---|---|---|"]
+    for (tree, budget, workers, commit), rows in groups.items():
+        rate = sorted(r["samples_per_s"] for r in rows)
+        first = sorted(r["first_batch_s"] for r in rows)
+        load = [x for r in rows for x in r["load_1min"]]
+        lines.append(
+            f"| {tree} | {budget} | {workers} | {commit} | {_median(rate):,.0f} "
+            f"({rate[0]:,.0f}–{rate[-1]:,.0f}) | {_median(first):.2f} s "
+            f"({first[0]:.2f}–{first[-1]:.2f}) | {_median([r['downloaded'] for r in rows]):.2f}× "
+            f"| {min(load):.1f}–{max(load):.1f} |")
+    return "\n".join(lines) + "\n"
+
+
+def _median(values: list[float]) -> float:
+    ordered = sorted(values)
+    mid = len(ordered) // 2
+    return ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2
