@@ -1,4 +1,4 @@
-"""Generated blocks of the READMEs: every figure there comes from a committed results file.
+"""Generated blocks of the READMEs and docs: every figure there comes from a committed results file.
 
 A document marks a block with two HTML comments::
 
