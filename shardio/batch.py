@@ -79,7 +79,8 @@ class RecordBatch:
                 sample lacks it (its slice of ``buffer`` is empty).
         """
         self._keys: list[str] | None = keys
-        self._key_blob: tuple[UInt8Array, Int64Array] | None = None
+        self._key_blob: tuple[UInt8Array | str, Int64Array] | None = None
+        """Keys not split yet: bytes (UTF-8) or ``str``, and their ends (bytes or characters)."""
         self.indices = indices
         self._buffer: bytes | memoryview | None = None
         self._pieces: list[bytes | memoryview] | None = None
@@ -95,10 +96,11 @@ class RecordBatch:
     def keys(self) -> list[str]:
         """Each sample's ``__key__`` (decoded on first use in a batch from shared memory)."""
         if self._keys is None:
-            blob, ends = self._key_blob or (np.empty(0, np.uint8), np.zeros(1, np.int64))
-            raw = blob.tobytes()
+            blob, ends = self._key_blob or ("", np.zeros(1, np.int64))
             bounds = ends.tolist()
-            if raw.isascii():  # byte offsets are character offsets: slice the str
+            if isinstance(blob, str):  # the keys joined, ``ends`` in characters
+                self._keys = [blob[a:b] for a, b in itertools.pairwise(bounds)]
+            elif (raw := blob.tobytes()).isascii():  # byte offsets are character offsets
                 text = raw.decode("ascii")
                 self._keys = [text[a:b] for a, b in itertools.pairwise(bounds)]
             else:
@@ -283,13 +285,13 @@ class RecordBatch:
 
     def bytes(self, field: str) -> list[memoryview | None]:
         """One zero-copy view per sample of bytes field ``field``; None where a sample lacks it."""
-        offs = self.offsets[field].tolist()
         if self._pieces is not None:
             first = list(self.offsets).index(field) * len(self)
             views: list[memoryview | None] = [
                 memoryview(p) for p in self._pieces[first : first + len(self)]
             ]
         else:
+            offs = self.offsets[field].tolist()
             view = memoryview(self.buffer)
             views = [view[offs[i] : offs[i + 1]] for i in range(len(offs) - 1)]
         absent = self.missing.get(field)

@@ -50,7 +50,7 @@ import torch
 from torch.utils.data import get_worker_info
 
 from shardio.batch import RecordBatch
-from shardio.shmview import HEADER_BYTES, RingBatch
+from shardio.shmview import HEADER_BYTES, NO_SLOT, RingBatch
 
 ALIGN = 64
 TAIL_BYTES = 64 << 10
@@ -168,6 +168,8 @@ class WorkerRing:
         packer = _Packer(self.slots[lease] if lease is not None else None, self._used,
                          self.files)
         skeleton = packer.describe(obj)
+        if lease is None and not packer.copies:  # nothing for a slot (places in files): no slot
+            return RingBatch(self.token, self.pid, NO_SLOT, 0, 0, None, skeleton)
         index = lease
         if index is None or packer.end > self.slots[index].data.size:
             index = self._acquire(packer.end)  # another slot: the lease's data moves there
@@ -272,28 +274,55 @@ class _MappedFiles:
         return base, found
 
     def describe(self, batch: RecordBatch) -> list[Any] | None:
-        """``batch`` as its files and per-piece ``(file, offset, length)``, or None."""
+        """``batch`` as its files and the place of each piece in them, or None.
+
+        One int64 table carries each piece's ``(file, offset, length)`` (file -1: a
+        field the sample lacks), the indices, the offsets and int columns; the keys
+        cross as one ``str`` and their ends: a few objects to pickle per batch
+        instead of a few per sample (``shmview.file_batch`` reads them back).
+        """
         pieces = batch._pieces  # the views of the blocks read, until the batch is joined
         if not pieces:
             return None
         files: dict[FileId, int] = {}
-        spans = np.zeros((len(pieces), 3), np.int64)
-        for i, piece in enumerate(pieces):
-            if type(piece) is not memoryview:
+        numbers: dict[int, tuple[int, int]] = {}  # id(map) -> (its base, its file's number)
+        where: list[int] = []
+        starts: list[int] = []
+        sizes: list[int] = []
+        frombuffer, uint8 = np.frombuffer, np.uint8
+        for piece in pieces:
+            if type(piece) is not memoryview or not piece.nbytes:
                 if len(piece):
                     return None
-                spans[i, 0] = -1  # a field this sample lacks: empty
+                where.append(-1)  # a field this sample lacks, or an empty value
+                starts.append(0)
+                sizes.append(0)
                 continue
             owner = piece.obj
-            if type(owner) is not mmap.mmap:
-                return None
-            base, found = self.locate(owner)
-            if found is None:
-                return None
-            spans[i] = (files.setdefault(found, len(files)), _address(piece) - base,
-                        piece.nbytes)
-        return ["f", list(files), spans, batch.keys, batch.indices, batch.offsets,
-                batch.values, batch.missing]
+            known = numbers.get(id(owner))
+            if known is None:
+                if type(owner) is not mmap.mmap:
+                    return None
+                base, found = self.locate(owner)
+                if found is None:
+                    return None
+                known = numbers[id(owner)] = (base, files.setdefault(found, len(files)))
+            where.append(known[1])
+            starts.append(frombuffer(piece, uint8).ctypes.data - known[0])
+            sizes.append(piece.nbytes)
+        n = len(batch.indices)
+        ints = [name for name, col in batch.values.items() if isinstance(col, np.ndarray)]
+        keys = batch.keys
+        key_ends = np.zeros(n + 1, np.int64)
+        np.cumsum(np.fromiter(map(len, keys), np.int64, n), out=key_ends[1:])
+        table = np.concatenate([
+            np.array(where, np.int64), np.array(starts, np.int64), np.array(sizes, np.int64),
+            batch.indices.astype(np.int64, copy=False), *batch.offsets.values(),
+            *(np.asarray(batch.values[name], np.int64) for name in ints), key_ends,
+        ])
+        others = {name: col for name, col in batch.values.items() if name not in ints}
+        return ["f", list(files), n, len(pieces), table, list(batch.offsets), ints, others,
+                list(batch.values), batch.missing, "".join(keys)]
 
 
 FileId = tuple[str, int, int]

@@ -30,6 +30,8 @@ from shardio.batch import RecordBatch
 
 HEADER_BYTES = 64
 """A slot's header: ``[filled, released]`` sequence numbers (int64), padded to a cache line."""
+NO_SLOT = -1
+"""A handle's slot when nothing of its batch is in a slot (places in shard files only)."""
 
 UInt8Array = npt.NDArray[np.uint8]
 
@@ -58,6 +60,8 @@ def _rebuild(
     storage: torch.Tensor | None, skeleton: Any,
 ) -> Any:
     """In the main process: the batch over the slot's memory, released when all of it is gone."""
+    if slot == NO_SLOT:  # nothing in shared memory to give back
+        return _Builder(None).build(skeleton)
     key = (token, pid, slot)
     if storage is not None:
         _MAPPED[key] = (generation, storage, storage.numpy())
@@ -85,7 +89,7 @@ def _release(state: npt.NDArray[np.int64], seq: int) -> None:
 class _Builder:
     """Rebuilds a skeleton over one batch's owner (every view keeps the owner alive)."""
 
-    def __init__(self, owner: ctypes.Array[ctypes.c_char]) -> None:
+    def __init__(self, owner: ctypes.Array[ctypes.c_char] | None) -> None:
         self.owner = owner
         self._bytes: UInt8Array | None = None
         self._typed: dict[torch.dtype, torch.Tensor] = {}
@@ -98,16 +102,18 @@ class _Builder:
             if typed is None:
                 flat = self._typed.get(torch.uint8)
                 if flat is None:
+                    assert self.owner is not None
                     flat = torch.frombuffer(self.owner, dtype=torch.uint8)
                     self._typed[torch.uint8] = flat
                 typed = self._typed[dtype] = flat.view(dtype)
             return torch.as_strided(typed, shape, stride, at // typed.element_size())
         if kind == "r":
             if self._bytes is None:
+                assert self.owner is not None
                 self._bytes = np.frombuffer(cast(Any, self.owner), np.uint8)
             return RecordBatch.from_shared(self._bytes, skeleton[2])
         if kind == "f":
-            return _file_batch(skeleton)
+            return file_batch(skeleton)
         if kind == "u":
             return tuple(self.build(v) for v in skeleton[1])
         if kind == "l":
@@ -149,19 +155,41 @@ def _mapped_file(file: tuple[str, int, int]) -> memoryview:
     return view
 
 
-def _file_batch(skeleton: list[Any]) -> RecordBatch:
-    """A batch that crossed as places in shard files: views of this process's maps."""
-    _, files, spans, keys, indices, offsets, values, missing = skeleton
+def file_batch(skeleton: list[Any]) -> RecordBatch:
+    """A batch that crossed as places in shard files (``shmring._MappedFiles.describe``):
+    its samples are views of this process's maps of those files."""
+    _, files, n, count, table, offset_names, int_names, others, order, missing, key_text = (
+        skeleton)
+    where, starts, sizes = table[:count], table[count : 2 * count], table[2 * count : 3 * count]
+    at = 3 * count
+    indices = table[at : at + n]
+    at += n
+    offsets: dict[str, npt.NDArray[np.int64]] = {}
+    for name in offset_names:
+        offsets[name] = table[at : at + n + 1]
+        at += n + 1
+    columns: dict[str, npt.NDArray[np.int64]] = {}
+    for name in int_names:
+        columns[name] = table[at : at + n]
+        at += n
     views = [_mapped_file(tuple(f)) for f in files]
-    pieces: list[bytes | memoryview] = [
-        b"" if f < 0 else views[f][at : at + n] for f, at, n in spans.tolist()
-    ]
-    _HANDED[0] += int(spans[:, 2].sum())
+    spans = zip(starts.tolist(), sizes.tolist(), strict=True)
+    pieces: list[bytes | memoryview]
+    if len(views) == 1 and int(where.min(initial=0)) == 0:  # one file, nothing absent
+        view = views[0]
+        pieces = [view[a : a + size] for a, size in spans]
+    else:
+        pieces = [b"" if f < 0 else views[f][a : a + size]
+                  for f, (a, size) in zip(where.tolist(), spans, strict=True)]
+    _HANDED[0] += int(sizes.sum())
     if _HANDED[0] >= DROP_BYTES and hasattr(mmap, "MADV_DONTNEED"):
         _HANDED[0] = 0
-        for view in _FILES.values():
-            cast(mmap.mmap, view.obj).madvise(mmap.MADV_DONTNEED)
-    return RecordBatch(keys, indices, pieces, offsets, values, missing=missing)
+        for mapped in _FILES.values():
+            cast(mmap.mmap, mapped.obj).madvise(mmap.MADV_DONTNEED)
+    values = {name: columns[name] if name in columns else others[name] for name in order}
+    batch = RecordBatch(None, indices, pieces, offsets, values, missing=missing)
+    batch._key_blob = (key_text, table[at : at + n + 1])
+    return batch
 
 
 def forget(token: str, keep: set[int] | None = None) -> None:

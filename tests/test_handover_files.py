@@ -1,0 +1,90 @@
+"""Raw batches of a local dataset cross from workers as places in their shard files.
+
+Through real ``shardio.loader`` DataLoaders on a generated pack whose records are
+stored uncompressed (so a worker's samples are views of its maps): with 2 workers
+every sample arrives exactly once with its bytes, its key (also non-ASCII), its int
+and str fields and the fields it lacks, as views of the main process's own maps,
+and without a shared-memory slot; a batch so received pickles and is the batch that
+0 workers give.
+"""
+
+from __future__ import annotations
+
+import mmap
+import pickle
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from shardio import ShardWriter, WriteOptions, shmview
+from shardio.batch import RecordBatch
+from shardio.dataloader import loader
+from shardio.dataset import StreamingDataset
+
+NUM_SAMPLES = 120
+BATCH = 8
+SHARD = 25
+
+
+def key(i: int) -> str:
+    return f"k/{i:04d}"
+
+
+def sample(i: int) -> dict[str, Any]:
+    out: dict[str, Any] = {"__key__": key(i), "bin": bytes([i % 251]) * (3000 + 37 * i),
+                           "n": i, "name": f"name-{i}"}
+    if (i // SHARD) % 2:  # samples of every second shard lack the field (records of
+        # one shape per shard, which a worker reads in place: flat maps of one shape)
+        out["txt"] = bytes([i % 13]) * (2000 + i)
+    return out
+
+
+@pytest.fixture(scope="module")
+def pack(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("handover") / "ds"
+    with ShardWriter(out, WriteOptions(max_shard_samples=SHARD, codec="none")) as writer:
+        for i in range(NUM_SAMPLES):
+            writer.write(sample(i))
+    return out
+
+
+def contents(batch: RecordBatch) -> list[dict[str, Any]]:
+    return [dict(s) for s in batch]
+
+
+def test_two_workers_deliver_places_in_files_exactly_once(pack: Path) -> None:
+    run = loader(StreamingDataset(pack, decode="raw", seed=2), batch_size=BATCH, num_workers=2)
+    for _epoch in range(2):
+        seen: list[int] = []
+        for batch in run:
+            views = batch.bytes("bin")
+            assert all(v is not None and type(v.obj) is mmap.mmap for v in views)
+            if "txt" in batch.fields:  # not where no sample of the batch has it
+                assert all(type(v.obj) is mmap.mmap for v in batch.bytes("txt") if v is not None)
+            numbers = batch["n"].tolist()
+            assert batch.indices.tolist() == numbers
+            for got in contents(batch):
+                i = got["n"]
+                want = sample(i)
+                assert got["__key__"] == want["__key__"] and got["name"] == want["name"], i
+                assert got["bin"] == want["bin"] and got.get("txt") == want.get("txt"), i
+            seen += numbers
+        assert sorted(seen) == list(range(NUM_SAMPLES))
+    # nothing of these batches went through a slot: no segment of this loader mapped
+    assert not any(token == run._token for token, _pid, _slot in shmview._MAPPED)
+
+
+def test_a_received_batch_pickles_and_equals_what_one_process_reads(pack: Path) -> None:
+    alone = [contents(b) for b in loader(
+        StreamingDataset(pack, decode="raw", seed=4), batch_size=BATCH, num_workers=0)]
+    run = loader(StreamingDataset(pack, decode="raw", seed=4), batch_size=BATCH, num_workers=2)
+    got: list[list[dict[str, Any]]] = []
+    for batch in run:
+        again = pickle.loads(pickle.dumps(batch))
+        assert contents(again) == contents(batch)
+        assert again.labels is None and again.fields == batch.fields
+        got.append(contents(batch))
+    assert sorted(s["n"] for b in got for s in b) == list(range(NUM_SAMPLES))
+    if [s["n"] for b in got for s in b] == [s["n"] for b in alone for s in b]:
+        assert got == alone  # the same order: the same batches
