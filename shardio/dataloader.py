@@ -7,13 +7,16 @@ process receives a small handle and wraps the worker's bytes without copying
 them. A batch's memory goes back to its worker when the batch and everything
 taken from it (views, tensors) are gone. Workers take the rank's order in
 whole batches in turn, so batches arrive in that order, full but the last, and
-a position in it is all ``state_dict()`` needs. Workers are persistent (and
-replaced when one dies), ``pin_memory`` is on only when CUDA is present, and
-epochs advance by themselves unless ``set_epoch`` chose one.
+a position in it is all ``state_dict()`` needs; raw batches cross a few per
+DataLoader item (``GROUP_BATCHES``), which the main process puts back in turn.
+Workers are persistent (and replaced when one dies), ``pin_memory`` is on only
+when CUDA is present, and epochs advance by themselves unless ``set_epoch``
+chose one.
 """
 
 from __future__ import annotations
 
+import itertools
 import multiprocessing
 import os
 import secrets
@@ -23,12 +26,38 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from torch.utils.data import DataLoader, default_collate
+from torch.utils.data import DataLoader, IterableDataset, default_collate
 
 from shardio import shmring, shmview
 from shardio.batch import RecordBatch
 from shardio.dataset import SampleDecoder, StreamingDataset
 from shardio.fields import FieldDecoder
+
+GROUP_BATCHES = 4
+"""Raw batches a worker hands over per DataLoader item (``_Grouped``). Each item costs
+the DataLoader's own machinery about 55 CPU us in the main process (its index put on a
+worker's queue by a feeder thread, the poll, read and unpickling of the item; measured
+with a dataset that yields ints) and about as much in the worker: more than shardio's
+hand-over of a 64-sample raw batch. Decoded and user-collated batches, which cost far
+more to make, go one an item."""
+
+
+class _Grouped(IterableDataset[list[Any]]):
+    """A worker's batches of a ``batched`` view, up to ``most`` per DataLoader item.
+
+    Groups start at one batch and double, so the first batch waits for no other.
+    """
+
+    def __init__(self, view: StreamingDataset, most: int) -> None:
+        self.view = view
+        self.most = most
+
+    def __iter__(self) -> Iterator[list[Any]]:
+        batches = iter(self.view)
+        size = 1
+        while group := list(itertools.islice(batches, size)):
+            yield group
+            size = min(2 * size, self.most)
 
 
 def collate_items(items: list[Any]) -> Any:
@@ -115,28 +144,39 @@ class ShardLoader:
         workers = self.num_workers
         decoder = None if collate_fn is not None else _batch_decoder(dataset)
         collate = collate_fn or decoder or collate_for(dataset)
+        # (== : a classmethod is a new bound method at every access, never the same object)
+        raw = collate == RecordBatch.from_samples
+        # batches per DataLoader item (``_Grouped``), and items a worker keeps ready:
+        # prefetch_factor batches, and, grouped, one group more, so that a worker that sent
+        # a group has the next one to build while this process has yet to take it
+        self._most = min(GROUP_BATCHES, prefetch_factor) if raw and workers > 0 else 1
+        items = -(-prefetch_factor // self._most) + (1 if self._most > 1 else 0)
         # the ring's names are per loader, so two loaders (or jobs) never share a segment
         self._token = f"{os.getpid()}-{secrets.token_hex(8)}"
+        # grouped, a worker's batches ready, and those of its group taken apart here
+        # (``__iter__``) while it builds the next
+        max_slots = items * self._most + (self._most if self._most > 1 else 0) + (
+            shmring.SLOTS_BEYOND_PREFETCH)
         wrapped = collate if workers == 0 or not shmring.ENABLED else shmring.RingCollate(
-            collate, self._token, max_slots=prefetch_factor + shmring.SLOTS_BEYOND_PREFETCH,
+            collate, self._token, max_slots=max_slots,
             roots=_local_roots(dataset) if shmring.FILES_ENABLED else (),
         )
         # raw bytes may stay views of the blocks read: these collates copy or decode them
-        # (== : a classmethod is a new bound method at every access, never the same object)
-        zero_copy = collate == RecordBatch.from_samples or decoder is not None
+        zero_copy = raw or decoder is not None
         self._view = dataset.batched(batch_size, wrapped, zero_copy=zero_copy, drop_last=drop_last)
         if decoder is not None:  # the collate decodes: the samples reach it raw
             self._view.decoder = SampleDecoder("raw")
+        self._source = _Grouped(self._view, self._most)
         weakref.finalize(self, shmview.forget, self._token)
         self._persistent = persistent_workers and workers > 0
         self._settings: dict[str, Any] = {
             "num_workers": workers,
             "pin_memory": torch.cuda.is_available() if pin_memory is None else pin_memory,
-            "prefetch_factor": prefetch_factor if workers > 0 else None,
+            "prefetch_factor": items if workers > 0 else None,
             "persistent_workers": self._persistent,
             "multiprocessing_context": multiprocessing_context if workers > 0 else None,
         }
-        self._loader = DataLoader(self._view, batch_size=None, **self._settings)
+        self._loader = DataLoader(self._source, batch_size=None, **self._settings)
         self._epoch = dataset.epoch
         self._generation: int | None = None
         """The dataset's state generation this loader last set or followed; None: follow it."""
@@ -168,18 +208,28 @@ class ShardLoader:
         self._next_epoch()
         self._position = int(self.dataset.start_state()["consumed"][str(self.dataset.rank)][0])
         self._running = True
+        # batches of the workers' groups by position; the DataLoader takes the groups from
+        # the workers in turn, so at most a group a worker waits here for its turn
+        pending: dict[int, tuple[Any, int, int]] = {}
+        most = self._most * max(1, self.num_workers)
         try:
-            for batch, first, stop, pid in self._loader:
-                if first != self._position:
-                    raise RuntimeError(
-                        f"shardio.loader: a batch for positions {first}..{stop} arrived at "
-                        f"position {self._position} of epoch {self._epoch}; the DataLoader did "
-                        "not take batches from its workers in turn (in_order=False?)"
-                    )
-                if self.num_workers > 0:
-                    self._pids.add(pid)
-                self._position = stop
-                yield batch
+            for group in self._loader:
+                for batch, first, stop, pid in group:
+                    if first < self._position or first in pending:
+                        self._out_of_turn(first, stop)
+                    pending[first] = (batch, stop, pid)
+                group.clear()  # the consumer's drop of a batch gives its slot back
+                if len(pending) > 2 * most:
+                    self._out_of_turn(min(pending), pending[min(pending)][1])
+                while (entry := pending.pop(self._position, None)) is not None:
+                    batch, stop, pid = entry
+                    del entry
+                    if self.num_workers > 0:
+                        self._pids.add(pid)
+                    self._position = stop
+                    yield batch
+            if pending:
+                self._out_of_turn(min(pending), pending[min(pending)][1])
         except GeneratorExit:
             # the loop stopped early; a worker killed meanwhile raised in the caller's code
             if self._lost_worker():
@@ -196,6 +246,13 @@ class ShardLoader:
             raise
         self._running = False
 
+    def _out_of_turn(self, first: int, stop: int) -> None:
+        raise RuntimeError(
+            f"shardio.loader: a batch for positions {first}..{stop} arrived at "
+            f"position {self._position} of epoch {self._epoch}; the DataLoader did "
+            "not take batches from its workers in turn (in_order=False?)"
+        )
+
     def _lost_worker(self) -> bool:
         """Whether a worker that delivered batches of this loader is gone."""
         if not self._pids:
@@ -210,7 +267,7 @@ class ShardLoader:
         shutdown = getattr(broken, "_shutdown_workers", None)
         if callable(shutdown):  # stop the survivors now, and unregister the dead pid's watch
             shutdown()
-        self._loader = DataLoader(self._view, batch_size=None, **self._settings)
+        self._loader = DataLoader(self._source, batch_size=None, **self._settings)
         self._pids = set()
         shmview.forget(self._token)
         self.load_state_dict(state)
