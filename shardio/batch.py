@@ -91,6 +91,9 @@ class RecordBatch:
         self.offsets = dict(offsets)
         self.values = dict(values)
         self.missing = dict(missing or {})
+        self.places: tuple[list[object], Int64Array] | None = None
+        """While the batch is in pieces, each piece's map and where in it the piece starts,
+        where the reader knows them (``shardio.runbatch``); None otherwise."""
 
     @property
     def keys(self) -> list[str]:
@@ -117,13 +120,13 @@ class RecordBatch:
         """
         if self._buffer is None:
             self._buffer = b"".join(self._pieces or ())
-            self._pieces = None
+            self._pieces = self.places = None
         return self._buffer
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
         state["_keys"], state["_key_blob"] = self.keys, None
-        state["_buffer"], state["_pieces"] = bytes(self.buffer), None
+        state["_buffer"], state["_pieces"], state["places"] = bytes(self.buffer), None, None
         return state
 
     def shared_nbytes(self) -> int:

@@ -17,7 +17,7 @@ with ``decode_run``, which names what is wrong. Torch-free.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -57,6 +57,11 @@ class Columns:
     values: list[list[Any]]
     arrays: list[IndexArray]
     """Per field: its lengths (bytes, str) or its values (int)."""
+    source: object = None
+    """The map the bytes values are views of (None: they are copies)."""
+    starts: list[IndexArray | None] = field(default_factory=list)
+    """Per field: where each bytes value starts in ``source`` (None: not views of it), so
+    that a worker hands a batch over as places in the file without asking each view."""
 
 
 def decode_columns(parts: Sequence[RunPart], *, path: str, keys: Sequence[str], verify: bool,
@@ -97,7 +102,7 @@ def decode_columns(parts: Sequence[RunPart], *, path: str, keys: Sequence[str], 
     expected = _expected_keys(keys, parts, positions)
     if key_column.kind != STR or not _same_keys(arr, key_column, expected):
         return None
-    out = Columns(expected, [], [], [], [])
+    out = Columns(expected, [], [], [], [], source=base if mapped else None)
     try:
         for name, column in zip(maps.names, maps.columns, strict=True):
             if name != KEY_FIELD:
@@ -214,6 +219,8 @@ def _same_keys(arr: npt.NDArray[np.uint8], column: Column, expected: list[str]) 
 def _file(out: Columns, name: str, column: Column, data: Any) -> None:
     out.names.append(name)
     out.kinds.append(column.kind)
+    out.starts.append(column.starts if column.kind == BYTES and out.source is not None
+                      else None)
     if column.kind == INT:
         assert column.ints is not None
         out.values.append(column.ints.tolist())

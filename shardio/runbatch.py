@@ -13,6 +13,7 @@ in the order the window's runs first showed them. Torch-free.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterator, Sequence
 from operator import itemgetter
 from typing import TYPE_CHECKING, Any, overload
@@ -40,12 +41,17 @@ class _Column:
         self.present = np.zeros(size, np.bool_)
         self.lengths = np.zeros(size, np.int64)
         self.ints = np.zeros(size, np.int64)
+        self.maps: list[object] = [None] * size
+        """Per rank, the map its bytes value is a view of (None: unknown or a copy)."""
+        self.starts = np.zeros(size, np.int64)
+        """Per rank, where in its map the bytes value starts."""
         self.kind: str | None = None
         """``bytes``, ``int`` or ``other`` over every run filed so far (None: none yet)."""
 
     def put(self, lo: int, column: list[Any]) -> None:
         hi = lo + len(column)
         self.values[lo:hi] = column
+        self.maps[lo:hi] = [None] * (hi - lo)
         kinds = set(map(type, column))
         whole = type(None) not in kinds
         kinds.discard(type(None))
@@ -61,11 +67,18 @@ class _Column:
             kind = "other" if kinds else self.kind or "other"
         self.kind = kind if self.kind in (None, kind) else "other"
 
-    def put_typed(self, lo: int, values: list[Any], kind: int, array: IndexArray) -> None:
-        """File values of one kind with their lengths (bytes, str) or themselves (int)."""
+    def put_typed(self, lo: int, values: list[Any], kind: int, array: IndexArray,
+                  source: object = None, starts: IndexArray | None = None) -> None:
+        """File values of one kind with their lengths (bytes, str) or themselves (int),
+        and for bytes values that are views of the map ``source``, where they start."""
         hi = lo + len(values)
         self.values[lo:hi] = values
         self.present[lo:hi] = True
+        if starts is None:
+            self.maps[lo:hi] = [None] * (hi - lo)
+        else:
+            self.maps[lo:hi] = [source] * (hi - lo)
+            self.starts[lo:hi] = starts
         if kind == BYTES:
             self.lengths[lo:hi] = array
             name = "bytes"
@@ -105,12 +118,13 @@ class WindowColumns:
         """File records decoded field by field (``shardio.columnar``) at ranks from ``lo``."""
         hi = lo + len(decoded.keys)
         self.keys[lo:hi] = decoded.keys
-        for name, kind, values, array in zip(decoded.names, decoded.kinds, decoded.values,
-                                             decoded.arrays, strict=True):
+        starts = decoded.starts or [None] * len(decoded.names)
+        for name, kind, values, array, where in zip(decoded.names, decoded.kinds, decoded.values,
+                                                    decoded.arrays, starts, strict=True):
             column = self.fields.get(name)
             if column is None:
                 column = self.fields[name] = _Column(len(self.keys))
-            column.put_typed(lo, values, kind, array)
+            column.put_typed(lo, values, kind, array, decoded.source, where)
 
     def sample(self, rank: int, *, owned: bool = False) -> dict[str, Any]:
         """The sample at ``rank`` as its reader yields it: bytes values as filed (views of
@@ -198,6 +212,11 @@ def batch_from_columns(parts: list[tuple[WindowColumns, list[int]]]) -> RecordBa
             out.add_bytes(name, column, np.concatenate(
                 [c.lengths[r] if c is not None else np.zeros(len(r), np.int64) for c, r in cols]),
                 present)
+            out.add_places(
+                [m for c, r in cols for m in (_take(c.maps, r) if c is not None
+                                              else [None] * len(r))],
+                np.concatenate([c.starts[r] if c is not None else np.zeros(len(r), np.int64)
+                                for c, r in cols]), present)
         elif kinds == {"int"} and bool(present.all()):
             out.values[name] = np.concatenate([c.ints[r] for c, r in cols if c is not None])
         else:  # runs that disagree on the field's kind: classified as from_samples does
@@ -205,11 +224,16 @@ def batch_from_columns(parts: list[tuple[WindowColumns, list[int]]]) -> RecordBa
             if seen - {type(None)} and seen - {type(None)} <= _BYTES:
                 lengths = np.array([0 if v is None else len(v) for v in column], np.int64)
                 out.add_bytes(name, column, lengths, np.array([v is not None for v in column]))
+                out.places = None  # where these lie was not filed
             elif seen == {int}:
                 out.values[name] = np.array(column, dtype=np.int64)
             else:
                 out.values[name] = column
-    return RecordBatch(keys, indices, out.pieces, out.offsets, out.values, missing=out.missing)
+    batch = RecordBatch(keys, indices, out.pieces, out.offsets, out.values, missing=out.missing)
+    if out.places is not None and out.places[0]:
+        maps, starts = out.places
+        batch.places = (maps, np.concatenate(starts))
+    return batch
 
 
 class _Batch:
@@ -220,6 +244,8 @@ class _Batch:
         self.offsets: dict[str, IndexArray] = {}
         self.values: dict[str, IndexArray | list[Any]] = {}
         self.missing: dict[str, npt.NDArray[np.bool_]] = {}
+        self.places: tuple[list[object], list[IndexArray]] | None = ([], [])
+        """Each piece's map and where in it it starts (None: not known for every piece)."""
         self._start = 0
 
     def add_bytes(self, name: str, column: list[Any], lengths: IndexArray,
@@ -234,3 +260,14 @@ class _Batch:
         self.offsets[name] = field_offsets
         self.pieces += column
         self._start = int(field_offsets[-1])
+
+    def add_places(self, maps: list[object], starts: IndexArray,
+                   present: npt.NDArray[np.bool_]) -> None:
+        """Where the pieces ``add_bytes`` just added lie: their maps and starts in them."""
+        if self.places is None:
+            return
+        if any(m is None for m in itertools.compress(maps, present.tolist())):
+            self.places = None  # a value filed without its place (a copy, or a dict)
+            return
+        self.places[0].extend(maps)
+        self.places[1].append(starts)

@@ -284,6 +284,44 @@ class _MappedFiles:
         pieces = batch._pieces  # the views of the blocks read, until the batch is joined
         if not pieces:
             return None
+        places = self._filed(batch) if batch.places is not None else self._asked(pieces)
+        if places is None:
+            return None
+        files, where, starts, sizes = places
+        n = len(batch.indices)
+        ints = [name for name, col in batch.values.items() if isinstance(col, np.ndarray)]
+        keys = batch.keys
+        key_ends = np.zeros(n + 1, np.int64)
+        np.cumsum(np.fromiter(map(len, keys), np.int64, n), out=key_ends[1:])
+        table = np.concatenate([
+            np.asarray(where, np.int64), np.asarray(starts, np.int64),
+            np.asarray(sizes, np.int64),
+            batch.indices.astype(np.int64, copy=False), *batch.offsets.values(),
+            *(np.asarray(batch.values[name], np.int64) for name in ints), key_ends,
+        ])
+        others = {name: col for name, col in batch.values.items() if name not in ints}
+        return ["f", list(files), n, len(pieces), table, list(batch.offsets), ints, others,
+                list(batch.values), batch.missing, "".join(keys)]
+
+    def _filed(self, batch: RecordBatch) -> _Places | None:
+        """Each piece's file, start and length, from where the reader filed them."""
+        assert batch.places is not None
+        maps, starts = batch.places
+        numbers: dict[int, int] = {}  # id(map) -> its file's number
+        files: dict[FileId, int] = {}
+        for owner in {id(m): m for m in maps if m is not None}.values():
+            if type(owner) is not mmap.mmap:
+                return None
+            _base, found = self.locate(owner)
+            if found is None:
+                return None
+            numbers[id(owner)] = files.setdefault(found, len(files))
+        where = np.array([-1 if m is None else numbers[id(m)] for m in maps], np.int64)
+        sizes = np.concatenate([np.diff(offs) for offs in batch.offsets.values()])
+        return files, where, np.where(where < 0, 0, starts), sizes
+
+    def _asked(self, pieces: list[bytes | memoryview]) -> _Places | None:
+        """Each piece's file, start and length, asked of each view (about 1 us a view)."""
         files: dict[FileId, int] = {}
         numbers: dict[int, tuple[int, int]] = {}  # id(map) -> (its base, its file's number)
         where: list[int] = []
@@ -310,23 +348,13 @@ class _MappedFiles:
             where.append(known[1])
             starts.append(frombuffer(piece, uint8).ctypes.data - known[0])
             sizes.append(piece.nbytes)
-        n = len(batch.indices)
-        ints = [name for name, col in batch.values.items() if isinstance(col, np.ndarray)]
-        keys = batch.keys
-        key_ends = np.zeros(n + 1, np.int64)
-        np.cumsum(np.fromiter(map(len, keys), np.int64, n), out=key_ends[1:])
-        table = np.concatenate([
-            np.array(where, np.int64), np.array(starts, np.int64), np.array(sizes, np.int64),
-            batch.indices.astype(np.int64, copy=False), *batch.offsets.values(),
-            *(np.asarray(batch.values[name], np.int64) for name in ints), key_ends,
-        ])
-        others = {name: col for name, col in batch.values.items() if name not in ints}
-        return ["f", list(files), n, len(pieces), table, list(batch.offsets), ints, others,
-                list(batch.values), batch.missing, "".join(keys)]
+        return files, where, starts, sizes
 
 
 FileId = tuple[str, int, int]
 """A shard file as ``(path, st_dev, st_ino)``."""
+_Places = tuple[dict[FileId, int], Any, Any, Any]
+"""A batch's files, and each piece's file number (-1: none), start and length."""
 
 
 def _address(view: memoryview) -> int:

@@ -88,3 +88,20 @@ def test_a_received_batch_pickles_and_equals_what_one_process_reads(pack: Path) 
     assert sorted(s["n"] for b in got for s in b) == list(range(NUM_SAMPLES))
     if [s["n"] for b in got for s in b] == [s["n"] for b in alone for s in b]:
         assert got == alone  # the same order: the same batches
+
+
+def test_places_the_reader_filed_are_those_each_view_gives(pack: Path) -> None:
+    from shardio.shmring import _MappedFiles
+
+    files = _MappedFiles((str(pack.resolve()),))
+    run = loader(StreamingDataset(pack, decode="raw", seed=6), batch_size=BATCH, num_workers=0)
+    checked = 0
+    for batch in run:
+        assert batch.places is not None and batch._pieces is not None
+        filed, asked = files._filed(batch), files._asked(batch._pieces)
+        assert filed is not None and asked is not None
+        assert filed[0] == asked[0]
+        for got, want in zip(filed[1:], asked[1:], strict=True):
+            assert [int(x) for x in got] == [int(x) for x in want]
+        checked += 1
+    assert checked == -(-NUM_SAMPLES // BATCH)
