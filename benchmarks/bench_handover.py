@@ -8,8 +8,9 @@ ring (``-slots``: before they crossed as places in their shard files); decoded i
 also through the per-sample path (``decode_tensor`` per image, then ``collate_tensor``),
 and the decode limit (Pillow, 2 processes decoding the same in-memory JPEGs at once, no
 loader). Each measurement is a fresh process timing one epoch from building the loader, like
-``run.py``; it records samples/s and the CPU seconds per sample of the main process and
-of the workers, so a ratio comes with where the time went, then the rate of a second
+``run.py``; it records samples/s and the CPU seconds per sample of the main process (with
+what it spent before the first batch and in garbage collections) and of the workers, so
+a ratio comes with where the time went, then the rate of a second
 epoch through the same loader (workers already running). Median of ``--repeats``
 rounds, the variants rotated from round to round; the 1-minute load average is kept
 with every run. Writes ``benchmarks/results/handover.json`` (``--quick``: ``-quick``).
@@ -20,6 +21,7 @@ with every run. Writes ``benchmarks/results/handover.json`` (``--quick``: ``-qui
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import statistics
@@ -83,6 +85,15 @@ def run_variant(name: str, pack: Path, tree: Tree) -> dict[str, Any]:
     # same constant to both sides of a ratio and pulled it towards 1
     _ = (shardio.StreamingDataset, shardio.loader)
     field = "image" if kind == "images" else "bin"
+    collecting = [0.0, 0.0]  # the main process's garbage collections: CPU s, start of one
+
+    def on_gc(phase: str, _info: dict[str, Any]) -> None:
+        if phase == "start":
+            collecting[1] = time.thread_time()
+        else:
+            collecting[0] += time.thread_time() - collecting[1]
+
+    gc.callbacks.append(on_gc)  # fork copies it: the workers' collections are in their own
     start, cpu = time.perf_counter(), time.process_time()
     dataset = shardio.StreamingDataset(pack, decode="tensor" if decode else "raw", seed=0)
     collate = collate_tensor if path == "per-sample" else None
@@ -110,6 +121,7 @@ def run_variant(name: str, pack: Path, tree: Tree) -> dict[str, Any]:
             first = (first[0], samples)
     seconds = time.perf_counter() - start
     main_cpu, workers_cpu = time.process_time() - cpu, worker_cpu_s()  # the timed epoch
+    main_gc = collecting[0]
     assert first is not None
     steady = (time.process_time() - first[0]) / max(1, samples - first[1]) * 1e6
     again = time.perf_counter()  # a second epoch through the same loader: workers running
@@ -118,6 +130,9 @@ def run_variant(name: str, pack: Path, tree: Tree) -> dict[str, Any]:
     return {"samples": samples, "bytes": nbytes, "seconds": seconds,
             "samples_per_s": samples / seconds, "main_cpu_us": main_cpu / samples * 1e6,
             "main_cpu_steady_us": steady, "second_epoch_samples_per_s": second,
+            # of main_cpu_us: until the first batch (workers started), and in collections
+            # (a full one of what the imports left, about 40 ms here, whichever call triggers it)
+            "main_cpu_start_ms": (first[0] - cpu) * 1e3, "main_gc_ms": main_gc * 1e3,
             "workers_cpu_us": workers_cpu / samples * 1e6, "load_1min": os.getloadavg()[0],
             "jpeg_decoder": shardio.decode.jpeg_decoder() if decode else None}
 
