@@ -35,6 +35,7 @@ from shardio.resume import (
     progress_from_state,
     progress_to_state,
     rank_state,
+    stage_split,
 )
 from shardio.state import SharedState
 from shardio.storage.options import RemoteOptions
@@ -161,7 +162,8 @@ class StreamingDataset(ClassAttributes, IterableDataset[Any]):
     arrives exactly once per epoch, whatever ``num_workers`` is. With
     ``batch_size``, DataLoader workers take the rank's order in whole batches,
     so a ``DataLoader(batch_size=batch_size)`` delivers that order, every batch
-    full but the last, and ``state_dict(num_batches=n)`` resumes it exactly.
+    full but the last, and ``state_dict(num_batches=n)`` resumes it exactly;
+    each window is then arranged so every worker reads whole blocks (``lanes``).
     """
 
     def __init__(
@@ -177,6 +179,7 @@ class StreamingDataset(ClassAttributes, IterableDataset[Any]):
         shuffle_buffer: int | None = None,
         block_size: int | None = None,
         batch_size: int | None = None,
+        lanes: int | None = None,
         rank: int | None = None,
         world_size: int | None = None,
         drop_last: bool = False,
@@ -212,9 +215,17 @@ class StreamingDataset(ClassAttributes, IterableDataset[Any]):
             block_size: records per contiguous read; default ``shuffle_buffer / 128``.
             batch_size: the ``batch_size`` of the plain ``DataLoader`` that reads
                 this dataset: its workers then take whole batches in turn, so every
-                batch is full but the epoch's last, ``len(loader)`` is exact and the
-                order does not depend on ``num_workers``. Default: each worker takes
-                a contiguous part (its last batch may be short).
+                batch is full but the epoch's last and ``len(loader)`` is exact
+                (see ``lanes``). Default: each worker takes a contiguous part (its
+                last batch may be short).
+            lanes: with ``batch_size`` and shuffling, each window is arranged so that
+                batch ``k`` draws from lane ``k % lanes``, a ``1/lanes`` of the
+                window's blocks; worker ``j`` of ``W`` then reads whole blocks of
+                its lanes instead of a scattered share of every block (``W`` a
+                divisor of ``lanes``). Default: the number of workers reading, so
+                the order depends on ``num_workers``; a fixed value (1: a plain
+                shuffle) gives the same order whatever ``num_workers`` is. A
+                resume keeps the lanes its epoch was read in.
             rank: this process's rank; default from ``torch.distributed``, read
                 when iterating (so the dataset may be built before
                 ``init_process_group``).
@@ -232,6 +243,8 @@ class StreamingDataset(ClassAttributes, IterableDataset[Any]):
             raise ValueError("pass both rank and world_size, or neither")
         if batch_size is not None and batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        if lanes is not None and lanes < 1:
+            raise ValueError(f"lanes must be >= 1, got {lanes}")
         self.reader = open_reader(path, epoch_size=epoch_size, verify=verify, remote=remote)
         self.path = str(self.reader.root)
         self.manifest = self.reader.manifest
@@ -257,6 +270,7 @@ class StreamingDataset(ClassAttributes, IterableDataset[Any]):
             self.config = self.reader.mix_config(self.config)
         self.verify = verify
         self.batch_size = batch_size
+        self.lanes = lanes
         self.collate: Callable[[list[Any]], Any] | None = None
         self.zero_copy = False
         self.drop_last_batch = False
@@ -346,7 +360,7 @@ class StreamingDataset(ClassAttributes, IterableDataset[Any]):
         """What the given (default: current) split reads next, and where it starts."""
         return plan_stage(
             self.config, self.batch_size, self._shared.read(), self._worker_state,
-            split or self._current_split(),
+            split or self._current_split(), self.lanes,
         )
 
     def __iter__(self) -> Iterator[Any]:
@@ -354,7 +368,8 @@ class StreamingDataset(ClassAttributes, IterableDataset[Any]):
         stage = self.plan_stage(split)
         info = get_worker_info()
         if info is not None:
-            self._shared.mark_workers(stage.generation, info.num_workers)
+            self._shared.mark_workers(stage.generation, info.num_workers, stage.split.lanes,
+                                      stage.split.batch)
         self._worker_state = None
         self._split, self._stage, self._stage_in_main = split, stage, info is None
         self._position = stage.skip
@@ -468,12 +483,13 @@ class StreamingDataset(ClassAttributes, IterableDataset[Any]):
             if stage is not None and self._stage_in_main and stage.generation == generation:
                 return self.progress_state(stage.epoch, 1, [stage.offset + self._position])
             return self.start_state()
+        readers = max(workers, num_workers or 0)
         stage = self.plan_stage(Split(self.rank, self.world_size))
         position = position_after_batches(
             stage, num_batches, loader_batch_size=batch_size, dataset_batch_size=self.batch_size,
-            workers=max(workers, num_workers or 0), path=self.path,
+            workers=readers, path=self.path,
         )
-        return self.progress_state(stage.epoch, 1, [position])
+        return self.progress_state(stage.epoch, 1, [position], workers=readers)
 
     def start_state(self) -> dict[str, Any]:
         """Where the next iteration of this rank starts: a loaded state, or the epoch's start."""
@@ -481,17 +497,27 @@ class StreamingDataset(ClassAttributes, IterableDataset[Any]):
         return self.progress_state(stage.epoch, 1, [stage.offset + stage.skip])
 
     def progress_state(
-        self, epoch: int, num_workers: int, consumed: Sequence[int]
+        self, epoch: int, num_workers: int, consumed: Sequence[int], *, workers: int | None = None
     ) -> dict[str, Any]:
         """The resumable state of this rank after its workers consumed ``consumed`` samples.
 
         ``consumed[k]`` counts from the start of worker ``k``'s order in this
         epoch (samples skipped by an exact resume included); by batches, and
-        with one worker, it is the position in the rank's order.
+        with one worker, it is the position in the rank's order, which counts in
+        the lanes the DataLoader workers marked they read (``workers``: how many
+        read, where none marked).
         """
+        shared = self._shared.read()
+        split = Split(self.rank, self.world_size, 0, num_workers)
+        if num_workers == 1 and int(shared["epoch"]) == epoch:
+            marked = self._shared.lanes_read(int(shared["generation"]))
+            if marked is None:
+                reading = Split(self.rank, self.world_size, 0, max(1, workers or 1))
+                unit = stage_split(self.config, self.batch_size, shared, reading, self.lanes)
+                marked = unit.lanes, unit.batch
+            split = Split(self.rank, self.world_size, 0, 1, *marked)
         return rank_state(
-            self.config, self._shared.read().get("resume"), epoch=epoch,
-            split=Split(self.rank, self.world_size, 0, num_workers), consumed=consumed,
+            self.config, shared.get("resume"), epoch=epoch, split=split, consumed=consumed,
         )
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:

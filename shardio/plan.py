@@ -23,8 +23,14 @@ The plan for an epoch:
    two ways. *By batches* (``interleave_batches``): the rank's order is planned
    as one worker's, and worker ``k`` takes its batches ``k, k + W, k + 2W, …``;
    a DataLoader takes one batch from each worker in turn, so it delivers the
-   rank's order itself, every batch full but the last, whatever ``W`` is, and
-   a position in that order is all a resume needs. *By samples*
+   rank's order itself, every batch full but the last, and a position in that
+   order is all a resume needs. So that each worker reads whole blocks, not a
+   scattered ``1/W`` of every block, the rank's windows are arranged in
+   ``lanes`` (``W`` by default, ``Split.lanes``): batch ``k`` draws from lane
+   ``k % lanes``, a contiguous ``1/lanes`` of the window's stream positions,
+   shuffled on its own. A window still holds the same samples; only which
+   batch of the window a sample lands in depends on ``lanes``, and a resume
+   keeps the lanes its epoch started with. *By samples*
    (``plan_epoch`` with a worker split): each worker takes a contiguous part
    that differs from the others by at most one sample and shuffles it in its
    own windows; reads stay more sequential, but each worker's last batch may
@@ -83,16 +89,25 @@ class PlanConfig:
 
 @dataclass(frozen=True)
 class Split:
-    """Where a reader sits: its rank among ``world_size`` and worker among ``num_workers``."""
+    """Where a reader sits: its rank among ``world_size`` and worker among ``num_workers``.
+
+    ``lanes`` and ``batch`` arrange each shuffle window of this split's order for
+    workers that take it in whole batches of ``batch`` in turn (``shuffle_windows``);
+    ``lanes=1`` is a plain shuffle.
+    """
 
     rank: int = 0
     world_size: int = 1
     worker: int = 0
     num_workers: int = 1
+    lanes: int = 1
+    batch: int = 1
 
     def __post_init__(self) -> None:
         if not (0 <= self.rank < self.world_size and 0 <= self.worker < self.num_workers):
             raise ValueError(f"invalid split {self}")
+        if self.lanes < 1 or self.batch < 1:
+            raise ValueError(f"lanes and batch must be >= 1, got {self.lanes}, {self.batch}")
 
 
 def seeded_rng(*words: int) -> np.random.Generator:
@@ -165,14 +180,42 @@ def worker_range(count: int, worker: int, num_workers: int) -> tuple[int, int]:
 def shuffle_windows(
     order: IndexArray, config: PlanConfig, epoch: int, split: Split, salt: int = 0
 ) -> IndexArray:
-    """Permute ``order`` within consecutive windows of ``config.window`` samples."""
+    """Permute ``order`` within consecutive windows of ``config.window`` samples.
+
+    With ``split.lanes > 1`` each window is arranged in lanes (``arrange_lanes``).
+    """
     if not config.shuffle or len(order) < 2:
         return order
     out = order.copy()
     for n, lo in enumerate(range(0, len(order), config.window)):
         rng = seeded_rng(config.seed, epoch, _WINDOWS, split.rank, split.worker, n, salt)
         window = out[lo : lo + config.window]
-        out[lo : lo + config.window] = window[rng.permutation(len(window))]
+        if split.lanes > 1:
+            out[lo : lo + config.window] = arrange_lanes(window, lo, split.lanes, split.batch, rng)
+        else:
+            out[lo : lo + config.window] = window[rng.permutation(len(window))]
+    return out
+
+
+def arrange_lanes(
+    window: IndexArray, first: int, lanes: int, batch: int, rng: np.random.Generator
+) -> IndexArray:
+    """``window`` (order positions ``first, …``) shuffled so batch ``k`` draws from lane k % lanes.
+
+    The window's items, in the order given (stream order: whole blocks), are cut
+    into ``lanes`` contiguous parts, one per lane, each as large as that lane's
+    slots in the window; each part is permuted and fills its lane's slots. The
+    worker that takes batches ``k ≡ j (mod lanes)`` so reads whole blocks of
+    ``1/lanes`` of the window instead of a scattered share of all of them.
+    """
+    lane = (np.arange(first, first + len(window), dtype=np.int64) // batch) % lanes
+    counts = np.bincount(lane, minlength=lanes)
+    starts = np.cumsum(counts) - counts
+    picks = np.concatenate([
+        s + rng.permutation(c) for s, c in zip(starts.tolist(), counts.tolist(), strict=True)
+    ])
+    out = np.empty_like(window)
+    out[np.argsort(lane, kind="stable")] = window[picks]
     return out
 
 
@@ -198,7 +241,8 @@ class Progress:
     records one count, its position in that order, as ``num_workers=1``.
 
     ``prior`` is set when that epoch was itself resumed under another split:
-    its order then came from ``plan_resume(config, prior, split)``.
+    its order then came from ``plan_resume(config, prior, split)``. ``lanes``
+    and ``batch`` are the ``Split``'s that arranged the epoch's order.
     """
 
     epoch: int
@@ -207,6 +251,12 @@ class Progress:
     consumed: Mapping[int, tuple[int, ...]]
     """``consumed[rank][worker]``: samples that worker of that rank had yielded."""
     prior: Progress | None = None
+    lanes: int = 1
+    batch: int = 1
+
+    def split(self, rank: int, worker: int = 0) -> Split:
+        """The split whose order ``consumed[rank][worker]`` counts in."""
+        return Split(rank, self.world_size, worker, self.num_workers, self.lanes, self.batch)
 
     def __post_init__(self) -> None:
         for rank, counts in self.consumed.items():
@@ -251,7 +301,7 @@ def seen_mask(config: PlanConfig, progress: Progress) -> npt.NDArray[np.bool_]:
     )
     for rank, counts in progress.consumed.items():
         for worker, count in enumerate(counts):
-            split = Split(rank, progress.world_size, worker, progress.num_workers)
+            split = progress.split(rank, worker)
             seen[stage_positions(config, progress.epoch, split, progress.prior)[:count]] = True
     return seen
 
@@ -265,7 +315,8 @@ def resume_positions(config: PlanConfig, progress: Progress, split: Split) -> In
     """The stream positions of ``plan_resume``, in yield order."""
     if same_split(progress, split) and split.rank in progress.consumed:
         done = progress.consumed[split.rank][split.worker]
-        return stage_positions(config, progress.epoch, split, progress.prior)[done:]
+        own = progress.split(split.rank, split.worker)  # the lanes the epoch was arranged in
+        return stage_positions(config, progress.epoch, own, progress.prior)[done:]
     remaining = np.flatnonzero(~seen_mask(config, progress)).astype(np.int64)
     if len(remaining) == 0:
         return remaining
@@ -280,10 +331,11 @@ def plan_resume(config: PlanConfig, progress: Progress, split: Split) -> IndexAr
     """Order for ``split`` over the samples an interrupted epoch had not yet yielded.
 
     With the same world size and worker count this is exactly the tail of the
-    uninterrupted order. Otherwise the unseen positions keep their stream
-    order, are split again over the new ranks and workers (equal per rank,
-    padded or dropped like a fresh epoch) and shuffled within windows again, so
-    each not-yet-seen sample arrives exactly once (plus padding).
+    uninterrupted order (arranged in the lanes it was). Otherwise the unseen
+    positions keep their stream order, are split again over the new ranks and
+    workers (equal per rank, padded or dropped like a fresh epoch) and shuffled
+    within windows again (in ``split``'s lanes), so each not-yet-seen sample
+    arrives exactly once (plus padding).
     """
     return epoch_samples(config, progress.epoch, resume_positions(config, progress, split))
 
@@ -297,7 +349,9 @@ def interleave_batches(
     turn (0, 1, …, W-1, 0, …, skipping workers that ran out), so with this split
     it delivers ``order`` itself, cut into batches of ``batch_size``: only the
     last batch can be short, and ``len(order) / batch_size`` rounded up is the
-    number of batches whatever ``num_workers`` is.
+    number of batches whatever ``num_workers`` is. An order arranged in
+    ``num_workers`` lanes of ``batch_size`` (``arrange_lanes``) gives each worker
+    one lane of each window.
     """
     if batch_size < 1:
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")

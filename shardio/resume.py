@@ -2,7 +2,8 @@
 
 A ``state_dict`` is plain msgpack/JSON-friendly data (``rank_state``):
 ``{"shardio": 1, "seed", "order", "epoch", "world_size", "num_workers",
-"consumed": {rank: [samples per worker]}, "prior"}``, where ``order`` holds the
+"consumed": {rank: [samples per worker]}, "prior"}`` (and ``"lanes", "batch"``
+when the epoch's windows were arranged in lanes), where ``order`` holds the
 settings besides the seed that fix an epoch's order (``order_settings``) and
 ``prior`` is the state an epoch was itself resumed from under another split
 (see ``shardio.plan``). A rank whose workers take its order in whole batches
@@ -53,14 +54,21 @@ def order_settings(config: PlanConfig) -> dict[str, Any]:
 
 
 def progress_to_state(progress: Progress) -> dict[str, Any]:
-    """A ``Progress`` as plain msgpack/JSON-friendly data."""
-    return {
+    """A ``Progress`` as plain msgpack/JSON-friendly data.
+
+    Lanes are written only when there are several, so a state of a plain
+    shuffle reads the same to a shardio from before lanes.
+    """
+    state: dict[str, Any] = {
         "epoch": progress.epoch,
         "world_size": progress.world_size,
         "num_workers": progress.num_workers,
         "consumed": {str(r): list(c) for r, c in progress.consumed.items()},
         "prior": None if progress.prior is None else progress_to_state(progress.prior),
     }
+    if progress.lanes > 1:
+        state["lanes"], state["batch"] = progress.lanes, progress.batch
+    return state
 
 
 def progress_from_state(state: Mapping[str, Any]) -> Progress:
@@ -72,6 +80,8 @@ def progress_from_state(state: Mapping[str, Any]) -> Progress:
         num_workers=int(state["num_workers"]),
         consumed={int(r): tuple(int(x) for x in c) for r, c in state["consumed"].items()},
         prior=None if prior is None else progress_from_state(prior),
+        lanes=int(state.get("lanes", 1)),
+        batch=int(state.get("batch", 1)),
     )
 
 
@@ -87,7 +97,8 @@ def rank_state(
 
     ``consumed[k]`` counts from the start of worker ``k``'s order in this epoch
     (samples skipped by an exact resume included); ``resume`` is the state this
-    epoch was resumed from, if any.
+    epoch was resumed from, if any; ``split.lanes`` and ``split.batch`` are the
+    stage's (``Stage.split``).
     """
     prior = None
     if resume is not None:
@@ -101,6 +112,8 @@ def rank_state(
         num_workers=split.num_workers,
         consumed={split.rank: tuple(int(c) for c in consumed)},
         prior=prior,
+        lanes=split.lanes,
+        batch=split.batch,
     )
     return {
         "shardio": 1,
@@ -128,6 +141,8 @@ class Stage:
     count: int
     base: dict[str, Any] | None
     """The resume state this stage was planned from (None: a fresh epoch)."""
+    split: Split
+    """The split whose order the positions count in: by batches the rank's, with its lanes."""
 
 
 def plan_stage(
@@ -136,6 +151,7 @@ def plan_stage(
     shared: Mapping[str, Any],
     local: Mapping[str, Any] | None,
     split: Split,
+    lanes: int | None = None,
 ) -> Stage:
     """What ``split`` reads next.
 
@@ -147,20 +163,16 @@ def plan_stage(
         local: this worker's own saved state (``StatefulDataLoader``), if any;
             it applies when its epoch and split are the current ones.
         split: the rank and worker reading.
+        lanes: by batches, the lanes a fresh or re-split order is arranged in
+            (``shardio.plan.arrange_lanes``); None: ``split.num_workers``. An
+            exact resume keeps the lanes of the state it resumes.
     """
     epoch, base = int(shared["epoch"]), shared.get("resume")
     here = [split.rank, split.world_size, split.worker, split.num_workers]
     own = local is not None and local.get("epoch") == epoch and local.get("split") == here
     if own and local is not None and "base" in local:
         base = local["base"]  # a worker's position counts within the stage it read
-    unit = Split(split.rank, split.world_size) if batch_size is not None else split
-    start, prior = 0, None
-    if base is not None and int(base["epoch"]) == epoch:
-        progress = progress_from_state(base)
-        if same_split(progress, unit) and split.rank in progress.consumed:
-            start, prior = progress.consumed[split.rank][unit.worker], progress.prior
-        else:
-            prior = progress
+    unit, start, prior = _stage_start(config, batch_size, epoch, base, split, lanes)
     full = stage_order(config, epoch, unit, prior)
     if batch_size is not None:
         order = interleave_batches(full[start:], batch_size, split.worker, split.num_workers)
@@ -170,7 +182,47 @@ def plan_stage(
     if own and local is not None:
         skip = int(local["position"])
     base_state = None if base is None else dict(base)
-    return Stage(epoch, int(shared["generation"]), order, skip, offset, len(full), base_state)
+    return Stage(epoch, int(shared["generation"]), order, skip, offset, len(full), base_state,
+                 unit)
+
+
+def _stage_start(
+    config: PlanConfig, batch_size: int | None, epoch: int, base: Mapping[str, Any] | None,
+    split: Split, lanes: int | None,
+) -> tuple[Split, int, Progress | None]:
+    """The split whose order a stage reads, the position it starts at, and the progress it
+    re-plans after (``plan_stage``'s arguments)."""
+    unit = split
+    if batch_size is not None:
+        ways = lanes or split.num_workers
+        ways = ways if config.shuffle and ways > 1 else 1
+        unit = Split(split.rank, split.world_size, lanes=ways, batch=batch_size if ways > 1 else 1)
+    if base is None or int(base["epoch"]) != epoch:
+        return unit, 0, None
+    progress = progress_from_state(base)
+    if not (same_split(progress, unit) and split.rank in progress.consumed):
+        return unit, 0, progress
+    start = progress.consumed[split.rank][unit.worker]
+    if start == 0 and progress.prior is None:
+        return unit, 0, None  # nothing read yet: a fresh epoch, in this reader's lanes
+    return progress.split(split.rank, unit.worker), start, progress.prior
+
+
+def stage_split(
+    config: PlanConfig,
+    batch_size: int | None,
+    shared: Mapping[str, Any],
+    split: Split,
+    lanes: int | None = None,
+) -> Split:
+    """The split (with its lanes) whose order ``split`` reads in the current epoch.
+
+    What a rank's state records, so that its resume is arranged as the epoch it
+    continues was; cheap, since the order itself is not planned.
+    """
+    unit, _start, _prior = _stage_start(
+        config, batch_size, int(shared["epoch"]), shared.get("resume"), split, lanes)
+    return unit
 
 
 def position_after_batches(
@@ -250,6 +302,8 @@ def merge_states(states: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     first = states[0]
     merged = dict(first)
     consumed: dict[str, list[int]] = {}
+    lanes: tuple[int, tuple[int, int]] | None = None
+    """(a state that read something, its lanes and batch)"""
     for n, state in enumerate(states):
         if ("order" in state) != ("order" in first):
             raise ResumeError(f"cannot merge: only one of states 0 and {n} records its order")
@@ -269,5 +323,19 @@ def merge_states(states: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
                     f"{consumed[rank]} and {counts}"
                 )
             consumed[rank] = list(counts)
+        # lanes arrange only what a rank read: a rank at its start may have planned other ones
+        if any(int(c) for counts in state["consumed"].values() for c in counts):
+            arranged = (state.get("lanes", 1), state.get("batch", 1))
+            if lanes is not None and arranged != lanes[1]:
+                raise ResumeError(
+                    f"cannot merge: state {n} read an order arranged in lanes, batch "
+                    f"{arranged}, state {lanes[0]} in {lanes[1]}; the ranks of one run read with "
+                    "different numbers of DataLoader workers: give every rank the same num_workers"
+                )
+            lanes = (n, arranged)
+    merged.pop("lanes", None)
+    merged.pop("batch", None)
+    if lanes is not None and lanes[1][0] > 1:
+        merged["lanes"], merged["batch"] = lanes[1]
     merged["consumed"] = consumed
     return merged

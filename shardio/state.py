@@ -24,16 +24,17 @@ class SharedState:
     persistent workers keep their own copy of the dataset; they read the epoch
     and pending resume from here at the start of each iteration. Every
     ``write`` starts a new *generation*; a worker that starts iterating records
-    the generation it read and its worker count, so the main process can tell
-    that workers, not itself, consumed the current epoch.
+    the generation it read, its worker count and the lanes of the order it
+    reads, so the main process can tell that workers, not itself, consumed the
+    current epoch, and in which arrangement its positions count.
     """
 
     CAPACITY = 1 << 20
 
     def __init__(self) -> None:
         self._buf = torch.zeros(self.CAPACITY, dtype=torch.uint8).share_memory_()  # type: ignore[no-untyped-call]
-        # [generation workers last read, their num_workers]; -1: none since creation
-        self._workers = torch.full((2,), -1, dtype=torch.int64).share_memory_()  # type: ignore[no-untyped-call]
+        # [generation workers last read, their num_workers, lanes, batch]; -1: none yet
+        self._workers = torch.full((4,), -1, dtype=torch.int64).share_memory_()  # type: ignore[no-untyped-call]
         self._generation = 0
         self.write({"epoch": 0, "resume": None})
 
@@ -55,9 +56,13 @@ class SharedState:
             )
         )
 
-    def mark_workers(self, generation: int, num_workers: int) -> None:
-        """Called in a DataLoader worker that starts reading ``generation``."""
+    def mark_workers(
+        self, generation: int, num_workers: int, lanes: int = 1, batch: int = 1
+    ) -> None:
+        """Called in a DataLoader worker that starts reading ``generation`` (in ``lanes``)."""
         self._workers[1] = num_workers
+        self._workers[2] = lanes
+        self._workers[3] = batch
         self._workers[0] = generation
 
     def workers_read(self, generation: int) -> int:
@@ -65,3 +70,9 @@ class SharedState:
         if int(self._workers[0]) != generation:
             return 0
         return int(self._workers[1])
+
+    def lanes_read(self, generation: int) -> tuple[int, int] | None:
+        """``(lanes, batch)`` of the order DataLoader workers read in ``generation``, if any did."""
+        if int(self._workers[0]) != generation:
+            return None
+        return int(self._workers[2]), int(self._workers[3])

@@ -447,9 +447,9 @@ def test_loader_decodes_each_batch_into_one_buffer_with_decode_tensor_pixels(
 
     path = image_packs[kind]
     raw = [([v.tobytes() for v in b.bytes("image")], b.labels.tolist())
-           for b in loader(StreamingDataset(path, decode="raw", seed=2), batch_size=8,
+           for b in loader(StreamingDataset(path, decode="raw", seed=2, lanes=2), batch_size=8,
                            num_workers=0)]
-    decoded = loader(StreamingDataset(path, decode="tensor", seed=2), batch_size=8,
+    decoded = loader(StreamingDataset(path, decode="tensor", seed=2, lanes=2), batch_size=8,
                      num_workers=num_workers)
     held = []
     for (blobs, labels), (images, got) in zip(raw, decoded, strict=True):

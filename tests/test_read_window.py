@@ -1,8 +1,9 @@
 """The shuffle window is a budget for the whole loader, not one per worker.
 
 Workers that take whole batches in turn each read ``window // num_workers`` of their
-own order at a time; the order itself (the plan's) does not change, so the batches a
-``shardio.loader`` delivers are those of one process, whatever ``num_workers`` is.
+own order at a time; the order itself (the plan's, in fixed ``lanes``) does not
+change, so the batches a ``shardio.loader`` delivers are those of one process,
+whatever ``num_workers`` is.
 """
 
 from __future__ import annotations
@@ -43,8 +44,8 @@ def test_workers_read_their_share_of_a_window_and_the_order_stays(
     pack: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, num_workers: int
 ) -> None:
     reference = [b.indices.tolist() for b in loader(
-        StreamingDataset(pack, decode="raw", shuffle_buffer=WINDOW, seed=4), batch_size=8,
-        num_workers=0)]
+        StreamingDataset(pack, decode="raw", shuffle_buffer=WINDOW, seed=4, lanes=2),
+        batch_size=8, num_workers=0)]
 
     def spy(real: Any) -> Any:
         def read(*args: Any, window: int, **kwargs: Any) -> Any:
@@ -57,7 +58,7 @@ def test_workers_read_their_share_of_a_window_and_the_order_stays(
     for name in ("iter_samples", "iter_chunks"):  # whichever the dataset reads through
         if hasattr(shardio.dataset, name):
             monkeypatch.setattr(shardio.dataset, name, spy(getattr(shardio.dataset, name)))
-    run = loader(StreamingDataset(pack, decode="raw", shuffle_buffer=WINDOW, seed=4),
+    run = loader(StreamingDataset(pack, decode="raw", shuffle_buffer=WINDOW, seed=4, lanes=2),
                  batch_size=8, num_workers=num_workers, multiprocessing_context="fork")
     assert [b.indices.tolist() for b in run] == reference
     assert sorted(p.name for p in tmp_path.iterdir()) == [

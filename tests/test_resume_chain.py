@@ -5,7 +5,10 @@ A run is cut at 1-3 random points; each piece is a fresh dataset and loader
 plain ``DataLoader`` (with ``StreamingDataset(batch_size=)``), torchdata's
 ``StatefulDataLoader`` and ``shardio.loader``, the batches of all pieces,
 concatenated, must equal the batches of one uninterrupted epoch. Most examples
-use 0 or 1 worker; a few use 2-3 (each worker is a process).
+use 0 or 1 worker; a few use 2-3 (each worker is a process). Workers that take
+whole batches arrange the epoch's windows in as many lanes as there are workers
+(``shardio.plan.arrange_lanes``): the piece that reads first fixes them, and every
+later piece, whatever its worker count, continues that arrangement.
 """
 
 from __future__ import annotations
@@ -45,20 +48,23 @@ def indices(batch: Any) -> list[int]:
     return [int(i) for i in batch.indices]
 
 
-def dataset(pack: Path, batch_size: int | None) -> StreamingDataset:
+def dataset(pack: Path, batch_size: int | None, lanes: int | None = None) -> StreamingDataset:
     return StreamingDataset(pack, decode="raw", shuffle_buffer=SHUFFLE_BUFFER, block_size=4,
-                            batch_size=batch_size)
+                            batch_size=batch_size, lanes=lanes)
 
 
 @cache
-def uninterrupted(pack: Path, batch_size: int, workers: int = 0) -> list[list[int]]:
+def uninterrupted(
+    pack: Path, batch_size: int, workers: int = 0, lanes: int = 1
+) -> list[list[int]]:
     """One epoch without interruption.
 
-    By batches the order does not depend on the worker count, so one process
-    gives every path's sequence; a dataset without ``batch_size`` read by
-    several workers gives each worker a contiguous part, ``workers`` then says how many.
+    By batches the order depends on the worker count only through its lanes, so
+    one process reading with those lanes gives every path's sequence; a dataset
+    without ``batch_size`` read by several workers gives each worker a contiguous
+    part, ``workers`` then says how many.
     """
-    ds = dataset(pack, None)
+    ds = dataset(pack, batch_size, lanes) if lanes > 1 else dataset(pack, None)
     return [indices(b) for b in DataLoader(ds, batch_size=batch_size, num_workers=workers)]
 
 
@@ -136,10 +142,14 @@ def test_chains_of_resumes_deliver_the_uninterrupted_sequence(
     if path == "stateful":
         workers = [workers[0]] * len(workers)  # its worker states need the same worker count
     contiguous = path == "stateful" and not by_batches and workers[0] > 1
-    expected = uninterrupted(pack, batch_size, workers[0] if contiguous else 0)
+    takes = [*cuts, 10**6]
+    first = next(n for n, take in enumerate(takes) if take)  # this piece's workers fix the lanes
+    arranged = by_batches or path == "shardio.loader"
+    lanes = max(1, workers[first % len(workers)]) if arranged else 1
+    expected = uninterrupted(pack, batch_size, workers[0] if contiguous else 0, lanes)
     delivered: list[list[int]] = []
     state = None
-    for n, take in enumerate([*cuts, len(expected)]):
+    for n, take in enumerate(takes):
         if len(delivered) == len(expected):
             break  # the epoch is over (a piece ran to its end); the next would start another
         piece = PATHS[path](pack, batch_size, workers[n % len(workers)], by_batches)
@@ -155,7 +165,7 @@ def test_chains_of_resumes_deliver_the_uninterrupted_sequence(
 
 def test_second_resume_through_a_plain_dataloader_with_three_workers(pack: Path) -> None:
     """The issue's case: 301 samples, batch 10, 3 workers, resumed twice."""
-    expected = uninterrupted(pack, 10)
+    expected = uninterrupted(pack, 10, lanes=3)
     piece = plain_piece(pack, 10, 3, True)
     first, state = piece(None, 9)
     second, state = piece(state, 7)

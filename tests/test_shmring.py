@@ -134,8 +134,8 @@ class Gate:
 def test_sigkilled_worker_leaves_nothing_and_the_epoch_continues(
     pack: Path, tmp_path: Path
 ) -> None:
-    order = [b.indices.tolist() for b in loader(
-        StreamingDataset(pack, decode="raw", seed=5), batch_size=BATCH, num_workers=0)]
+    order = [b.indices.tolist() for b in loader(  # in the lanes 2 workers read
+        StreamingDataset(pack, decode="raw", seed=5, lanes=2), batch_size=BATCH, num_workers=0)]
     gated = 7  # worker 1's fourth batch waits, its earlier batches held by the consumer
     ds = StreamingDataset(pack, decode="raw", seed=5, transform=Gate(order[gated][0], tmp_path))
     run = loader(ds, batch_size=BATCH, num_workers=2, collate_fn=RecordBatch.from_samples)

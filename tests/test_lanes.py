@@ -1,0 +1,187 @@
+"""Lanes: workers that take a rank's order in whole batches each read whole blocks.
+
+``shardio.plan.arrange_lanes`` arranges each shuffle window so that batch ``k``
+draws from lane ``k % lanes``, a contiguous part of the window's stream positions.
+With as many lanes as workers, worker ``j`` reads one lane of every window: whole
+blocks, not a scattered share of each. The window's samples, the batches' sizes and
+exactly-once are unchanged; a resume continues in the lanes its epoch was read in.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from torch.utils.data import DataLoader
+
+from shardio import ShardWriter, WriteOptions, merge_states
+from shardio.dataloader import loader
+from shardio.dataset import StreamingDataset
+from shardio.errors import ResumeError
+from shardio.plan import (
+    PlanConfig,
+    Progress,
+    Split,
+    arrange_lanes,
+    cut_blocks,
+    epoch_samples,
+    interleave_batches,
+    seeded_rng,
+    stage_order,
+)
+from shardio.resume import plan_stage, progress_from_state, progress_to_state
+
+NUM_SAMPLES = 400
+WINDOW = 80
+BLOCK = 8
+BATCH = 10
+
+
+@pytest.fixture(scope="module")
+def pack(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("lanes") / "ds"
+    with ShardWriter(out, WriteOptions(max_shard_samples=100)) as writer:
+        for i in range(NUM_SAMPLES):
+            writer.write({"__key__": f"s/{i:04d}", "n": i})
+    return out
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    size=st.integers(1, 300), first=st.integers(0, 500), lanes=st.integers(1, 5),
+    batch=st.integers(1, 20), seed=st.integers(0, 2**31),
+)
+def test_each_lane_takes_a_contiguous_part_of_the_window(
+    size: int, first: int, lanes: int, batch: int, seed: int
+) -> None:
+    window = np.arange(1000, 1000 + size, dtype=np.int64)
+    out = arrange_lanes(window, first, lanes, batch, seeded_rng(seed))
+    assert sorted(out.tolist()) == window.tolist()
+    lane = (np.arange(first, first + size) // batch) % lanes
+    parts = [np.sort(out[lane == j]) for j in range(lanes)]
+    joined = np.concatenate(parts)  # lane 0's part, then lane 1's, ...: the window in order
+    assert joined.tolist() == window.tolist()
+
+
+def blocks_touched(positions: np.ndarray, block: int) -> int:
+    return len(np.unique(positions // block))
+
+
+@pytest.mark.parametrize("workers", [2, 4])
+def test_a_worker_reads_whole_blocks_of_its_lanes(workers: int) -> None:
+    """Per window, each worker touches about 1/W of the window's blocks; in one lane, all."""
+    config = PlanConfig(shard_sizes=(160, 160, 80), seed=3, window=WINDOW, block_size=BLOCK)
+    shared = {"epoch": 0, "resume": None, "generation": 1}
+    touched = {}
+    for lanes in (workers, 1):
+        counts = []
+        for worker in range(workers):
+            split = Split(0, 1, worker, workers)
+            stage = plan_stage(config, BATCH, shared, None, split, lanes)
+            positions = positions_of(config, stage.order)
+            share = WINDOW // workers
+            counts += [blocks_touched(positions[lo:lo + share], BLOCK)
+                       for lo in range(0, len(positions) - share + 1, share)]
+        touched[lanes] = max(counts)
+    # a lane of a window: WINDOW / W samples, whole blocks but where a lane's part starts
+    assert touched[workers] <= WINDOW // workers // BLOCK + 1
+    assert touched[1] >= WINDOW // BLOCK - 1  # one lane: every worker touches nearly all
+
+
+def positions_of(config: PlanConfig, samples: np.ndarray) -> np.ndarray:
+    """Each sample's position in epoch 0's stream (blocks are what the stream is cut in)."""
+    stream = epoch_samples(config, 0, np.arange(config.num_samples, dtype=np.int64))
+    where = np.empty(config.num_samples, np.int64)
+    where[stream] = np.arange(config.num_samples)
+    return where[samples]
+
+
+def test_lanes_keep_windows_batches_and_exactly_once() -> None:
+    config = PlanConfig(shard_sizes=(123, 77, 50), seed=1, window=WINDOW, block_size=BLOCK)
+    plain = stage_order(config, 2, Split(0, 1), None)
+    laned = stage_order(config, 2, Split(0, 1, lanes=3, batch=BATCH), None)
+    assert sorted(laned.tolist()) == list(range(config.num_samples))
+    for lo in range(0, config.num_samples, WINDOW):  # each window: the same samples
+        assert sorted(laned[lo:lo + WINDOW].tolist()) == sorted(plain[lo:lo + WINDOW].tolist())
+    shares = [interleave_batches(laned, BATCH, w, 3) for w in range(3)]
+    assert sorted(np.concatenate(shares).tolist()) == list(range(config.num_samples))
+
+
+def test_a_state_without_lanes_reads_as_one_lane() -> None:
+    """States written before lanes (and of a plain shuffle) carry no ``lanes``."""
+    old = {"epoch": 1, "world_size": 1, "num_workers": 1, "consumed": {"0": [20]}, "prior": None}
+    progress = progress_from_state(old)
+    assert (progress.lanes, progress.batch) == (1, 1)
+    assert progress_to_state(progress) == old
+    laned = Progress(1, 1, 1, {0: (20,)}, lanes=2, batch=BATCH)
+    assert progress_from_state(progress_to_state(laned)) == laned
+
+
+def batches(run: object) -> list[list[int]]:
+    return [b.indices.tolist() for b in run]  # type: ignore[attr-defined]
+
+
+def test_two_workers_deliver_the_order_of_one_process_in_two_lanes(pack: Path) -> None:
+    def ds(lanes: int | None = None) -> StreamingDataset:
+        return StreamingDataset(pack, decode="raw", shuffle_buffer=WINDOW, block_size=BLOCK,
+                                seed=2, lanes=lanes)
+
+    two = batches(loader(ds(), batch_size=BATCH, num_workers=2))
+    assert two == batches(loader(ds(lanes=2), batch_size=BATCH, num_workers=0))
+    assert two != batches(loader(ds(), batch_size=BATCH, num_workers=0))  # one lane there
+    assert sorted(i for b in two for i in b) == list(range(NUM_SAMPLES))
+    assert all(len(b) == BATCH for b in two)
+    # a plain DataLoader over a dataset with batch_size: the same arrangement
+    plain = StreamingDataset(pack, decode="raw", shuffle_buffer=WINDOW, block_size=BLOCK, seed=2,
+                             batch_size=BATCH)
+    got = [b["__index__"].tolist() for b in DataLoader(plain, batch_size=BATCH, num_workers=2)]
+    assert got == two
+
+
+@pytest.mark.parametrize("then", [0, 3])
+def test_a_resume_continues_the_lanes_its_epoch_was_read_in(pack: Path, then: int) -> None:
+    def run(workers: int) -> object:
+        return loader(StreamingDataset(pack, decode="raw", shuffle_buffer=WINDOW,
+                                       block_size=BLOCK, seed=2), batch_size=BATCH,
+                      num_workers=workers)
+
+    full = batches(run(2))
+    first = run(2)
+    taken = []
+    for batch in first:
+        taken.append(batch.indices.tolist())
+        if len(taken) == 7:
+            break
+    state = first.state_dict()
+    assert (state["lanes"], state["batch"]) == (2, BATCH)
+    resumed = run(then)
+    resumed.load_state_dict(state)
+    assert taken + batches(resumed) == full
+    # the next epoch is arranged for the workers reading it now
+    reference = StreamingDataset(pack, decode="raw", shuffle_buffer=WINDOW, block_size=BLOCK,
+                                 seed=2, lanes=max(1, then))
+    reference.set_epoch(1)
+    assert batches(resumed) == batches(loader(reference, batch_size=BATCH, num_workers=0))
+
+
+def test_merge_refuses_ranks_that_read_in_other_lanes() -> None:
+    def state(rank: int, consumed: int, lanes: int) -> dict[str, object]:
+        progress = Progress(0, 2, 1, {rank: (consumed,)}, lanes=lanes, batch=BATCH)
+        return {"shardio": 1, "seed": 0, **progress_to_state(progress)}
+
+    merged = merge_states([state(0, 30, 2), state(1, 30, 2)])
+    assert (merged["lanes"], merged["batch"]) == (2, BATCH)
+    # a rank that read nothing planned its own lanes: they arranged nothing
+    assert merge_states([state(0, 0, 1), state(1, 30, 2)])["lanes"] == 2
+    assert "lanes" not in merge_states([state(0, 0, 3), state(1, 0, 2)])
+    with pytest.raises(ResumeError, match="num_workers"):
+        merge_states([state(0, 30, 1), state(1, 30, 2)])
+
+
+def test_blocks_of_the_plan_are_whole_reads() -> None:
+    """The premise: a block is consecutive records of one shard."""
+    starts, lengths = cut_blocks((20, 13), 0, BLOCK)
+    assert starts.tolist() == [0, 8, 16, 20, 28] and lengths.tolist() == [8, 8, 4, 8, 5]
