@@ -300,7 +300,7 @@ class _MappedFiles:
             *(np.asarray(batch.values[name], np.int64) for name in ints), key_ends,
         ])
         others = {name: col for name, col in batch.values.items() if name not in ints}
-        return ["f", list(files), n, len(pieces), table, list(batch.offsets), ints, others,
+        return ["f", tuple(files), n, len(pieces), table, list(batch.offsets), ints, others,
                 list(batch.values), batch.missing, "".join(keys)]
 
     def _filed(self, batch: RecordBatch) -> _Places | None:

@@ -20,6 +20,7 @@ import mmap
 import os
 import weakref
 from collections.abc import Callable
+from operator import itemgetter
 from typing import Any, cast
 
 import numpy as np
@@ -132,6 +133,7 @@ so they are bounded by about this much beyond the batches it holds; a view still
 held maps its bytes again on its next touch. One call per shard file mapped here
 each time (a few dozen per 64 MB)."""
 _HANDED = [0]
+_EMPTY = memoryview(b"")
 
 
 def _mapped_file(file: tuple[str, int, int]) -> memoryview:
@@ -172,15 +174,13 @@ def file_batch(skeleton: list[Any]) -> RecordBatch:
     for name in int_names:
         columns[name] = table[at : at + n]
         at += n
-    views = [_mapped_file(tuple(f)) for f in files]
-    spans = zip(starts.tolist(), sizes.tolist(), strict=True)
-    pieces: list[bytes | memoryview]
-    if len(views) == 1 and int(where.min(initial=0)) == 0:  # one file, nothing absent
-        view = views[0]
-        pieces = [view[a : a + size] for a, size in spans]
-    else:
-        pieces = [b"" if f < 0 else views[f][a : a + size]
-                  for f, (a, size) in zip(where.tolist(), spans, strict=True)]
+    known = _FILES.get
+    views = [known(f) or _mapped_file(f) for f in files]  # a batch names a few dozen
+    views.append(_EMPTY)  # file -1: a field the sample lacks
+    per_piece = itemgetter(*where.tolist())(views) if count > 1 else [views[int(where[0])]]
+    pieces: list[bytes | memoryview] = [
+        view[a : a + size]
+        for view, a, size in zip(per_piece, starts.tolist(), sizes.tolist(), strict=True)]
     _HANDED[0] += int(sizes.sum())
     if _HANDED[0] >= DROP_BYTES and hasattr(mmap, "MADV_DONTNEED"):
         _HANDED[0] = 0
