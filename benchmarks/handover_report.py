@@ -78,6 +78,10 @@ def handover_block() -> str:
     rows.append("| " + " | ".join(cells) + " |")
     trees = res["trees"]
     src = res.get("shardio_source", {})
+    start = [f"{label} {_num(get(ring, 'main_cpu_start_ms'))} ms ({_num(get(ring, 'main_gc_ms'))} "
+             "ms of it in garbage collections)"
+             for label, ring in (("images", "raw-images-w2-ring"), ("tiny", "raw-tiny-w2-ring"))
+             if get(ring, "main_cpu_start_ms") is not None]
     return "\n".join([
         f"Run of {res['date']} (`benchmarks/results/{name}`, `{res['command']}`): medians of "
         f"{res['repeats']} rotated round(s), ratios the median of each round's ratio; batch "
@@ -92,6 +96,11 @@ def handover_block() -> str:
         "us/sample, copies / ring | CPU us/sample: 1 process / 2 workers' |",
         "|---|---|---|---|---|---|---|---|",
         *rows,
+        *(["", "The main-process columns are steady epochs (from the first batch on). Before "
+            "its first batch, the main process of a 2-worker raw run spent "
+            + " and ".join(start) + " of CPU: the plan's first stage, starting the workers, "
+            "and, in every fresh process, one full collection of the objects the imports "
+            "left, wherever it falls (the 1-process runs pay it too)."] if start else []),
     ])
 
 
