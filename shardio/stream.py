@@ -8,7 +8,9 @@ no copy; a downloaded range) checked as a whole and decoded in one tight loop
 the first time one of its samples is due, so the first sample arrives after
 one run, not one window; the reader is told the window's runs and the next
 window's ahead, in the order they will be read (the kernel reads a local shard
-ahead; a remote reader keeps a few ranges downloading in that order). Memory
+ahead; a remote reader keeps a few ranges downloading in that order). A remote
+reader reads the first batch's records on their own, ahead of their ranges
+(``advise_first``): a shuffled first batch wants a record or two of many blocks. Memory
 is at most one window of records (a finished window's mapped pages are
 dropped); no syscall is made per sample, and batching readers take samples a
 chunk at a time (``iter_chunks``). Torch-free.
@@ -19,7 +21,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from operator import itemgetter
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 import numpy as np
 
@@ -54,6 +56,21 @@ class RunReader(Protocol):
     def prefetch(self, shards: Iterable[int]) -> None: ...
 
 
+class ExactReads(Protocol):
+    """A shard that can read records on their own instead of their whole ranges (a remote
+    ``.rec`` shard, ``backends.remoterecords``)."""
+
+    def can_read_exact(self, start: int, stop: int) -> bool: ...
+
+    def will_need_exact(self, start: int, stop: int) -> None: ...
+
+    def read_run_exact(self, start: int, stop: int) -> RunBytes: ...
+
+
+def _exact_reads(shard_reader: ShardFileReader) -> ExactReads | None:
+    return cast(ExactReads, shard_reader) if hasattr(shard_reader, "can_read_exact") else None
+
+
 GAP_BYTES = 64 << 10
 """Records a reader does not want are read through (not decoded) when a gap between wanted
 ones holds about this many bytes or less. DataLoader workers that take whole batches in
@@ -61,6 +78,13 @@ turn each want a scattered part of every block: with 2 workers and 1-4 KB record
 of about two records cost a worker 10.6 us a sample against 2.0 us for one reader, and
 reading through gaps brings it back to the one reader's cost (benchmarks/README.md,
 "Hand-over"); a gap of one 80 KB image costs more to check than a run saves."""
+
+
+HEAD_SAMPLES = 64
+"""Samples at the start of an iteration that a remote reader reads record by record (where
+their ranges are much larger, see ``remoterecords.EXACT_SHARE``) when no batch size says
+how many the first batch needs: a shuffled first batch wants a record or two of every
+block, and waiting for all of those blocks whole took a second on bench_remote's link."""
 
 
 def gap_records(manifest: Manifest, max_run: int) -> int:
@@ -102,6 +126,7 @@ def iter_samples(
     skip: int = 0,
     zero_copy: bool = False,
     check_ahead: bool = True,
+    head: int = HEAD_SAMPLES,
 ) -> Iterator[dict[str, Any]]:
     """Yield the decoded samples of ``order[skip:]``, each with its ``__index__``.
 
@@ -117,15 +142,17 @@ def iter_samples(
             long as the consumer keeps them, not for the whole window.
         check_ahead: hand local runs' checksums to this process's checker thread
             (``shardio.checkahead``); worth it where a core is free for it.
+        head: samples at the start that a remote reader may read record by record
+            instead of waiting for their whole ranges (see ``HEAD_SAMPLES``).
     """
     for open_window in _windows(reader, order, window, max_run, skip,
-                                check_ahead=check_ahead):
-        samples, load, run_of = open_window.samples, open_window.load, open_window.run_of
+                                check_ahead=check_ahead, head=head):
+        samples, load = open_window.samples, open_window.load_rank
         columns = open_window.columns
         for rank in open_window.ranks.tolist():
             sample = samples[rank]
             if sample is None:
-                load(run_of[rank])
+                load(rank)
                 sample = samples[rank]
                 if sample is None:  # filed field by field
                     assert columns is not None
@@ -157,11 +184,14 @@ def iter_chunks(
     ``check_ahead`` as in ``iter_samples``. ``drop_decoded``: drop a local shard's pages
     from this process as soon as its runs of a window are decoded, for a caller that does
     not read the samples' bytes itself (a DataLoader worker whose batches cross as places
-    in the shard files); other callers keep them mapped until the window closes.
+    in the shard files); other callers keep them mapped until the window closes. A
+    remote reader reads the first chunk's records on their own where their ranges are
+    much larger (``HEAD_SAMPLES``).
     """
     pending: Chunk | list[dict[str, Any]] = Chunk() if zero_copy else []
     for open_window in _windows(reader, order, window, max_run, skip, columns=zero_copy,
-                                check_ahead=check_ahead, drop_decoded=drop_decoded):
+                                check_ahead=check_ahead, drop_decoded=drop_decoded,
+                                head=size):
         ranks = open_window.ranks
         at = 0
         while at < len(ranks):
@@ -190,7 +220,7 @@ class _OpenWindow:
 
     def __init__(self, reader: RunReader, plan: _Window, firsts: IndexArray,
                  columns: bool = False, check_ahead: bool = True,
-                 drop_decoded: bool = False) -> None:
+                 drop_decoded: bool = False, head: list[Run] | None = None) -> None:
         self.ranks = plan.ranks
         self._reader, self._runs, self._firsts = reader, plan.runs, firsts
         self._unique = plan.unique
@@ -208,6 +238,53 @@ class _OpenWindow:
         self._checks: dict[Run, tuple[RunBytes, Check]] = (
             _check_ahead(reader, plan.due, lambda run: self._only(number[run]))
             if check_ahead else {})
+        self._head_of: dict[int, Run] = {}
+        """The head run read on its own (``advise_first``) of each rank it holds, until loaded."""
+        for run in head or ():
+            shard, start, stop = run
+            at = int(np.searchsorted(plan.unique, int(firsts[shard]) + start))
+            self._head_of.update(dict.fromkeys(range(at, at + stop - start), run))
+        self._order: list[int] | None = None
+        """With a head: the runs in the order ``advise_first`` queued them, which ``load_rank``
+        keeps (samples read with the head run put some runs' first use later)."""
+        if self._head_of:
+            served = _served_runs(plan, firsts, head or [])
+            self._order = [number[run] for run in plan.due if number[run] not in served]
+        self._next = 0
+
+    def load_rank(self, rank: int) -> None:
+        """Load the sample at ``rank``: from its head run if it has one, else its run (after
+        the runs queued before it, with a head)."""
+        head = self._head_of.get(rank)
+        r = self.run_of[rank]
+        if head is not None and not self._loaded[r]:
+            self._load_head(head)
+        elif self._order is None:
+            self.load(r)
+        elif not self._loaded[r]:  # taken out of the queue's order, those before it were dropped
+            order, at = self._order, self._next
+            while not self._loaded[r] and at < len(order):
+                if not self._loaded[order[at]]:
+                    self.load(order[at])
+                at += 1
+            self._next = at
+            if not self._loaded[r]:
+                self.load(r)
+
+    def _load_head(self, run: Run) -> None:
+        """Read a head run on its own (``advise_first`` queued it so) and file its samples; their
+        own run, if a later sample loads it, files them again."""
+        shard, start, stop = run
+        exact = _exact_reads(self._reader.shard(shard))
+        assert exact is not None  # advise_first chose it for that
+        run_bytes = exact.read_run_exact(start, stop)
+        decoded = read_run(self._reader, run, self._firsts, True, ahead=run_bytes)
+        at = int(np.searchsorted(self._unique, int(self._firsts[shard]) + start))
+        self.samples[at : at + len(decoded)] = decoded
+        if self.columns is not None:
+            self.columns.put(at, decoded)
+        for rank in range(at, at + len(decoded)):
+            del self._head_of[rank]
 
     def load(self, r: int) -> None:
         """Read and decode run ``r`` (its wanted records): every due run of a local window."""
@@ -278,6 +355,12 @@ class _OpenWindow:
         """Load the runs of the samples at ranks ``wanted``."""
         if self._complete:
             return
+        if self._order is not None:  # a head was read: ranks in yield order
+            samples = self.samples
+            for rank in wanted:
+                if samples[rank] is None:
+                    self.load_rank(rank)
+            return
         loaded, run_of = self._loaded, self.run_of
         # in yield order, which is the order the runs were announced in (``due``): a remote
         # reader's read-ahead hands out its ranges in that order, and a run taken out of
@@ -322,8 +405,12 @@ class _OpenWindow:
 
 def _windows(reader: RunReader, order: IndexArray, window: int, max_run: int, skip: int,
              columns: bool = False, check_ahead: bool = True, drop_decoded: bool = False,
-             ) -> Iterator[_OpenWindow]:
-    """The windows of ``order[skip:]`` in turn; the next window's runs are advised ahead."""
+             head: int = 0) -> Iterator[_OpenWindow]:
+    """The windows of ``order[skip:]`` in turn; the next window's runs are advised ahead.
+
+    A remote reader reads the records of the first ``head`` samples on their own where
+    their ranges are much larger (``advise_first``).
+    """
     firsts = np.asarray([s.first_index for s in reader.manifest.shards], dtype=np.int64)
     starts = list(range(skip - skip % window, len(order), window))
     if not starts:
@@ -334,12 +421,18 @@ def _windows(reader: RunReader, order: IndexArray, window: int, max_run: int, sk
     gap = max_run - 1 if getattr(reader, "is_remote", False) else gap_records(
         reader.manifest, max_run)
     current = _plan_window(order, starts[0], max(starts[0], skip), window, firsts, max_run, gap)
-    advise(reader, current.due)
+    if getattr(reader, "is_remote", False):
+        first_runs = advise_first(reader, current, firsts, head)
+    else:
+        first_runs = []
+        advise(reader, current.due)
     for w_lo in starts:
         upcoming = _plan_window(order, w_lo + window, w_lo + window, window, firsts, max_run,
                                 gap)
         advise(reader, upcoming.due)
-        open_window = _OpenWindow(reader, current, firsts, columns, check_ahead, drop_decoded)
+        open_window = _OpenWindow(reader, current, firsts, columns, check_ahead, drop_decoded,
+                                  first_runs)
+        first_runs = []
         try:
             yield open_window
         finally:
@@ -377,6 +470,30 @@ def _plan_window(order: IndexArray, w_lo: int, first: int, window: int, firsts: 
     due = np.flatnonzero(first_due < len(run_of))
     return _Window(runs, ranks, [runs[r] for r in due[np.argsort(first_due[due])].tolist()],
                    unique, counts)
+
+
+def head_runs(plan: _Window, firsts: IndexArray, head: int) -> list[Run]:
+    """The records of the first ``head`` samples ``plan`` yields, as runs of consecutive records
+    (each within one of the window's runs), in the order they are due."""
+    yielded = plan.ranks[:head]
+    ranks = _sorted_unique(yielded)
+    if len(ranks) == 0:
+        return []
+    runs = window_runs(plan.unique[ranks], firsts, max_run=len(ranks))
+    ends = np.asarray(plan.counts, np.int64).cumsum()
+    first_due = np.full(len(plan.unique), len(yielded), np.int64)
+    np.minimum.at(first_due, yielded, np.arange(len(yielded)))
+    # a head run must not span two of the window's runs: its records would be filed at
+    # ranks of both, and ``load_rank`` loads one run or one head run per rank
+    due: list[tuple[int, Run]] = []
+    for shard, start, stop in runs:
+        at = int(np.searchsorted(plan.unique, int(firsts[shard]) + start))
+        while start < stop:
+            edge = int(ends[np.searchsorted(ends, at, side="right")])
+            take = min(stop - start, edge - at)
+            due.append((int(first_due[at : at + take].min()), (shard, start, start + take)))
+            start, at = start + take, at + take
+    return [run for _when, run in sorted(due)]
 
 
 def _sorted_unique(values: IndexArray) -> IndexArray:
@@ -433,6 +550,43 @@ def read_run(
         keys=shard_reader.keys(),
         only=only,
     )
+
+
+def advise_first(reader: RunReader, plan: _Window, firsts: IndexArray, head: int) -> list[Run]:
+    """Advise the first window of an iteration, its first ``head`` samples' records first and on
+    their own where every shard can read them so (``can_read_exact``); returns those head
+    runs (none when one cannot: a record that is a large part of its range, say).
+
+    The window's runs follow in their usual order, less those the head runs hold every
+    wanted sample of; ``_OpenWindow.load_rank`` takes them in that order.
+    """
+    heads = head_runs(plan, firsts, head)
+    reader.prefetch(dict.fromkeys(shard for shard, _start, _stop in heads))
+    exact: list[Run] = []
+    for shard, start, stop in heads:
+        reads = _exact_reads(reader.shard(shard))
+        if reads is None or not reads.can_read_exact(start, stop):
+            exact = []
+            break
+        exact.append((shard, start, stop))
+    for shard, start, stop in exact:
+        reads = _exact_reads(reader.shard(shard))
+        assert reads is not None
+        reads.will_need_exact(start, stop)
+    served = _served_runs(plan, firsts, exact)
+    number = {run: r for r, run in enumerate(plan.runs)}
+    advise(reader, [run for run in plan.due if number[run] not in served])
+    return exact
+
+
+def _served_runs(plan: _Window, firsts: IndexArray, exact: list[Run]) -> set[int]:
+    """The runs of ``plan`` every wanted sample of which the ``exact`` head runs hold."""
+    counts = np.zeros(len(plan.runs), np.int64)
+    ends = np.asarray(plan.counts, np.int64).cumsum()
+    for shard, start, stop in exact:
+        at = int(np.searchsorted(plan.unique, int(firsts[shard]) + start))
+        counts[int(np.searchsorted(ends, at, side="right"))] += stop - start
+    return {r for r in np.flatnonzero(counts).tolist() if counts[r] == plan.counts[r]}
 
 
 def advise(reader: RunReader, runs: list[Run]) -> None:

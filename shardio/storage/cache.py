@@ -241,6 +241,12 @@ class RangeCache:
         self.stats.hits += 1
         return hit
 
+    def holds(self, store: Store, name: str, start: int, stop: int, *, version: str) -> bool:
+        """Whether bytes ``start..stop`` of ``name`` are in the cache now, complete (they may
+        still be evicted before they are opened: a hint, never a hold)."""
+        key = range_key(dataset_namespace(store.url, version), name, start, stop)
+        return self._budget.range_path(key).exists()
+
     def open_file(self, store: Store, name: str, *, size: int, version: str,
                   check: RangeCheck | None = None) -> CachedRange:
         """The whole object ``name`` of ``size`` bytes as one cache file (an LMDB shard)."""

@@ -95,6 +95,11 @@ class ReadAhead:
         self._fetched.remove(cached)
         return cached
 
+    def cached(self, request: RangeRequest) -> bool:
+        """Whether the range of ``request`` is in the node cache now (a hint: see ``holds``)."""
+        return self.cache.holds(self.store, request.name, request.start, request.stop,
+                                version=self.version)
+
     def limit(self, *, max_in_flight: int, max_in_flight_bytes: int) -> None:
         """Lower the limits (never raise them): a shard with larger ranges was opened."""
         self.max_in_flight = max(1, min(self.max_in_flight, max_in_flight))

@@ -1,0 +1,178 @@
+"""The first batch of a remote stream: its records read on their own, ahead of their ranges.
+
+A shuffled first batch wants a record or two of each of many blocks; a remote reader
+reads those records as ranges of their own (``will_need_exact``) before the window's
+whole ranges, which are still downloaded once each for the rest of the epoch. Through
+moto and the fault proxy: which byte spans the cache holds after an epoch, that every
+sample still arrives once with its bytes, that a cached dataset downloads nothing for
+its first batch, and ``head_runs``' cover of the first samples.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+import pytest
+from storage_servers import FAST_RETRY, S3Endpoint
+
+import shardio
+from shardio.backends.remoterecords import partition, tail_guess
+from shardio.plan import PlanConfig, Split, plan_epoch
+from shardio.reader import DatasetReader
+from shardio.storage import open_store
+from shardio.storage.options import RemoteOptions
+from shardio.stream import _plan_window, head_runs
+
+pytest_plugins = ("storage_plugin",)
+
+NUM, SHARD, BLOCK, BATCH = 240, 120, 20, 4
+"""Samples of 3 KB, shards of 120 (360 KB), blocks of 20 (60 KB: ranges join blocks up to
+64 KiB, so each is a block): a first batch of 4 wants one record of a range, 1/20 of it."""
+
+
+@pytest.fixture(scope="module")
+def packed(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("remote-head") / "ds"
+    options = shardio.WriteOptions(codec="none", max_shard_samples=SHARD)
+    rng = np.random.default_rng(4)
+    with shardio.ShardWriter(out, options) as writer:
+        for i in range(NUM):
+            writer.write({"__key__": f"s{i:03d}", "bin": rng.bytes(3000)})
+    return out
+
+
+def _upload(folder: Path, url: str) -> None:
+    store = open_store(url, retry=FAST_RETRY)
+    for path in sorted(folder.iterdir()):
+        store.put_file(path.name, path)
+
+
+def _options(tmp_path: Path) -> RemoteOptions:
+    return RemoteOptions(cache_dir=tmp_path / "cache", max_cache_bytes=64 << 20,
+                         range_bytes=64 << 10, retry=FAST_RETRY)
+
+
+def _spans(cache: Path) -> set[tuple[str, int, int]]:
+    """``(object, start, stop)`` of every complete range in the cache folder."""
+    spans = set()
+    for entry in (cache / "ranges").iterdir():
+        match = re.fullmatch(r".*~(shard-\d+\.rec)@(\d+)-(\d+)", entry.name)
+        assert match is not None, entry.name
+        spans.add((match[1], int(match[2]), int(match[3])))
+    return spans
+
+
+def _dataset(url: str, tmp_path: Path) -> shardio.StreamingDataset:
+    return shardio.StreamingDataset(url, decode="raw", shuffle_buffer=NUM, block_size=BLOCK,
+                                    seed=3, remote=_options(tmp_path))
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_the_first_batch_is_read_record_by_record_and_each_range_once_after(
+        workers: int, packed: Path, s3: S3Endpoint, tmp_path: Path) -> None:
+    _upload(packed, s3.url)
+    loader = shardio.loader(_dataset(s3.url, tmp_path), batch_size=BATCH, num_workers=workers)
+    s3.plan.reset()
+    batches = [(list(batch.keys), [bytes(b) for b in batch.bytes("bin")]) for batch in loader]
+    keys = Counter(key for batch_keys, _ in batches for key in batch_keys)
+    assert len(keys) == NUM and set(keys.values()) == {1}
+    local = DatasetReader(packed)
+    for batch_keys, payloads in batches:
+        for key, payload in zip(batch_keys, payloads, strict=True):
+            assert payload == local.get(int(key[1:]))["bin"]
+
+    # what the cache holds: each shard's tail, its whole ranges, and the records of the
+    # first batch of each reading process on their own (not the whole ranges they lie in)
+    spans = _spans(tmp_path / "cache")
+    whole, tails = set(), set()
+    for number, info in enumerate(local.manifest.shards):
+        shard = local.shard(number)
+        last = info.num_samples - 1
+        offsets = np.asarray([shard.offset(i) for i in range(info.num_samples)]
+                             + [shard.offset(last) + len(shard.frame(last))], np.uint64)
+        cuts = partition(offsets, 64 << 10, BLOCK)
+        whole |= {(info.name, 0 if j == 0 else int(offsets[cuts[j]]), int(offsets[cuts[j + 1]]))
+                  for j in range(len(cuts) - 1)}
+        guess = tail_guess(info.num_bytes, info.num_samples)
+        tails.add((info.name, info.num_bytes - guess, info.num_bytes))
+    assert whole | tails <= spans
+    exact = spans - whole - tails
+    firsts = [batch_keys for batch_keys, _ in batches[: max(1, workers)]]
+    wanted = {span for batch_keys in firsts
+              for span in _joined([_record_span(local, int(key[1:])) for key in batch_keys])}
+    # with workers, a range another worker has downloaded already is read whole instead
+    assert exact == wanted if workers == 0 else exact and exact <= wanted
+    # every GET filled one cache entry: the first batches' records are the only bytes twice
+    assert s3.plan.ranged_gets == len(spans)
+    local.close()
+
+
+def test_a_cached_dataset_downloads_nothing_for_its_first_batch(
+        packed: Path, s3: S3Endpoint, tmp_path: Path) -> None:
+    _upload(packed, s3.url)
+    loader = shardio.loader(_dataset(s3.url, tmp_path), batch_size=BATCH, num_workers=0)
+    assert sum(len(batch) for batch in loader) == NUM
+    s3.plan.reset()
+    # another epoch, another first batch: its ranges are in the cache whole, so they are read
+    assert sum(len(batch) for batch in loader) == NUM
+    assert s3.plan.ranged_gets == 0
+
+
+def _joined(spans: list[tuple[str, int, int]]) -> list[tuple[str, int, int]]:
+    """``spans`` with those that meet joined (consecutive records: one GET)."""
+    out: list[tuple[str, int, int]] = []
+    for name, start, stop in sorted(spans):
+        if out and out[-1][0] == name and out[-1][2] == start:
+            out[-1] = (name, out[-1][1], stop)
+        else:
+            out.append((name, start, stop))
+    return out
+
+
+def _record_span(reader: DatasetReader, index: int) -> tuple[str, int, int]:
+    shard, record = reader.locate(index)
+    start = reader.shard(shard).offset(record)
+    return reader.manifest.shards[shard].name, start, start + len(reader.shard(shard).frame(record))
+
+
+@pytest.mark.parametrize("head", [0, 1, 7, 64, 500])
+def test_head_runs_cover_the_first_samples_within_the_window_runs_in_due_order(
+        head: int) -> None:
+    config = PlanConfig(shard_sizes=(90, 70, 80), seed=2, window=120, block_size=10)
+    order = plan_epoch(config, 1, Split())
+    firsts = np.asarray([0, 90, 160], np.int64)
+    plan = _plan_window(order, 0, 3, 120, firsts, 10, 9)
+    runs = head_runs(plan, firsts, head)
+    covered = [int(firsts[s]) + r for s, a, b in runs for r in range(a, b)]
+    assert sorted(covered) == sorted(set(order[3 : min(3 + head, 120)].tolist()))  # one window
+    assert len(covered) == len(set(covered))
+    for shard, start, stop in runs:  # inside one of the window's runs
+        assert any(s == shard and a <= start and stop <= b for s, a, b in plan.runs)
+    due = [next(n for n, i in enumerate(order[3:].tolist()) if i in range(
+        int(firsts[s]) + a, int(firsts[s]) + b)) for s, a, b in runs]
+    assert due == sorted(due)
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_under_half_a_budget_only_the_first_batches_records_are_downloaded_twice(
+        workers: int, packed: Path, s3: S3Endpoint, tmp_path: Path) -> None:
+    # the first window's head records and runs are queued in the order they are taken: a
+    # range queued out of that order was dropped by the read-ahead and, evicted meanwhile
+    # under this budget, downloaded again
+    _upload(packed, s3.url)
+    manifest = shardio.read_manifest(packed)
+    dataset_bytes = sum(s.num_bytes for s in manifest.shards)
+    tails = sum(tail_guess(s.num_bytes, s.num_samples) for s in manifest.shards)
+    remote = RemoteOptions(cache_dir=tmp_path / "cache", max_cache_bytes=dataset_bytes // 2,
+                           range_bytes=64 << 10, max_in_flight=2, retry=FAST_RETRY)
+    ds = shardio.StreamingDataset(s3.url, decode="raw", shuffle_buffer=NUM // 4,
+                                  block_size=BLOCK, seed=3, remote=remote)
+    s3.plan.reset()
+    keys = Counter(key for batch in shardio.loader(ds, batch_size=BATCH, num_workers=workers)
+                   for key in batch.keys)
+    assert len(keys) == NUM and set(keys.values()) == {1}
+    record = dataset_bytes / NUM
+    assert 0 < s3.plan.body_bytes <= dataset_bytes + tails + max(1, workers) * BATCH * record
