@@ -105,3 +105,22 @@ def test_places_the_reader_filed_are_those_each_view_gives(pack: Path) -> None:
             assert [int(x) for x in got] == [int(x) for x in want]
         checked += 1
     assert checked == -(-NUM_SAMPLES // BATCH)
+
+
+def test_compressed_records_with_non_ascii_keys_cross_through_the_slots(
+    tmp_path: Path,
+) -> None:
+    # zstd records are inflated in the worker: their batches are copied into its slots
+    out = tmp_path / "zstd"
+    with ShardWriter(out, WriteOptions(max_shard_samples=SHARD, codec="zstd")) as writer:
+        for i in range(NUM_SAMPLES):
+            writer.write({"__key__": f"ключ/{i:04d}-é", "bin": bytes([i % 7]) * (500 + i)})
+    run = loader(StreamingDataset(out, decode="raw", seed=3), batch_size=BATCH, num_workers=2)
+    seen: list[int] = []
+    for batch in run:
+        assert isinstance(batch.buffer, memoryview)  # a view of the slot, not a copy
+        for got in contents(batch):
+            i = int(got["__key__"][5:9])
+            assert got["__key__"] == f"ключ/{i:04d}-é" and got["bin"] == bytes([i % 7]) * (500 + i)
+            seen.append(i)
+    assert sorted(seen) == list(range(NUM_SAMPLES))
