@@ -288,6 +288,8 @@ class _OpenWindow:
 
     def load(self, r: int) -> None:
         """Read and decode run ``r`` (its wanted records): every due run of a local window."""
+        if self._loaded[r]:  # filed field by field: its samples are made from the columns
+            return
         if self._local:
             self._local = False
             self._load_local()
