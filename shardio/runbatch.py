@@ -13,7 +13,6 @@ in the order the window's runs first showed them. Torch-free.
 
 from __future__ import annotations
 
-import itertools
 from collections.abc import Iterator, Sequence
 from operator import itemgetter
 from typing import TYPE_CHECKING, Any, overload
@@ -43,6 +42,8 @@ class _Column:
         self.ints = np.zeros(size, np.int64)
         self.maps: list[object] = [None] * size
         """Per rank, the map its bytes value is a view of (None: unknown or a copy)."""
+        self.mapped = True
+        """Whether every value filed so far is a view of a map with its place known."""
         self.starts = np.zeros(size, np.int64)
         """Per rank, where in its map the bytes value starts."""
         self.kind: str | None = None
@@ -51,7 +52,7 @@ class _Column:
     def put(self, lo: int, column: list[Any]) -> None:
         hi = lo + len(column)
         self.values[lo:hi] = column
-        self.maps[lo:hi] = [None] * (hi - lo)
+        self.mapped = False
         kinds = set(map(type, column))
         whole = type(None) not in kinds
         kinds.discard(type(None))
@@ -75,7 +76,7 @@ class _Column:
         self.values[lo:hi] = values
         self.present[lo:hi] = True
         if starts is None:
-            self.maps[lo:hi] = [None] * (hi - lo)
+            self.mapped = False
         else:
             self.maps[lo:hi] = [source] * (hi - lo)
             self.starts[lo:hi] = starts
@@ -212,11 +213,13 @@ def batch_from_columns(parts: list[tuple[WindowColumns, list[int]]]) -> RecordBa
             out.add_bytes(name, column, np.concatenate(
                 [c.lengths[r] if c is not None else np.zeros(len(r), np.int64) for c, r in cols]),
                 present)
-            out.add_places(
-                [m for c, r in cols for m in (_take(c.maps, r) if c is not None
-                                              else [None] * len(r))],
-                np.concatenate([c.starts[r] if c is not None else np.zeros(len(r), np.int64)
-                                for c, r in cols]), present)
+            if out.places is not None and all(c is None or c.mapped for c, _r in cols):
+                out.places[0].extend(m for c, r in cols for m in (
+                    _take(c.maps, r) if c is not None else [None] * len(r)))
+                out.places[1].extend(c.starts[r] if c is not None else np.zeros(len(r), np.int64)
+                                     for c, r in cols)
+            else:  # a value filed without its place (a copy, or decoded as a dict)
+                out.places = None
         elif kinds == {"int"} and bool(present.all()):
             out.values[name] = np.concatenate([c.ints[r] for c, r in cols if c is not None])
         else:  # runs that disagree on the field's kind: classified as from_samples does
@@ -260,14 +263,3 @@ class _Batch:
         self.offsets[name] = field_offsets
         self.pieces += column
         self._start = int(field_offsets[-1])
-
-    def add_places(self, maps: list[object], starts: IndexArray,
-                   present: npt.NDArray[np.bool_]) -> None:
-        """Where the pieces ``add_bytes`` just added lie: their maps and starts in them."""
-        if self.places is None:
-            return
-        if any(m is None for m in itertools.compress(maps, present.tolist())):
-            self.places = None  # a value filed without its place (a copy, or a dict)
-            return
-        self.places[0].extend(maps)
-        self.places[1].append(starts)

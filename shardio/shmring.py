@@ -89,11 +89,13 @@ class _Slot:
         whole = self.storage.numpy()
         self.data = whole[HEADER_BYTES:]
         self.state = whole[:16].view(np.int64)
+        self._counters = self.state.data  # Python ints: no numpy scalar per look
 
     @property
     def free(self) -> bool:
         """Whether the main process released the last batch written here."""
-        return bool(self.state[0] == self.state[1])
+        counters = self._counters
+        return bool(counters[0] == counters[1])
 
     @property
     def address(self) -> int:
@@ -138,14 +140,17 @@ class WorkerRing:
 
     def _acquire(self, nbytes: int) -> int | None:
         """A free slot of at least ``nbytes``: one that fits, a free one grown, or a new one."""
-        free = [i for i, s in enumerate(self.slots) if i != self._lease and s.free]
-        for i in free:
-            if self.slots[i].data.size >= nbytes:
-                return i
+        first_free = None
+        for i, slot in enumerate(self.slots):
+            if i != self._lease and slot.free:
+                if slot.data.size >= nbytes:
+                    return i
+                if first_free is None:
+                    first_free = i
         capacity = -(-(nbytes + nbytes // 4) // GRANULE) * GRANULE
-        if free:
-            self.slots[free[0]] = self._new_slot(capacity)
-            return free[0]
+        if first_free is not None:
+            self.slots[first_free] = self._new_slot(capacity)
+            return first_free
         if len(self.slots) < self.max_slots:
             self.slots.append(self._new_slot(capacity))
             return len(self.slots) - 1
