@@ -119,7 +119,7 @@ def child(spec_path: Path) -> None:
     os.environ[T0_ENV] = repr(time.time())
     _emit("start")
     options = shardio.RemoteOptions(cache_dir=spec["cache_dir"])
-    data = shardio.StreamingDataset(spec["url"], decode="raw", shuffle=True, seed=0,
+    data = shardio.StreamingDataset(spec["url"], decode="raw", shuffle=True, seed=spec["seed"],
                                     remote=options)
     _emit("dataset")
     batches = shardio.loader(data, batch_size=64, num_workers=spec["workers"])
@@ -162,6 +162,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--workers", type=int, default=2)
     p.add_argument("--batches", type=int, default=4)
     p.add_argument("--repeats", type=int, default=1)
+    p.add_argument("--seed", type=int, default=0, help="shuffle seed (bench_remote: the repeat)")
     p.add_argument("--latency-ms", type=float, default=20.0)
     p.add_argument("--bandwidth-mbs", type=float, default=100.0)
     p.add_argument("--events", action="store_true", help="print every event of the last run")
@@ -199,7 +200,8 @@ def main(argv: list[str] | None = None) -> None:
             trace.unlink(missing_ok=True)
             spec = work / "logs" / "spec.json"
             spec.write_text(json.dumps({"url": f"s3://{BUCKET}/{prefix}", "cache_dir": str(cache),
-                                        "workers": args.workers, "batches": args.batches}),
+                                        "workers": args.workers, "batches": args.batches,
+                                        "seed": args.seed}),
                             encoding="utf-8")
             load = os.getloadavg()[0]
             subprocess.run([sys.executable, "-m", "benchmarks.remote_trace", "--child",
@@ -208,7 +210,10 @@ def main(argv: list[str] | None = None) -> None:
             events = [json.loads(line) for line in trace.read_text(encoding="utf-8").splitlines()]
             events.sort(key=lambda e: e["t"])
             batch = next(e["t"] for e in events if e["ev"] == "batch")
-            print(f"run {rep}: first batch {batch:.2f} s (load {load:.1f})")
+            done = next(e["t"] for e in events if e["ev"] == "done")
+            taken = sum(e["ev"] == "batch" for e in events)
+            print(f"run {rep}: first batch {batch:.2f} s, {taken} batches in {done:.2f} s "
+                  f"(load {load:.1f})")
             for line in summarize(events):
                 print("  " + line)
         if args.events:

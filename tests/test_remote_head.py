@@ -5,7 +5,7 @@ reads those records as ranges of their own (``will_need_exact``) before the wind
 whole ranges, which are still downloaded once each for the rest of the epoch. Through
 moto and the fault proxy: which byte spans the cache holds after an epoch, that every
 sample still arrives once with its bytes, that a cached dataset downloads nothing for
-its first batch, and ``head_runs``' cover of the first samples.
+its first batch, ``head_runs``' cover of the first samples, and ``ReadAhead.fetch_first``.
 """
 
 from __future__ import annotations
@@ -23,7 +23,10 @@ from shardio.backends.remoterecords import partition, tail_guess
 from shardio.plan import PlanConfig, Split, plan_epoch
 from shardio.reader import DatasetReader
 from shardio.storage import open_store
+from shardio.storage.cache import RangeCache
+from shardio.storage.fetch import RangeRequest
 from shardio.storage.options import RemoteOptions
+from shardio.storage.readahead import ReadAhead
 from shardio.stream import _plan_window, head_runs
 
 pytest_plugins = ("storage_plugin",)
@@ -176,3 +179,23 @@ def test_under_half_a_budget_only_the_first_batches_records_are_downloaded_twice
     assert len(keys) == NUM and set(keys.values()) == {1}
     record = dataset_bytes / NUM
     assert 0 < s3.plan.body_bytes <= dataset_bytes + tails + max(1, workers) * BATCH * record
+
+
+def test_ranges_fetched_first_are_taken_in_any_order_beside_the_queue(
+        s3: S3Endpoint, tmp_path: Path) -> None:
+    data = bytes(range(256)) * 100
+    store = open_store(s3.url, retry=FAST_RETRY)
+    store.put_bytes("obj", data)
+    cache = RangeCache(tmp_path / "cache", max_cache_bytes=1 << 20)
+    firsts = [RangeRequest("obj", i * 100, i * 100 + 60) for i in range(6)]
+    queued = [RangeRequest("obj", 10_000, 12_000), RangeRequest("obj", 12_000, 14_000)]
+    s3.plan.reset()
+    with ReadAhead(cache, store, version="v1", max_in_flight=4,
+                   max_in_flight_bytes=4000) as ahead:
+        assert not ahead.fetch_first([RangeRequest("obj", 0, 5000)])  # over the byte limit
+        assert ahead.fetch_first(firsts)
+        ahead.plan(queued)
+        for request in [*reversed(firsts), *queued]:
+            with ahead.take(request) as got:
+                assert got.read() == data[request.start : request.stop]
+    assert s3.plan.ranged_gets == len(firsts) + len(queued)  # each once, none dropped

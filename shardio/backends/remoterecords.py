@@ -275,7 +275,8 @@ class RemoteRecordsReader:
         ``read_run_exact``: samples due before their ranges could be downloaded whole (a
         stream's first batch). The ranges are still downloaded whole when asked for."""
         requests = self._exact[start, stop] = self._exact_requests(start, stop)
-        self._ahead.plan(requests)
+        if not self._ahead.fetch_first(requests):  # they would not fit the budget's share
+            self._ahead.plan(requests)
 
     def read_frames(self, start: int, stop: int) -> list[memoryview]:
         """Records ``start..stop``, copied out of their ranges, which are released at once."""

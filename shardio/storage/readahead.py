@@ -72,6 +72,10 @@ class ReadAhead:
         self._pending: deque[tuple[_Slot, Future[CachedRange]]] = deque()
         self._pending_bytes = 0
         self._pool: ThreadPoolExecutor | None = None
+        self._first: dict[_Slot, Future[CachedRange]] = {}
+        """Ranges ``fetch_first`` started beside the queue, by slot, until taken."""
+        self._first_bytes = 0
+        self._first_pool: ThreadPoolExecutor | None = None
         self._fetched: list[CachedRange] = []
         """Ranges fetched ahead and not taken: what a forked child must let go of (a plain
         list, readable after a fork without a lock a parent thread may have held)."""
@@ -107,9 +111,36 @@ class ReadAhead:
 
     def _room_for(self, request: RangeRequest) -> bool:
         count = len(self._pending)
-        return count < self.max_in_flight and (
-            count < MIN_IN_FLIGHT
-            or self._pending_bytes + request.stop - request.start <= self.max_in_flight_bytes)
+        held = self._pending_bytes + self._first_bytes + request.stop - request.start
+        # while ``fetch_first``'s ranges are on their way, a few of the queue's keep the link
+        # busy beside them without taking most of it (they are wanted later)
+        limit = MIN_IN_FLIGHT if self._first else self.max_in_flight
+        return count < limit and (count < MIN_IN_FLIGHT or held <= self.max_in_flight_bytes)
+
+    def fetch_first(self, requests: Iterable[RangeRequest]) -> bool:
+        """Start downloading ``requests`` now, beside the queue, if they fit its byte limit.
+
+        For a few small ranges wanted before anything queued (a stream's first batch):
+        they do not wait for a slot of ``max_in_flight``, and ``take`` finds them whatever
+        the queue's order; until all are taken the queue keeps ``MIN_IN_FLIGHT`` ranges
+        downloading beside them, not ``max_in_flight``. Their bytes count against
+        ``max_in_flight_bytes`` until taken, so what is in flight still fits the budget.
+        Returns False, starting nothing, when they do not fit it: then ``plan`` them.
+        """
+        fresh = {_slot(r): r for r in requests if _slot(r) not in self._first}
+        size = sum(r.stop - r.start for r in fresh.values())
+        if self._pending_bytes + self._first_bytes + size > self.max_in_flight_bytes:
+            return False
+        if self._first_pool is None:
+            # as many as the queue's threads: with twice as many, the extra connections
+            # opened at once were refused by bench_remote's link (a listen queue of 5) and
+            # retried after 1 s, which a first batch waiting for every range then waited
+            self._first_pool = ThreadPoolExecutor(self.max_in_flight,
+                                                  thread_name_prefix="shardio-first")
+        for slot, request in fresh.items():  # a slot asked twice: the second take opens it
+            self._first[slot] = self._first_pool.submit(self._open_ahead, request)
+        self._first_bytes += size
+        return True
 
     def _pop(self) -> Future[CachedRange]:
         (_name, start, stop), future = self._pending.popleft()
@@ -135,6 +166,11 @@ class ReadAhead:
             CacheBudgetError, ShardCorruptError, StorageError: its download failed.
         """
         slot = _slot(request)
+        first = self._first.pop(slot, None)
+        if first is not None:
+            self._first_bytes -= request.stop - request.start
+            self._fill()
+            return self._taken(first)
         for position, (pending, _future) in enumerate(self._pending):
             if pending == slot:
                 for _ in range(position):
@@ -177,10 +213,16 @@ class ReadAhead:
         self._planned.clear()
         for _pending_slot, future in self._pending:
             future.cancel()
-        pool, self._pool = self._pool, None
-        if pool is not None:
-            pool.shutdown(wait=True)
+        firsts, self._first, self._first_bytes = list(self._first.values()), {}, 0
+        for future in firsts:
+            future.cancel()
+        for pool in (self._pool, self._first_pool):
+            if pool is not None:
+                pool.shutdown(wait=True)
+        self._pool = self._first_pool = None
         self._drop_pending()
+        for future in firsts:
+            self._discard(future)
 
     def __enter__(self) -> ReadAhead:
         return self
