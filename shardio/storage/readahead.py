@@ -112,18 +112,16 @@ class ReadAhead:
     def _room_for(self, request: RangeRequest) -> bool:
         count = len(self._pending)
         held = self._pending_bytes + self._first_bytes + request.stop - request.start
-        # while ``fetch_first``'s ranges are on their way, a few of the queue's keep the link
-        # busy beside them without taking most of it (they are wanted later)
-        limit = MIN_IN_FLIGHT if self._first else self.max_in_flight
-        return count < limit and (count < MIN_IN_FLIGHT or held <= self.max_in_flight_bytes)
+        return count < self.max_in_flight and (
+            count < MIN_IN_FLIGHT or held <= self.max_in_flight_bytes)
 
     def fetch_first(self, requests: Iterable[RangeRequest]) -> bool:
         """Start downloading ``requests`` now, beside the queue, if they fit its byte limit.
 
         For a few small ranges wanted before anything queued (a stream's first batch):
-        they do not wait for a slot of ``max_in_flight``, and ``take`` finds them whatever
-        the queue's order; until all are taken the queue keeps ``MIN_IN_FLIGHT`` ranges
-        downloading beside them, not ``max_in_flight``. Their bytes count against
+        they do not wait for a slot of ``max_in_flight``, so the queue's ranges download
+        beside them, not after them (which left the link nearly idle while they came),
+        and ``take`` finds them whatever the queue's order. Their bytes count against
         ``max_in_flight_bytes`` until taken, so what is in flight still fits the budget.
         Returns False, starting nothing, when they do not fit it: then ``plan`` them.
         """
