@@ -320,7 +320,8 @@ def loader(
             ``shardio.collate.collate_fields`` with ``fields=``, default
             collation otherwise).
         pin_memory: default: only when CUDA is available.
-        prefetch_factor: batches each worker keeps ready.
+        prefetch_factor: batches each worker keeps ready (raw batches, which cross
+            a few per DataLoader item, ``GROUP_BATCHES``: a group more).
         persistent_workers: keep workers between epochs (they read the epoch
             from shared memory); a killed worker is replaced at the next ``iter()``.
         multiprocessing_context: e.g. ``"spawn"``; default: the platform's.
