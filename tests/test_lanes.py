@@ -9,19 +9,22 @@ exactly-once are unchanged; a resume continues in the lanes its epoch was read i
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 from torch.utils.data import DataLoader
 
 from shardio import ShardWriter, WriteOptions, merge_states
-from shardio.dataloader import loader
+from shardio.dataloader import ShardLoader, loader
 from shardio.dataset import StreamingDataset
 from shardio.errors import ResumeError
 from shardio.plan import (
+    IndexArray,
     PlanConfig,
     Progress,
     Split,
@@ -91,12 +94,13 @@ def test_a_worker_reads_whole_blocks_of_its_lanes(workers: int) -> None:
     assert touched[1] >= WINDOW // BLOCK - 1  # one lane: every worker touches nearly all
 
 
-def positions_of(config: PlanConfig, samples: np.ndarray) -> np.ndarray:
+def positions_of(config: PlanConfig, samples: IndexArray) -> IndexArray:
     """Each sample's position in epoch 0's stream (blocks are what the stream is cut in)."""
     stream = epoch_samples(config, 0, np.arange(config.num_samples, dtype=np.int64))
     where = np.empty(config.num_samples, np.int64)
     where[stream] = np.arange(config.num_samples)
-    return where[samples]
+    found: IndexArray = where[samples]
+    return found
 
 
 def test_lanes_keep_windows_batches_and_exactly_once() -> None:
@@ -120,8 +124,8 @@ def test_a_state_without_lanes_reads_as_one_lane() -> None:
     assert progress_from_state(progress_to_state(laned)) == laned
 
 
-def batches(run: object) -> list[list[int]]:
-    return [b.indices.tolist() for b in run]  # type: ignore[attr-defined]
+def batches(run: Iterable[Any]) -> list[list[int]]:
+    return [b.indices.tolist() for b in run]
 
 
 def test_two_workers_deliver_the_order_of_one_process_in_two_lanes(pack: Path) -> None:
@@ -143,7 +147,7 @@ def test_two_workers_deliver_the_order_of_one_process_in_two_lanes(pack: Path) -
 
 @pytest.mark.parametrize("then", [0, 3])
 def test_a_resume_continues_the_lanes_its_epoch_was_read_in(pack: Path, then: int) -> None:
-    def run(workers: int) -> object:
+    def run(workers: int) -> ShardLoader:
         return loader(StreamingDataset(pack, decode="raw", shuffle_buffer=WINDOW,
                                        block_size=BLOCK, seed=2), batch_size=BATCH,
                       num_workers=workers)
@@ -185,3 +189,42 @@ def test_blocks_of_the_plan_are_whole_reads() -> None:
     """The premise: a block is consecutive records of one shard."""
     starts, lengths = cut_blocks((20, 13), 0, BLOCK)
     assert starts.tolist() == [0, 8, 16, 20, 28] and lengths.tolist() == [8, 8, 4, 8, 5]
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    sizes=st.lists(st.integers(0, 40), min_size=1, max_size=5).filter(lambda s: sum(s) > 0),
+    window=st.integers(1, 40), block=st.integers(1, 12), batch=st.integers(1, 9),
+    old_world=st.integers(1, 3), old_lanes=st.integers(1, 4),
+    new_world=st.integers(1, 3), new_lanes=st.integers(1, 4), data=st.data(),
+)
+def test_a_resume_under_another_world_size_replays_the_lanes_read(
+    sizes: list[int], window: int, block: int, batch: int, old_world: int, old_lanes: int,
+    new_world: int, new_lanes: int, data: st.DataObject,
+) -> None:
+    """Ranks that read in lanes, resumed by another world size in other lanes (and again):
+    every sample not yet read arrives exactly once (where no rank's part was padded by
+    repeating samples: then a sample read is not a position read)."""
+    config = PlanConfig(shard_sizes=tuple(sizes), seed=5, window=window, block_size=block)
+    assume(config.num_samples % old_world == 0)
+    old = [stage_order(config, 1, Split(r, old_world, lanes=old_lanes, batch=batch), None)
+           for r in range(old_world)]
+    done = [data.draw(st.integers(0, len(o))) for o in old]
+    progress = Progress(1, old_world, 1, {r: (d,) for r, d in enumerate(done)},
+                        lanes=old_lanes, batch=batch)
+    seen = {int(i) for o, d in zip(old, done, strict=True) for i in o[:d]}
+    new = [stage_order(config, 1, Split(r, new_world, lanes=new_lanes, batch=batch), progress)
+           for r in range(new_world)]
+    unseen = set(range(config.num_samples)) - seen
+    assert {int(i) for o in new for i in o} == unseen
+    if new_world > 1:
+        return
+    assert len(new[0]) == len(unseen)
+    # read part of the resumed stage, then resume once more under the first split
+    more = [data.draw(st.integers(0, len(o))) for o in new]
+    again = Progress(1, new_world, 1, {r: (m,) for r, m in enumerate(more)}, prior=progress,
+                     lanes=new_lanes, batch=batch)
+    read = seen | {int(i) for o, m in zip(new, more, strict=True) for i in o[:m]}
+    last = stage_order(config, 1, Split(0, 1, lanes=old_lanes, batch=batch), again)
+    assert {int(i) for i in last} == set(range(config.num_samples)) - read
+    assert len(last) == config.num_samples - len(read)
