@@ -13,6 +13,9 @@ a process holds at most ``in_flight_bytes`` plus the range it reads of the
 cache (``min_cache_bytes``), and the first sample waits for one range, not one
 shard.
 
+``fetch_first`` starts a few small ranges at once beside the queue (the records
+of a stream's first batch), which ``take`` hands out in any order.
+
 ``take`` tolerates a reader that leaves the plan: planned ranges it skips
 (an exact resume starts mid-window) are released, and a range it never
 planned (random access) is opened on the spot, next to the queue. One thread
