@@ -259,6 +259,11 @@ class Progress:
         return Split(rank, self.world_size, worker, self.num_workers, self.lanes, self.batch)
 
     def __post_init__(self) -> None:
+        if self.lanes < 1 or self.batch < 1:
+            raise ValueError(
+                f"a state's lanes and batch must be >= 1, got {self.lanes}, {self.batch}: the "
+                "state was not written by shardio's state_dict(); resume from one that was"
+            )
         for rank, counts in self.consumed.items():
             if not 0 <= rank < self.world_size or len(counts) != self.num_workers:
                 raise ValueError(

@@ -124,6 +124,15 @@ def test_a_state_without_lanes_reads_as_one_lane() -> None:
     assert progress_from_state(progress_to_state(laned)) == laned
 
 
+@pytest.mark.parametrize(("lanes", "batch"), [(0, BATCH), (2, 0), (-3, -1)])
+def test_a_state_with_crafted_lanes_is_refused_on_load(pack: Path, lanes: int,
+                                                       batch: int) -> None:
+    ds = StreamingDataset(pack, decode="raw", shuffle_buffer=WINDOW, block_size=BLOCK)
+    state = ds.state_dict()
+    with pytest.raises(ValueError, match="lanes and batch must be >= 1"):
+        ds.load_state_dict({**state, "consumed": {"0": [20]}, "lanes": lanes, "batch": batch})
+
+
 def batches(run: Iterable[Any]) -> list[list[int]]:
     return [b.indices.tolist() for b in run]
 
