@@ -74,3 +74,25 @@ def test_reset_clears_the_cap_and_counters() -> None:
     assert (plan.max_bytes_per_s, plan.gets, plan.get_bytes) == (0.0, 0, 0)
     assert plan.pace(1 << 30) == 0.0  # no cap: no wait
     assert plan.link_s == 0.0
+
+
+def test_a_burst_of_connections_waits_in_the_backlog_instead_of_being_refused() -> None:
+    # Nothing accepts here: every connect completes only if the listen backlog holds it.
+    # With socketserver's default of 5, the 7th waited for the client's SYN retry (1 s,
+    # then 3 s, ...), which bench_remote measured as a late first batch.
+    import socket
+    from http.server import BaseHTTPRequestHandler
+
+    from benchmarks.storage_proxy import Server
+
+    server = Server(("127.0.0.1", 0), BaseHTTPRequestHandler)
+    clients: list[socket.socket] = []
+    try:
+        for _ in range(64):
+            client = socket.create_connection(server.server_address, timeout=5)
+            clients.append(client)
+        assert len(clients) == 64  # each connect above raised a timeout if it was refused
+    finally:
+        for client in clients:
+            client.close()
+        server.server_close()
