@@ -398,9 +398,12 @@ class StreamingDataset(ClassAttributes, IterableDataset[Any]):
                                      drop_decoded=self.zero_copy and info is not None)
                 yield from self._batches(chunks, split, stage, reader, identity)
                 return
+            # the first batch a plain DataLoader(batch_size=) makes is what a remote head
+            # reads on its own; without a batch size the stream's default head stands in
+            head = {} if self.batch_size is None else {"head": self.batch_size}
             samples = iter_samples(reader, stage.order, window=window, max_run=block,
                                    skip=stage.skip, zero_copy=self.zero_copy,
-                                   check_ahead=ahead)
+                                   check_ahead=ahead, **head)
             if isinstance(reader, MixtureReader):
                 samples = reader.tagged(samples)
             if identity:

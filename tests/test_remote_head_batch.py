@@ -1,0 +1,68 @@
+"""A plain ``DataLoader`` over a remote ``StreamingDataset(batch_size=B)``: the records of
+its first batch, exactly ``B`` samples, are what is read on its own ahead of the ranges.
+
+The stream's default head is 64 samples; a dataset that knows its loader's batch size
+reads that many instead: fewer bytes twice for a small batch, no wait on whole ranges for
+the rest of a large one.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from storage_servers import S3Endpoint
+from test_remote_head import (  # noqa: F401  (packed: a fixture, found by name)
+    BLOCK,
+    NUM,
+    _joined,
+    _options,
+    _record_span,
+    _spans,
+    _upload,
+    packed,
+)
+
+import shardio
+from shardio.backends.remoterecords import partition, tail_guess
+from shardio.reader import DatasetReader
+
+pytest_plugins = ("storage_plugin",)
+
+
+def _whole_and_tails(local: DatasetReader) -> set[tuple[str, int, int]]:
+    """Each shard's planned ranges and tail: what any epoch downloads, head or not."""
+    spans = set()
+    for number, info in enumerate(local.manifest.shards):
+        shard = local.shard(number)
+        last = info.num_samples - 1
+        offsets = np.asarray([shard.offset(i) for i in range(info.num_samples)]
+                             + [shard.offset(last) + len(shard.frame(last))], np.uint64)
+        cuts = partition(offsets, 64 << 10, BLOCK)
+        spans |= {(info.name, 0 if j == 0 else int(offsets[cuts[j]]), int(offsets[cuts[j + 1]]))
+                  for j in range(len(cuts) - 1)}
+        spans.add((info.name, info.num_bytes - tail_guess(info.num_bytes, info.num_samples),
+                   info.num_bytes))
+    return spans
+
+
+@pytest.mark.parametrize("batch_size", [3, 10])
+def test_a_plain_dataloaders_first_batch_is_the_head(
+        batch_size: int, packed: Path, s3: S3Endpoint, tmp_path: Path) -> None:  # noqa: F811
+    _upload(packed, s3.url)
+    ds = shardio.StreamingDataset(s3.url, decode="raw", shuffle_buffer=NUM, block_size=BLOCK,
+                                  seed=3, batch_size=batch_size, remote=_options(tmp_path))
+    loader = torch.utils.data.DataLoader(ds, batch_size=batch_size, num_workers=0,
+                                         collate_fn=list)
+    batches = [[sample["__key__"] for sample in batch] for batch in loader]
+    keys = Counter(key for batch in batches for key in batch)
+    assert len(keys) == NUM and set(keys.values()) == {1}
+
+    local = DatasetReader(packed)
+    exact = _spans(tmp_path / "cache") - _whole_and_tails(local)
+    # the first batch's records on their own, and no other sample's (64 without batch_size)
+    assert exact == set(_joined([_record_span(local, int(key[1:])) for key in batches[0]]))
+    local.close()
