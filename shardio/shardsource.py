@@ -29,7 +29,7 @@ from typing import Any
 
 from shardio.backends import ShardFileReader
 from shardio.backends.cachedshard import CachedShardReader
-from shardio.backends.remoterecords import RemoteRecordsReader, ShardTail, read_tail
+from shardio.backends.remoterecords import RemoteRecordsReader, ShardTail, join_bytes, read_tail
 from shardio.checksum import compute, digest, name_of
 from shardio.errors import (
     ChecksumError,
@@ -231,9 +231,11 @@ class ShardSource:
                 wait(list(self._tails.values()))
                 future = self._tails.pop(number, None)
                 tail = future.result() if future is not None else self._tail(number)
-                reader = RemoteRecordsReader(self._ahead_here(), info.name, tail, url=url,
-                                             range_bytes=options.range_bytes,
-                                             block_records=self.block_records)
+                assert options.max_cache_bytes is not None  # resolved() sets it
+                reader = RemoteRecordsReader(
+                    self._ahead_here(), info.name, tail, url=url,
+                    range_bytes=options.range_bytes, block_records=self.block_records,
+                    max_join_bytes=join_bytes(options.max_cache_bytes, self.manifest.num_bytes))
                 self._fit_in_flight(reader.max_range_bytes, url)
             else:
                 cached = self._whole.pop(number, None) or self._download_whole(number)
