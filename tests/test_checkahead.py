@@ -178,3 +178,59 @@ def test_the_thread_is_used_only_with_a_core_to_spare(tmp_path: Path, cpus: int,
     loader = shardio.loader(StreamingDataset(root, shuffle=True), batch_size=50, num_workers=0)
     assert sum(len(b) for b in loader) == 600
     assert bool(calls) == used
+
+
+def test_the_next_window_is_queued_on_the_thread_when_a_window_opens(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # queued only as a window opened, a local window's checks were all due at once (its runs
+    # are decoded together on its first sample): the reader took over about half of them
+    import numpy as np
+
+    from shardio.reader import DatasetReader
+    from shardio.stream import _plan_window, gap_records, iter_samples
+
+    root = write(tmp_path / "ds")
+    queued: list[checkahead.Check] = []
+    real = checkahead.Checker.submit
+
+    def spy(self: checkahead.Checker, *args: object, **kwargs: object) -> checkahead.Check:
+        check = real(self, *args, **kwargs)  # type: ignore[arg-type]
+        queued.append(check)
+        return check
+
+    monkeypatch.setattr(checkahead.Checker, "submit", spy)
+    order = np.random.default_rng(0).permutation(600).astype(np.int64)
+    with DatasetReader(root) as reader:
+        samples = iter_samples(reader, order, window=100, max_run=10)
+        first = next(samples)
+        firsts = np.asarray([0, 200, 400], np.int64)
+        gap = gap_records(reader.manifest, 10)
+        due = [_plan_window(order, w, w, 100, firsts, 10, gap).due for w in (0, 100)]
+        assert len(queued) == len(due[0]) + len(due[1])
+        rest = [first["__index__"]] + [next(samples)["__index__"] for _ in range(149)]
+        assert rest == order[:150].tolist()
+        samples.close()  # mid-window: the next window's checks not started are dropped
+    assert all(check._state != checkahead._PENDING for check in queued)
+
+
+def test_a_job_queued_later_runs_after_the_checks_before_it(tmp_path: Path) -> None:
+    import threading
+
+    root = write(tmp_path / "ds")
+    reader = RecordsShardReader(root / "shard-00000.rec")
+    try:
+        thread = checkahead.checker()
+        checks = [thread.submit(reader.read_run(a, a + 20)) for a in range(0, 200, 20)]
+        seen: list[bool] = []
+        done = threading.Event()
+
+        def broken() -> None:
+            raise ValueError("mmap closed or invalid")  # a shard closed before its drop
+
+        thread.later(broken)  # the thread goes on
+        thread.later(lambda: (seen.append(all(c._done.is_set() for c in checks)), done.set()))
+        assert done.wait(10)
+        assert seen == [True]
+        assert thread.submit(reader.read_run(0, 5)).passed()
+    finally:
+        reader.close()

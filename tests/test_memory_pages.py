@@ -137,3 +137,57 @@ def test_a_rewritten_shard_file_is_refused(pack: Path, tmp_path: Path) -> None:
     assert shmview._mapped_file((str(copy), st.st_dev, st.st_ino)).nbytes == st.st_size
     with pytest.raises(RuntimeError, match="not the file a DataLoader worker read"):
         shmview._mapped_file((str(copy), st.st_dev, st.st_ino + 1))
+
+
+@linux_only
+def test_drop_pages_keeps_the_spans_asked_for(pack: Path) -> None:
+    # a window's close keeps the next window's runs, which the checker thread has mapped
+    path = first_shard(pack)
+    reader = RecordsShardReader(path)
+    try:
+        opened = resident_kb(path)
+        frames = [reader.frame(i) for i in range(48)]
+        assert sum(sum(f[::4096]) for f in frames) >= 0  # every page mapped
+        whole = resident_kb(path) - opened
+        reader.drop_pages(0, 48, keep=[(20, 24), (30, 31)])
+        kept = resident_kb(path)  # what was read on open may go too: it is in the span
+        wanted = sum(f.nbytes for f in frames[20:24] + frames[30:31]) // 1024
+        assert wanted <= kept <= opened + wanted + 2 * 4 * 2  # and a page each side at most
+        assert kept < opened + whole
+        assert [f.tobytes() for f in frames[18:26]] == [
+            reader.frame(i).tobytes() for i in range(18, 26)]
+        reader.drop_pages(0, 48)
+        assert resident_kb(path) <= opened
+    finally:
+        del frames
+        reader.close()
+
+
+@linux_only
+def test_windows_closed_with_the_checker_thread_give_their_pages_back(pack: Path) -> None:
+    # with checks queued a window ahead, a window's drop runs on the checker thread, after
+    # the next window's checks and sparing its runs: once the thread is idle, what stays
+    # mapped is at most the windows not yet dropped (none, after the last)
+    import threading
+
+    import numpy as np
+
+    from shardio.checkahead import checker
+    from shardio.reader import DatasetReader
+    from shardio.stream import iter_samples
+
+    paths = sorted(pack.glob("*.rec"))
+    order = np.random.default_rng(2).permutation(NUM_SAMPLES).astype(np.int64)
+    with DatasetReader(pack) as reader:
+        for s in range(len(paths)):
+            reader.shard(s)
+        opened = sum(resident_kb(p) for p in paths)
+        seen = []
+        for sample in iter_samples(reader, order, window=16, max_run=4, check_ahead=True):
+            assert sample["bin"] == payload(sample["__index__"])
+            seen.append(sample["__index__"])
+        idle = threading.Event()
+        checker().later(idle.set)  # in turn after every drop queued before it
+        assert idle.wait(10)
+        assert seen == order.tolist()
+        assert sum(resident_kb(p) for p in paths) <= opened

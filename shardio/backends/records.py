@@ -257,19 +257,31 @@ class RecordsShardReader:
         view = self._view
         return [view[offs[i] : offs[i + 1]] for i in range(start, stop)]
 
-    def drop_pages(self, start: int, stop: int) -> None:
+    def drop_pages(self, start: int, stop: int, keep: Sequence[tuple[int, int]] = ()) -> None:
         """Drop the pages of records ``start..stop`` from this process (not from the page cache).
 
         The map is shared and read-only, so a view still held re-reads its bytes from
         the file; what goes is this process's resident share, which would otherwise
         grow to every shard read. The span is widened to whole ``FAULT_AROUND``
         blocks: the kernel mapped the records next to those read too. Called when a
-        window closes, before the next one's runs are read, so what goes beyond the
-        span is either never read by this process or mapped again on its next touch.
+        window closes, so what goes beyond the span is either never read by this
+        process or mapped again on its next touch. ``keep``: record spans
+        ``(start, stop)`` whose pages stay (the next window's runs, already mapped by
+        the checker thread: dropped, the reader would fault them in again).
         """
-        lo = self._offsets_list[start] // FAULT_AROUND * FAULT_AROUND
-        hi = min(self.size, -(-self._offsets_list[stop] // FAULT_AROUND) * FAULT_AROUND)
-        if hi > lo and hasattr(mmap, "MADV_DONTNEED"):
+        if not hasattr(mmap, "MADV_DONTNEED"):
+            return
+        offs = self._offsets_list
+        lo = offs[start] // FAULT_AROUND * FAULT_AROUND
+        hi = min(self.size, -(-offs[stop] // FAULT_AROUND) * FAULT_AROUND)
+        for a, b in sorted((offs[a] // PAGE * PAGE, -(-offs[b] // PAGE) * PAGE)
+                           for a, b in keep if b > a):
+            if b <= lo or a >= hi:
+                continue
+            if a > lo:
+                self._mmap.madvise(mmap.MADV_DONTNEED, lo, a - lo)
+            lo = max(lo, b)
+        if hi > lo:
             self._mmap.madvise(mmap.MADV_DONTNEED, lo, hi - lo)
 
     def keys(self) -> Sequence[str]:
