@@ -247,6 +247,18 @@ class RangeCache:
         key = range_key(dataset_namespace(store.url, version), name, start, stop)
         return self._budget.range_path(key).exists()
 
+    def mark_used(self, store: Store, name: str, start: int, stop: int, *, version: str) -> bool:
+        """Whether bytes ``start..stop`` of ``name`` are in the cache now; if so their last
+        use is now, so eviction takes ranges used longer ago first (a reader that plans to
+        open them soon; like ``holds``, a hint, never a hold)."""
+        key = range_key(dataset_namespace(store.url, version), name, start, stop)
+        now = time.time_ns()
+        try:
+            os.utime(self._budget.range_path(key), ns=(now, now))
+        except FileNotFoundError:
+            return False
+        return True
+
     def open_file(self, store: Store, name: str, *, size: int, version: str,
                   check: RangeCheck | None = None) -> CachedRange:
         """The whole object ``name`` of ``size`` bytes as one cache file (an LMDB shard)."""

@@ -16,6 +16,11 @@ shard.
 ``fetch_first`` starts a few small ranges at once beside the queue (the records
 of a stream's first batch), which ``take`` hands out in any order.
 
+A planned range already in the node cache takes no slot: it is marked used (so
+least-recently-used eviction keeps it) and opened only when taken. Holding cached
+ranges ahead in the slots kept the downloads behind them waiting: late in a cold
+epoch most of the next ranges are cached, and the link then had 4 GETs in flight.
+
 ``take`` tolerates a reader that leaves the plan: planned ranges it skips
 (an exact resume starts mid-window) are released, and a range it never
 planned (random access) is opened on the spot, next to the queue. One thread
@@ -72,7 +77,11 @@ class ReadAhead:
         self.max_in_flight = max_in_flight
         self.max_in_flight_bytes = max_in_flight_bytes
         self._planned: deque[RangeRequest] = deque()
-        self._pending: deque[tuple[_Slot, Future[CachedRange]]] = deque()
+        self._pending: deque[tuple[_Slot, Future[CachedRange] | None]] = deque()
+        """Planned ranges in the reader's order: downloading or downloaded (a future), or
+        found in the cache when planned (``None``: opened when taken)."""
+        self._pending_count = 0
+        """Entries of ``_pending`` with a future: what ``max_in_flight`` counts."""
         self._pending_bytes = 0
         self._pool: ThreadPoolExecutor | None = None
         self._first: dict[_Slot, Future[CachedRange]] = {}
@@ -113,7 +122,7 @@ class ReadAhead:
         self.max_in_flight_bytes = min(self.max_in_flight_bytes, max_in_flight_bytes)
 
     def _room_for(self, request: RangeRequest) -> bool:
-        count = len(self._pending)
+        count = self._pending_count
         held = self._pending_bytes + self._first_bytes + request.stop - request.start
         return count < self.max_in_flight and (
             count < MIN_IN_FLIGHT or held <= self.max_in_flight_bytes)
@@ -143,14 +152,24 @@ class ReadAhead:
         self._first_bytes += size
         return True
 
-    def _pop(self) -> Future[CachedRange]:
+    def _pop(self) -> Future[CachedRange] | None:
         (_name, start, stop), future = self._pending.popleft()
-        self._pending_bytes -= stop - start
+        if future is not None:
+            self._pending_count -= 1
+            self._pending_bytes -= stop - start
         return future
 
     def _fill(self) -> None:
-        while self._planned and self._room_for(self._planned[0]):
-            request = self._planned.popleft()
+        while self._planned:
+            request = self._planned[0]
+            if self.cache.mark_used(self.store, request.name, request.start, request.stop,
+                                    version=self.version):
+                self._pending.append((_slot(self._planned.popleft()), None))
+                continue
+            if not self._room_for(request):
+                break
+            self._planned.popleft()
+            self._pending_count += 1
             self._pending_bytes += request.stop - request.start
             if self._pool is None:
                 self._pool = ThreadPoolExecutor(self.max_in_flight,
@@ -178,7 +197,8 @@ class ReadAhead:
                     self._discard(self._pop())
                 future = self._pop()
                 self._fill()
-                return self._taken(future)
+                # in the cache when planned: opened now (downloaded if evicted since)
+                return self._open(request) if future is None else self._taken(future)
         planned = [_slot(r) for r in self._planned]
         if slot in planned:  # the reader jumped ahead of everything downloading
             self._drop_pending()
@@ -191,9 +211,9 @@ class ReadAhead:
         while self._pending:
             self._discard(self._pop())
 
-    def _discard(self, future: Future[CachedRange]) -> None:
+    def _discard(self, future: Future[CachedRange] | None) -> None:
         """Release a range fetched ahead and never taken (its error, if any, matters no more)."""
-        if future.cancel():
+        if future is None or future.cancel():
             return
         with contextlib.suppress(Exception):  # a skipped range's failure is nobody's to report
             self._taken(future).close()
@@ -207,13 +227,14 @@ class ReadAhead:
     @property
     def num_pending(self) -> int:
         """Planned ranges downloading or downloaded and not yet taken."""
-        return len(self._pending)
+        return self._pending_count
 
     def close(self) -> None:
         """Forget the plan, release what was fetched ahead, stop the download threads."""
         self._planned.clear()
         for _pending_slot, future in self._pending:
-            future.cancel()
+            if future is not None:
+                future.cancel()
         firsts, self._first, self._first_bytes = list(self._first.values()), {}, 0
         for future in firsts:
             future.cancel()
