@@ -90,3 +90,42 @@ def test_shapes_left_to_msgpack() -> None:
                     [{"a": 1}, {"a": b"x"}], [{"a": 2**63}],
                     [{str(i): i for i in range(16)}], [{"x" * 32: 1}]):
         assert parse_flat_maps(*pack(records)[:3]) is None, records
+
+
+@pytest.mark.parametrize("values", [
+    [300, 301, 65535],  # uint 16
+    [-200, -300, -32768],  # int 16
+    [-(2**40), -1 - 2**62, -(2**63)],  # int 64
+    [2**32, 2**40, 2**63 - 1],  # uint 64 within int64
+    [-5, -5, -5],  # one negative fixint
+    [7, 7, 7],  # one positive fixint
+    ["abc", "xyz", "q\u00e9"],  # fixstr of one length (in bytes)
+    ["a" * 40, "b" * 40, "c" * 40],  # str 8
+    [b"x" * 10, b"y" * 10, b"z" * 10],  # bin 8
+    [b"x" * 300, b"y" * 301, b"z" * 302],  # bin 16
+])
+def test_a_column_of_one_tag_is_parsed_like_msgpack(values: list[Any]) -> None:
+    # every record's value with the same tag takes a shorter path (``_one_tag_values``)
+    records = [{"__key__": f"k{i}", "v": v, "n": i} for i, v in enumerate(values)]
+    arr, starts, ends, blob = pack(records)
+    # map, "__key__", "kN", "v": the tag of "v"'s value 14 bytes in
+    assert len({blob[s + 14] for s in starts.tolist()}) == 1  # one tag, as meant
+    maps = parse_flat_maps(arr, starts, ends)
+    assert maps is not None
+    assert decoded(maps, blob, len(records)) == records
+
+
+def test_a_column_of_uint64_beyond_int64_is_left_to_msgpack() -> None:
+    records = [{"v": 2**63 + i} for i in range(3)]
+    arr, starts, ends, _blob = pack(records)
+    assert parse_flat_maps(arr, starts, ends) is None
+
+
+def test_a_column_of_bin16_and_bin32_with_fixint_labels_is_parsed_like_msgpack() -> None:
+    # JPEGs either side of 64 KB: two length widths in one column; labels all fixints
+    records = [{"__key__": f"c/{i:03d}.jpg", "image": bytes([i]) * (65536 + 700 * (i - 5)),
+                "label": i - 40} for i in range(60)]
+    arr, starts, ends, blob = pack(records)
+    maps = parse_flat_maps(arr, starts, ends)
+    assert maps is not None
+    assert decoded(maps, blob, len(records)) == records
