@@ -181,9 +181,14 @@ class ShardSource:
         remote, options = self._remote()
         cache = self.cache()
         if self._ahead is None:
+            assert options.max_cache_bytes is not None  # resolved() sets it
+            # the regime where blocks are joined: the budget holds the dataset, so a cached
+            # range is rarely evicted before its turn and need not be held in a slot
+            fits = join_bytes(options.max_cache_bytes, self.manifest.num_bytes) > 0
             self._ahead = ReadAhead(cache, remote.store, version=remote.version,
                                     max_in_flight=options.max_in_flight,
-                                    max_in_flight_bytes=options.max_in_flight_bytes)
+                                    max_in_flight_bytes=options.max_in_flight_bytes,
+                                    skip_cached=fits)
         return self._ahead
 
     def _fetch(self, request: RangeRequest) -> bytes:

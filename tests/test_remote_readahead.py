@@ -1,4 +1,4 @@
-"""Planned ranges already in the node cache take no read-ahead slot.
+"""Planned ranges already in the node cache take no read-ahead slot (``skip_cached``).
 
 Late in a cold epoch with a budget that holds the dataset, most of the next ranges a
 reader plans are cached already; held in the read-ahead's slots, they kept the ranges
@@ -53,7 +53,7 @@ def test_cached_ranges_planned_first_leave_the_slots_to_downloads(
     s3.plan.reset(latency_s=0.01)
     plan = _requests([0, 1, 2, 3, 4, 5, 6, 7])
     with ReadAhead(cache, store, version="v1", max_in_flight=2,
-                   max_in_flight_bytes=2 * RANGE) as ahead:
+                   max_in_flight_bytes=2 * RANGE, skip_cached=True) as ahead:
         ahead.plan(plan)
         _settle(s3, 2)
         # before, the two slots held cached ranges 0 and 1 and nothing downloaded
@@ -73,7 +73,7 @@ def test_a_cached_range_evicted_before_it_is_taken_is_downloaded_then(
     cache = RangeCache(tmp_path / "cache", max_cache_bytes=16 * RANGE)
     cache.open_range(store, "shard-00000.rec", 0, RANGE, version="v1").close()
     s3.plan.reset()
-    with ReadAhead(cache, store, version="v1", max_in_flight=2) as ahead:
+    with ReadAhead(cache, store, version="v1", max_in_flight=2, skip_cached=True) as ahead:
         plan = _requests([0, 1])
         ahead.plan(plan)
         for entry in (tmp_path / "cache" / "ranges").iterdir():

@@ -16,10 +16,13 @@ shard.
 ``fetch_first`` starts a few small ranges at once beside the queue (the records
 of a stream's first batch), which ``take`` hands out in any order.
 
-A planned range already in the node cache takes no slot: it is marked used (so
-least-recently-used eviction keeps it) and opened only when taken. Holding cached
-ranges ahead in the slots kept the downloads behind them waiting: late in a cold
-epoch most of the next ranges are cached, and the link then had 4 GETs in flight.
+With ``skip_cached`` (a budget that holds the dataset), a planned range already in
+the node cache takes no slot: it is marked used (so least-recently-used eviction
+keeps it) and opened only when taken. Holding cached ranges ahead in the slots kept
+the downloads behind them waiting: late in a cold epoch most of the next ranges are
+cached, and the link then had 4 GETs in flight. Under a smaller budget they are held
+in their slots as before: unheld, one was evicted before its turn and downloaded
+again (2 workers at half a budget, ``tests/test_remote_head.py``).
 
 ``take`` tolerates a reader that leaves the plan: planned ranges it skips
 (an exact resume starts mid-window) are released, and a range it never
@@ -59,7 +62,8 @@ class ReadAhead:
 
     def __init__(self, cache: RangeCache, store: Store, *, version: str,
                  max_in_flight: int = DEFAULT_IN_FLIGHT,
-                 max_in_flight_bytes: int = DEFAULT_IN_FLIGHT_BYTES) -> None:
+                 max_in_flight_bytes: int = DEFAULT_IN_FLIGHT_BYTES,
+                 skip_cached: bool = False) -> None:
         """Nothing starts until ``plan``.
 
         Args:
@@ -68,6 +72,8 @@ class ReadAhead:
             version: the dataset version (its manifest's checksum) naming the cache entries.
             max_in_flight: planned ranges downloading or waiting to be taken, at most.
             max_in_flight_bytes: their bytes, at most (``MIN_IN_FLIGHT`` ranges may hold more).
+            skip_cached: planned ranges found in the cache take no slot and are opened
+                when taken (for a budget that holds the dataset, so rarely evicted).
         """
         if max_in_flight < 1:
             raise ValueError(f"max_in_flight must be at least 1, got {max_in_flight}")
@@ -76,6 +82,7 @@ class ReadAhead:
         self.version = version
         self.max_in_flight = max_in_flight
         self.max_in_flight_bytes = max_in_flight_bytes
+        self.skip_cached = skip_cached
         self._planned: deque[RangeRequest] = deque()
         self._pending: deque[tuple[_Slot, Future[CachedRange] | None]] = deque()
         """Planned ranges in the reader's order: downloading or downloaded (a future), or
@@ -162,8 +169,8 @@ class ReadAhead:
     def _fill(self) -> None:
         while self._planned:
             request = self._planned[0]
-            if self.cache.mark_used(self.store, request.name, request.start, request.stop,
-                                    version=self.version):
+            if self.skip_cached and self.cache.mark_used(
+                    self.store, request.name, request.start, request.stop, version=self.version):
                 self._pending.append((_slot(self._planned.popleft()), None))
                 continue
             if not self._room_for(request):
