@@ -14,8 +14,7 @@ also maps them into the process, so the reader does not stop on those page fault
 A reader that needs a run the thread has not started runs its check itself.
 The stream queues a window's runs as the window before it opens, so the thread
 checks them while that one is handed out (a local window decodes all its runs on
-its first sample: queued any later, they were all due at once), and a closed
-window's page drop runs here too, in turn after them (``Checker.later``).
+its first sample: queued any later, they were all due at once).
 
 The thread pays only where a core is free for it (``StreamingDataset`` uses it
 while its reading processes are fewer than the CPUs). Only runs that are already
@@ -27,11 +26,9 @@ inherited. Torch-free.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import queue
 import threading
-from collections.abc import Callable
 
 import numpy as np
 import numpy.typing as npt
@@ -120,7 +117,7 @@ class Checker:
         self._claim_lock = threading.Lock()
         self.checked = 0
         """Runs whose checksums this thread computed (not those the reader took over)."""
-        self._jobs: queue.SimpleQueue[Check | Callable[[], object]] = queue.SimpleQueue()
+        self._jobs: queue.SimpleQueue[Check] = queue.SimpleQueue()
         # a daemon: a reader that stops mid-window must not keep the interpreter alive
         threading.Thread(target=self._loop, name="shardio-check", daemon=True).start()
 
@@ -131,20 +128,9 @@ class Checker:
         self._jobs.put(check)
         return check
 
-    def later(self, job: Callable[[], object]) -> None:
-        """Run ``job`` on the thread after the checks queued before it (a window's page drop:
-        about 2 us an 80 KB image of system time taken off the reader). Its errors are
-        dropped: a shard closed meanwhile has no pages left to drop."""
-        self._jobs.put(job)
-
     def _loop(self) -> None:
         while True:
-            job = self._jobs.get()
-            if isinstance(job, Check):
-                self.checked += job._work()
-                continue
-            with contextlib.suppress(Exception):  # see ``later``
-                job()
+            self.checked += self._jobs.get()._work()
 
 
 _CHECKER: Checker | None = None

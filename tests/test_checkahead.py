@@ -212,25 +212,3 @@ def test_the_next_window_is_queued_on_the_thread_when_a_window_opens(
         samples.close()  # mid-window: the next window's checks not started are dropped
     assert all(check._state != checkahead._PENDING for check in queued)
 
-
-def test_a_job_queued_later_runs_after_the_checks_before_it(tmp_path: Path) -> None:
-    import threading
-
-    root = write(tmp_path / "ds")
-    reader = RecordsShardReader(root / "shard-00000.rec")
-    try:
-        thread = checkahead.checker()
-        checks = [thread.submit(reader.read_run(a, a + 20)) for a in range(0, 200, 20)]
-        seen: list[bool] = []
-        done = threading.Event()
-
-        def broken() -> None:
-            raise ValueError("mmap closed or invalid")  # a shard closed before its drop
-
-        thread.later(broken)  # the thread goes on
-        thread.later(lambda: (seen.append(all(c._done.is_set() for c in checks)), done.set()))
-        assert done.wait(10)
-        assert seen == [True]
-        assert thread.submit(reader.read_run(0, 5)).passed()
-    finally:
-        reader.close()
