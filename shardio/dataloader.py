@@ -206,7 +206,7 @@ class ShardLoader:
         alive = {p.pid for p in multiprocessing.active_children() if p.pid is not None}
         shmview.forget(self._token, keep=alive)
         self._next_epoch()
-        self._position = int(self.dataset.start_state()["consumed"][str(self.dataset.rank)][0])
+        self._position = self._start_position()
         self._running = True
         # batches of the workers' groups by position; the DataLoader takes the groups from
         # the workers in turn, so at most a group a worker waits here for its turn
@@ -245,6 +245,21 @@ class ShardLoader:
                 )
             raise
         self._running = False
+
+    def _start_position(self) -> int:
+        """Where this iteration starts in the rank's order.
+
+        A fresh epoch (no resume of it loaded, in the dataset or a worker state) starts
+        at 0 without planning its order here: ``start_state`` planned the whole order
+        (6 ms an epoch for 100,000 samples) in this process before the workers were
+        asked for their first batch, while they waited.
+        """
+        shared = self.dataset._shared.read()
+        resume = shared.get("resume")
+        if self.dataset._worker_state is None and (
+                resume is None or int(resume["epoch"]) != int(shared["epoch"])):
+            return 0
+        return int(self.dataset.start_state()["consumed"][str(self.dataset.rank)][0])
 
     def _out_of_turn(self, first: int, stop: int) -> None:
         raise RuntimeError(
