@@ -1,5 +1,6 @@
 """A mixture of remote datasets reads as a single remote dataset does: a process's part of a
-block as one run, so under half a budget with 2 workers each range is downloaded once.
+block as one run, so under half a budget with 2 workers each range is downloaded once
+(but for a block a window boundary cuts, see the test).
 
 Two ImageFolder packs are uploaded to S3 (moto, behind the proxy) and mixed
 with ``shardio.Source``; every sample of both comes exactly once, with its
@@ -62,4 +63,10 @@ def test_a_remote_mixture_under_half_a_budget_downloads_each_range_once(
         assert bytes(sample["image"]) == (made[source][0] / key).read_bytes()
         seen[(source, key)] += 1
     assert len(seen) == 120 and set(seen.values()) == {1}
-    assert 0 < s3.plan.body_bytes <= dataset_bytes + tails
+    # Windows count samples and blocks end at shard ends (30 records: blocks of 4, then 2),
+    # so a window boundary can cut a block: a worker reads that block's range in both
+    # windows, and under half a budget it may be evicted in between (seen once in ~40
+    # runs, one range of one worker twice). At most one range per boundary a worker has.
+    per_worker = -(-120 // max(1, workers))
+    boundaries = max(1, workers) * (-(-per_worker // 24) - 1)
+    assert 0 < s3.plan.body_bytes <= dataset_bytes + tails + boundaries * RANGE
