@@ -40,6 +40,7 @@ BLOCKS: dict[str, str] = {
     "bench-tables": "benchmarks.report:tables_block",
     "bench-remote": "benchmarks.remote_report:remote_block",
     "bench-remote-summary": "benchmarks.remote_report:summary_block",
+    "bench-remote-uncapped": "benchmarks.remote_report:uncapped_block",
     "pack-tar": "benchmarks.pack_report:tar_block",
     "pack-engines": "benchmarks.pack_report:engines_block",
     "pack-scan": "benchmarks.pack_report:scan_block",

@@ -187,13 +187,15 @@ def render(path: Path, results: dict[str, Any]) -> str:
     machine, link = results["machine"], results["link"]
     loads = [v for tree in summary.values() for cfgs in tree.values() for s in cfgs.values()
              for v in s["load"]]
+    cap = (f"{link['bandwidth_mbs']:.0f} MB/s shared by all responses" if link["bandwidth_mbs"]
+           else "no bandwidth cap")
     lines = [
         f"{'Quick' if results['quick'] else 'Full'} run of {results['date']} "
         f"(`benchmarks/results/{path.name}`, `{results['command']}`, "
         f"{results['wall_s'] / 60:.0f} min): median of {results['repeats']} interleaved "
         f"repeat(s), batch size 64, raw bytes, two epochs per fresh process. Link: "
-        f"{link['latency_ms']:.0f} ms per request, {link['bandwidth_mbs']:.0f} MB/s shared "
-        f"by all responses; server s3rver {results['versions'].get('s3rver')} on 127.0.0.1; "
+        f"{link['latency_ms']:.0f} ms per request, {cap}; "
+        f"server s3rver {results['versions'].get('s3rver')} on 127.0.0.1; "
         f"shardio as committed at {results['shardio_source'].get('git_head')}. "
         f"Machine: {machine['cores']} cores ({machine['cpu'].split()[0]} "
         f"{' '.join(machine['cpu'].split()[1:3])}), {machine['ram_gib']} GiB RAM, shared "
@@ -334,6 +336,25 @@ def remote_block() -> str:
     """The ``bench-remote`` block of ``benchmarks/README.md``."""
     path, results = load_results()
     return render(path, results)
+
+
+UNCAPPED = RESULTS / "remote-uncapped.json"
+"""The same comparison with no bandwidth cap (latency only), budgets that fit."""
+
+
+def uncapped_block() -> str:
+    """The ``bench-remote-uncapped`` block of ``benchmarks/README.md``: who is fastest where
+    the link's bandwidth bounds nobody, so what each reader costs per request and sample
+    shows (on this machine the server, the proxy and the readers share 2 cores)."""
+    if not UNCAPPED.exists():
+        return (f"Not run yet: `{UNCAPPED_COMMAND}` writes "
+                f"`benchmarks/results/{UNCAPPED.name}`.\n")
+    return render(UNCAPPED, json.loads(UNCAPPED.read_text(encoding="utf-8")))
+
+
+UNCAPPED_COMMAND = (
+    "benchmarks/.env/bin/python -m benchmarks.bench_remote --datasets images,tiny "
+    "--budgets fits --bandwidth-mbs 0 --out benchmarks/results/remote-uncapped.json")
 
 
 if __name__ == "__main__":
