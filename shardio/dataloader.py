@@ -230,6 +230,8 @@ class ShardLoader:
                     yield batch
             if pending:
                 self._out_of_turn(min(pending), pending[min(pending)][1])
+            if self.num_workers > 0:
+                shmview.drop_pages()  # the epoch's last batches' pages: see drop_pages
         except GeneratorExit:
             # the loop stopped early; a worker killed meanwhile raised in the caller's code
             if self._lost_worker():

@@ -157,6 +157,19 @@ def _mapped_file(file: tuple[str, int, int]) -> memoryview:
     return view
 
 
+def drop_pages() -> None:
+    """Drop this process's pages of every shard map batches came in (``DROP_BYTES``).
+
+    Also called at an epoch's end, so the pages an epoch's last batches mapped do not
+    stay counted in this process's RSS into the next epoch (up to ``DROP_BYTES``,
+    depending on where in the count the epoch ended). Views still held read on.
+    """
+    _HANDED[0] = 0
+    if hasattr(mmap, "MADV_DONTNEED"):
+        for mapped in _FILES.values():
+            cast(mmap.mmap, mapped.obj).madvise(mmap.MADV_DONTNEED)
+
+
 def file_batch(skeleton: list[Any]) -> RecordBatch:
     """A batch that crossed as places in shard files (``shmring._MappedFiles.describe``):
     its samples are views of this process's maps of those files."""
@@ -182,10 +195,8 @@ def file_batch(skeleton: list[Any]) -> RecordBatch:
         view[a : a + size]
         for view, a, size in zip(per_piece, starts.tolist(), sizes.tolist(), strict=True)]
     _HANDED[0] += int(sizes.sum())
-    if _HANDED[0] >= DROP_BYTES and hasattr(mmap, "MADV_DONTNEED"):
-        _HANDED[0] = 0
-        for mapped in _FILES.values():
-            cast(mmap.mmap, mapped.obj).madvise(mmap.MADV_DONTNEED)
+    if _HANDED[0] >= DROP_BYTES:
+        drop_pages()
     values = {name: columns[name] if name in columns else others[name] for name in order}
     batch = RecordBatch(None, indices, pieces, offsets, values, missing=missing)
     batch._key_blob = (key_text, table[at : at + n + 1])
