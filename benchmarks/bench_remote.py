@@ -290,6 +290,23 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
+def replayed(argv: list[str]) -> list[str]:
+    """The arguments that made a run's figures, for its ``command``: all but this machine's
+    scratch folders and the output switches (``--data-dir``, ``--work-dir``, ``-v``,
+    ``--update-readme``)."""
+    out: list[str] = []
+    skip = False
+    for arg in argv:
+        name = arg.split("=", 1)[0]
+        if skip:
+            skip = False
+        elif name in ("--data-dir", "--work-dir"):
+            skip = "=" not in arg
+        elif name not in ("-v", "--verbose", "--update-readme"):
+            out.append(arg)
+    return out
+
+
 def main(argv: list[str] | None = None) -> Path:
     """Run the comparison; returns the results file."""
     args = parse_args(argv)
@@ -314,9 +331,8 @@ def main(argv: list[str] | None = None) -> Path:
     finally:
         proxy.close()
         server.close()
-    command = f"{interpreter()} -m benchmarks.bench_remote" + (" --quick" if args.quick else "")
-    if args.datasets != ["images"]:
-        command += f" --datasets {','.join(args.datasets)}"
+    command = " ".join([f"{interpreter()} -m benchmarks.bench_remote",
+                        *replayed(sys.argv[1:] if argv is None else argv)])
     results = {
         "schema": 1, "date": time.strftime("%Y-%m-%d %H:%M"), "command": command,
         "quick": args.quick, "repeats": args.repeats, "wall_s": round(time.time() - started, 1),
