@@ -329,7 +329,25 @@ def summary_block() -> str:
                   "| shardio (records) | best peer |", "|---|---|---|"]
         lines += ["| " + " | ".join(row) + " |" for row in summary_rows(systems)]
         lines.append("")
+    if UNCAPPED.exists():
+        lines += [uncapped_line(json.loads(UNCAPPED.read_text(encoding="utf-8"))), ""]
     return "\n".join(lines).rstrip("\n") + "\n"
+
+
+def uncapped_line(results: dict[str, Any]) -> str:
+    """One sentence for the main README: the first epoch without the bandwidth cap, where
+    the capped link's bound hides what each reader costs."""
+    parts = []
+    for kind, systems in summarize(results).items():
+        for config in ("fits-w0", "fits-w2"):
+            own, best = systems.get(SHARDIO, {}).get(config), best_peer(systems, config)
+            if own and own["epoch1"] and best:
+                parts.append(f"{kind}, {config[-1]} workers: {_num(own['epoch1'])} samples/s, "
+                             f"{own['epoch1'] / best[1]:.2f}x {best[0]}")
+    return (f"Without the bandwidth cap ({results['link']['latency_ms']:.0f} ms per request "
+            f"only, run of {results['date']}, `benchmarks/results/{UNCAPPED.name}`), shardio's "
+            "first epoch: " + "; ".join(parts) + ". There each reader's CPU per request and "
+            "per byte decides, on cores shared with the server and the proxy.")
 
 
 def remote_block() -> str:
