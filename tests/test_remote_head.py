@@ -90,17 +90,7 @@ def test_the_first_batch_is_read_record_by_record_and_each_range_once_after(
     # what the cache holds: each shard's tail, its whole ranges, and the records of the
     # first batch of each reading process on their own (not the whole ranges they lie in)
     spans = _spans(tmp_path / "cache")
-    whole, tails = set(), set()
-    for number, info in enumerate(local.manifest.shards):
-        shard = local.shard(number)
-        last = info.num_samples - 1
-        offsets = np.asarray([shard.offset(i) for i in range(info.num_samples)]
-                             + [shard.offset(last) + len(shard.frame(last))], np.uint64)
-        cuts = partition(offsets, 64 << 10, BLOCK)
-        whole |= {(info.name, 0 if j == 0 else int(offsets[cuts[j]]), int(offsets[cuts[j + 1]]))
-                  for j in range(len(cuts) - 1)}
-        guess = tail_guess(info.num_bytes, info.num_samples)
-        tails.add((info.name, info.num_bytes - guess, info.num_bytes))
+    whole, tails = _planned_spans(local)
     assert whole | tails <= spans
     exact = spans - whole - tails
     firsts = [batch_keys for batch_keys, _ in batches[: max(1, workers)]]
@@ -122,6 +112,24 @@ def test_a_cached_dataset_downloads_nothing_for_its_first_batch(
     # another epoch, another first batch: its ranges are in the cache whole, so they are read
     assert sum(len(batch) for batch in loader) == NUM
     assert s3.plan.ranged_gets == 0
+
+
+def _planned_spans(local: DatasetReader) -> tuple[set[tuple[str, int, int]],
+                                                 set[tuple[str, int, int]]]:
+    """Each shard's whole ranges (blocks of ``BLOCK``, 64 KiB ranges) and its tail: what
+    any epoch downloads, the first batch read on its own or not."""
+    whole, tails = set(), set()
+    for number, info in enumerate(local.manifest.shards):
+        shard = local.shard(number)
+        last = info.num_samples - 1
+        offsets = np.asarray([shard.offset(i) for i in range(info.num_samples)]
+                             + [shard.offset(last) + len(shard.frame(last))], np.uint64)
+        cuts = partition(offsets, 64 << 10, BLOCK)
+        whole |= {(info.name, 0 if j == 0 else int(offsets[cuts[j]]), int(offsets[cuts[j + 1]]))
+                  for j in range(len(cuts) - 1)}
+        guess = tail_guess(info.num_bytes, info.num_samples)
+        tails.add((info.name, info.num_bytes - guess, info.num_bytes))
+    return whole, tails
 
 
 def _joined(spans: list[tuple[str, int, int]]) -> list[tuple[str, int, int]]:

@@ -11,7 +11,6 @@ from __future__ import annotations
 from collections import Counter
 from pathlib import Path
 
-import numpy as np
 import pytest
 import torch
 from storage_servers import S3Endpoint
@@ -20,6 +19,7 @@ from test_remote_head import (  # noqa: F401  (packed: a fixture, found by name)
     NUM,
     _joined,
     _options,
+    _planned_spans,
     _record_span,
     _spans,
     _upload,
@@ -27,26 +27,9 @@ from test_remote_head import (  # noqa: F401  (packed: a fixture, found by name)
 )
 
 import shardio
-from shardio.backends.remoterecords import partition, tail_guess
 from shardio.reader import DatasetReader
 
 pytest_plugins = ("storage_plugin",)
-
-
-def _whole_and_tails(local: DatasetReader) -> set[tuple[str, int, int]]:
-    """Each shard's planned ranges and tail: what any epoch downloads, head or not."""
-    spans = set()
-    for number, info in enumerate(local.manifest.shards):
-        shard = local.shard(number)
-        last = info.num_samples - 1
-        offsets = np.asarray([shard.offset(i) for i in range(info.num_samples)]
-                             + [shard.offset(last) + len(shard.frame(last))], np.uint64)
-        cuts = partition(offsets, 64 << 10, BLOCK)
-        spans |= {(info.name, 0 if j == 0 else int(offsets[cuts[j]]), int(offsets[cuts[j + 1]]))
-                  for j in range(len(cuts) - 1)}
-        spans.add((info.name, info.num_bytes - tail_guess(info.num_bytes, info.num_samples),
-                   info.num_bytes))
-    return spans
 
 
 @pytest.mark.parametrize("batch_size", [3, 10])
@@ -62,7 +45,8 @@ def test_a_plain_dataloaders_first_batch_is_the_head(
     assert len(keys) == NUM and set(keys.values()) == {1}
 
     local = DatasetReader(packed)
-    exact = _spans(tmp_path / "cache") - _whole_and_tails(local)
+    whole, tails = _planned_spans(local)
+    exact = _spans(tmp_path / "cache") - whole - tails
     # the first batch's records on their own, and no other sample's (64 without batch_size)
     assert exact == set(_joined([_record_span(local, int(key[1:])) for key in batches[0]]))
     local.close()
