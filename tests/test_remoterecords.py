@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from shardio.backends.remoterecords import MIN_BLOCK_RANGE_BYTES, partition
+from shardio.backends.remoterecords import JOIN_RANGE_BYTES, partition
 
 
 def _offsets(sizes: list[int], header: int = 64) -> np.ndarray:
@@ -25,7 +25,7 @@ def test_ranges_are_whole_blocks_capped_at_range_bytes(
     n = len(sizes)
     cuts = partition(offsets, range_bytes, block)
     assert cuts[0] == 0 and cuts[-1] == n and cuts == sorted(set(cuts))
-    joined = min(range_bytes, MIN_BLOCK_RANGE_BYTES)
+    joined = min(range_bytes, JOIN_RANGE_BYTES)
     for lo, hi in itertools.pairwise(cuts):
         span = int(offsets[hi] - offsets[lo])
         largest = max(sizes[lo:hi])
@@ -42,18 +42,21 @@ def test_ranges_are_whole_blocks_capped_at_range_bytes(
             assert not [c for c in cuts if start < c < stop]
 
 
-def test_blocks_of_two_megabytes_are_ranges_of_their_own() -> None:
-    offsets = _offsets([100_000] * 200)  # blocks of 20 records: 2 MB
-    assert partition(offsets, 16 << 20, 20) == list(range(0, 201, 20))
+def test_blocks_of_two_megabytes_are_joined_up_to_range_bytes() -> None:
+    offsets = _offsets([100_000] * 400)  # blocks of 20 records: 2 MB
+    assert partition(offsets, 16 << 20, 20) == [0, 160, 320, 400]
+    assert partition(offsets, 4 << 20, 20) == list(range(0, 401, 40))
+    # under a budget below the dataset (join_bytes 0): a block a range
+    assert partition(offsets, 16 << 20, 20, max_join_bytes=0) == list(range(0, 401, 20))
     # without a block size: equal parts of about range_bytes, across blocks
-    assert partition(offsets, 16 << 20) == [0, 100, 200]
+    assert partition(offsets, 16 << 20) == [0, 133, 266, 400]
 
 
 @pytest.mark.parametrize("block", [1, 3])
-def test_small_blocks_are_joined_up_to_the_smaller_of_range_bytes_and_a_mebibyte(
+def test_small_blocks_are_joined_up_to_the_smaller_of_range_bytes_and_the_join_cap(
         block: int) -> None:
-    offsets = _offsets([10_000] * 1000)
-    cuts = partition(offsets, 16 << 20, block)
+    offsets = _offsets([10_000] * 5000)
+    cuts = partition(offsets, 64 << 20, block)
     spans = np.diff(offsets[cuts].astype(np.int64))
-    assert spans.max() <= MIN_BLOCK_RANGE_BYTES and spans[:-1].min() > MIN_BLOCK_RANGE_BYTES // 2
+    assert spans.max() <= JOIN_RANGE_BYTES and spans[:-1].min() > JOIN_RANGE_BYTES // 2
     assert all(c % block == 0 for c in cuts[:-1])
