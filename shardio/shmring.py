@@ -42,6 +42,7 @@ import weakref
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from multiprocessing import reduction
 from typing import Any
 
 import numpy as np
@@ -261,11 +262,18 @@ class _MappedFiles:
     evicted) and only batches whose every piece is such a view; anything else goes
     through the slot. The main process checks that it maps the file the worker read
     (device and inode, from ``/proc/self/maps``).
+
+    The main process does not open a file by path to map it: the first batch naming a
+    file also carries a descriptor of it, duplicated from this worker's (``_handles``).
+    On a network filesystem each open is a round trip to its metadata server, the cost
+    packing into shards exists to avoid; a worker already paid it for its shards.
     """
 
     def __init__(self, roots: tuple[str, ...]) -> None:
         self.roots = tuple(r.rstrip(os.sep) + os.sep for r in roots)
         self._known: dict[int, tuple[weakref.ref[mmap.mmap], int, FileId | None]] = {}
+        self._sent: set[FileId] = set()
+        """Files whose descriptor a batch carried (or could not: none held here)."""
 
     def locate(self, owner: mmap.mmap) -> tuple[int, FileId | None]:
         """Where ``owner`` is mapped, and its file (None: not one of ``roots``)."""
@@ -305,8 +313,32 @@ class _MappedFiles:
             *(np.asarray(batch.values[name], np.int64) for name in ints), key_ends,
         ])
         others = {name: col for name, col in batch.values.items() if name not in ints}
-        return ["f", tuple(files), n, len(pieces), table, list(batch.offsets), ints, others,
-                list(batch.values), batch.missing, "".join(keys)]
+        return ["f", tuple(files), self._handles(files), n, len(pieces), table,
+                list(batch.offsets), ints, others, list(batch.values), batch.missing,
+                "".join(keys)]
+
+    def _handles(self, files: dict[FileId, int]) -> tuple[Any, ...] | None:
+        """For each of ``files`` new to this worker's batches, its descriptor to send.
+
+        A ``multiprocessing.reduction.DupFd`` (per file, else None; None for the whole
+        batch when every file was sent before): unpickled in the main process, it
+        brings a duplicate of the descriptor over a Unix socket (SCM_RIGHTS).
+
+        Each file's descriptor is sent once, and nothing waits for it to arrive: a
+        batch carrying one may never be unpickled (the DataLoader drops what is queued
+        when it shuts its workers down), and the main process then opens by path a file
+        it has neither mapped nor received, as it did before descriptors were sent
+        (``shmview._mapped_file``). Re-sending until the main process acknowledged one
+        would need a channel back to the worker for a case that costs one open. The
+        duplicate of a descriptor never fetched stays in this worker until it exits:
+        at most one per file.
+        """
+        new = [f for f in files if f not in self._sent]
+        if not new:
+            return None
+        self._sent.update(new)
+        held = _held_handles(new)
+        return tuple(held.get(f) for f in files)
 
     def _filed(self, batch: RecordBatch) -> _Places | None:
         """Each piece's file, start and length, from where the reader filed them."""
@@ -384,6 +416,40 @@ def _file_at(base: int, roots: tuple[str, ...]) -> FileId | None:
     except OSError:  # no /proc (not Linux): batches cross through the slots
         return None
     return None
+
+
+def _held_handles(files: list[FileId]) -> dict[FileId, Any]:
+    """A ``DupFd`` of a descriptor this process holds on each of ``files`` it finds one of.
+
+    The shard reader keeps its descriptor open, and a ``mmap.mmap`` keeps its own
+    duplicate while it is open (a batch's views keep it open); neither is reachable
+    from the map, so they are found by name in ``/proc/self/fd`` (a readlink each, no
+    open of the file). Each is duplicated before it is checked, so a descriptor closed
+    and reused meanwhile by another thread is never sent for the wrong file.
+    """
+    wanted = {path: (path, dev, inode) for path, dev, inode in files}
+    found: dict[FileId, Any] = {}
+    try:
+        names = os.listdir("/proc/self/fd")
+    except OSError:  # no /proc: the main process opens the files by path
+        return found
+    for name in names:
+        try:
+            file = wanted.get(os.readlink(f"/proc/self/fd/{name}"))
+            if file is None or file in found:
+                continue
+            fd = os.dup(int(name))
+        except (OSError, ValueError):  # closed meanwhile (or the listing's own descriptor)
+            continue
+        try:
+            st = os.fstat(fd)
+            if (st.st_dev, st.st_ino) == file[1:]:
+                found[file] = reduction.DupFd(fd)  # its own duplicate, until fetched
+        except OSError:
+            pass
+        finally:
+            os.close(fd)
+    return found
 
 
 def _detached(obj: Any, packer: _Packer) -> Any:

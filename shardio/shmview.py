@@ -10,13 +10,16 @@ as a file descriptor), and kept per ``(loader token, worker pid, slot)`` until
 the loader forgets its workers. A raw batch whose samples are views of the
 worker's maps of local shard files crosses as places in those files instead
 (``shmring._MappedFiles``): here its samples are views of this process's own map of
-each file, opened once, checked to be the file the worker read. Imports torch.
+each file, mapped once from the descriptor the worker sends with the first batch
+naming it (opened by path only where that batch never arrived), checked to be the
+file the worker read. Imports torch.
 """
 
 from __future__ import annotations
 
 import ctypes
 import mmap
+import multiprocessing
 import os
 import weakref
 from collections.abc import Callable
@@ -136,13 +139,22 @@ _HANDED = [0]
 _EMPTY = memoryview(b"")
 
 
-def _mapped_file(file: tuple[str, int, int]) -> memoryview:
-    """This process's view of a shard file the worker read; raises if it is another file."""
+def _mapped_file(file: tuple[str, int, int], handle: Any = None) -> memoryview:
+    """This process's view of a shard file the worker read; raises if it is another file.
+
+    ``handle``: the worker's descriptor of the file (a ``DupFd``, fetched here even
+    where the file is mapped already, which frees the worker's duplicate); without
+    one, a file not mapped yet is opened by path (``shmring._MappedFiles._handles``).
+    """
+    fd = _fetched(handle) if handle is not None else None
     view = _FILES.get(file)
     if view is not None:
+        if fd is not None:
+            os.close(fd)
         return view
     path, dev, inode = file
-    fd = os.open(path, os.O_RDONLY)
+    if fd is None:
+        fd = os.open(path, os.O_RDONLY)
     try:
         st = os.fstat(fd)
         if (st.st_dev, st.st_ino) != (dev, inode):
@@ -155,6 +167,20 @@ def _mapped_file(file: tuple[str, int, int]) -> memoryview:
     finally:
         os.close(fd)
     return view
+
+
+def _fetched(handle: Any) -> int | None:
+    """The descriptor a ``DupFd`` brings from its worker, or None where it cannot.
+
+    A worker gone (shut down or killed after it queued the batch) takes its end of
+    the socket with it; the file is then opened by path, as it was before descriptors
+    were sent, so a descriptor that never comes only costs that open.
+    """
+    try:
+        return int(handle.detach())
+    # connection refused or cut, a failed handshake, a message without a descriptor
+    except (OSError, EOFError, RuntimeError, multiprocessing.ProcessError):
+        return None
 
 
 def drop_pages() -> None:
@@ -173,8 +199,8 @@ def drop_pages() -> None:
 def file_batch(skeleton: list[Any]) -> RecordBatch:
     """A batch that crossed as places in shard files (``shmring._MappedFiles.describe``):
     its samples are views of this process's maps of those files."""
-    _, files, n, count, table, offset_names, int_names, others, order, missing, key_text = (
-        skeleton)
+    (_, files, handles, n, count, table, offset_names, int_names, others, order, missing,
+     key_text) = skeleton
     where, starts, sizes = table[:count], table[count : 2 * count], table[2 * count : 3 * count]
     at = 3 * count
     indices = table[at : at + n]
@@ -187,8 +213,11 @@ def file_batch(skeleton: list[Any]) -> RecordBatch:
     for name in int_names:
         columns[name] = table[at : at + n]
         at += n
-    known = _FILES.get
-    views = [known(f) or _mapped_file(f) for f in files]  # a batch names a few dozen
+    if handles is not None:  # the first batch naming some of its files
+        views = [_mapped_file(f, h) for f, h in zip(files, handles, strict=True)]
+    else:
+        known = _FILES.get
+        views = [known(f) or _mapped_file(f) for f in files]  # a batch names a few dozen
     views.append(_EMPTY)  # file -1: a field the sample lacks
     per_piece = itemgetter(*where.tolist())(views) if count > 1 else [views[int(where[0])]]
     pieces: list[bytes | memoryview] = [

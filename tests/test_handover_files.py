@@ -10,8 +10,12 @@ and without a shared-memory slot; a batch so received pickles and is the batch t
 
 from __future__ import annotations
 
+import builtins
 import mmap
+import os
 import pickle
+from collections.abc import Iterator
+from multiprocessing.reduction import ForkingPickler
 from pathlib import Path
 from typing import Any
 
@@ -124,3 +128,121 @@ def test_compressed_records_with_non_ascii_keys_cross_through_the_slots(
             assert got["__key__"] == f"ключ/{i:04d}-é" and got["bin"] == bytes([i % 7]) * (500 + i)
             seen.append(i)
     assert sorted(seen) == list(range(NUM_SAMPLES))
+
+
+class _OpensInMain:
+    """Counts opens of shard files (``.rec``) by this process, not by forked workers.
+
+    Forked workers inherit the patched ``os.open``; the pid filter leaves their opens out.
+    """
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.pid = os.getpid()
+        self.paths: list[str] = []
+        real_os_open, real_open = os.open, builtins.open
+
+        def os_open(path: Any, *args: Any, **kwargs: Any) -> int:
+            self._note(path)
+            return real_os_open(path, *args, **kwargs)
+
+        def open_(file: Any, *args: Any, **kwargs: Any) -> Any:
+            self._note(file)
+            return real_open(file, *args, **kwargs)
+
+        monkeypatch.setattr(os, "open", os_open)
+        monkeypatch.setattr(builtins, "open", open_)
+
+    def _note(self, path: Any) -> None:
+        if os.getpid() == self.pid and isinstance(path, str | os.PathLike) and (
+                os.fspath(path).endswith(".rec")):
+            self.paths.append(os.fspath(path))
+
+
+def _check_epoch(batches: Iterator[RecordBatch], stop: int | None = None) -> list[int]:
+    """The sample numbers of an epoch's batches (up to ``stop`` batches), each checked."""
+    seen: list[int] = []
+    for count, batch in enumerate(batches, 1):
+        for got in contents(batch):
+            i = got["n"]
+            assert got["bin"] == sample(i)["bin"] and got.get("txt") == sample(i).get("txt"), i
+            seen.append(i)
+        if count == stop:
+            break
+    return seen
+
+
+@pytest.fixture()
+def fresh_maps(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No shard file mapped in this process yet (earlier tests mapped the module's pack)."""
+    monkeypatch.setattr(shmview, "_FILES", {})
+
+
+def test_the_main_process_opens_no_shard_file(
+    pack: Path, monkeypatch: pytest.MonkeyPatch, fresh_maps: None,
+) -> None:
+    run = loader(StreamingDataset(pack, decode="raw", seed=8), batch_size=BATCH, num_workers=2)
+    opens = _OpensInMain(monkeypatch)
+    for _epoch in range(2):
+        assert sorted(_check_epoch(iter(run))) == list(range(NUM_SAMPLES))
+    assert opens.paths == []
+    assert len(shmview._FILES) == -(-NUM_SAMPLES // SHARD)  # every shard mapped, from the workers
+
+
+@pytest.mark.parametrize("persistent", [True, False])
+def test_an_epoch_left_early_then_every_sample_of_the_next(
+    pack: Path, monkeypatch: pytest.MonkeyPatch, fresh_maps: None, persistent: bool,
+) -> None:
+    # batches queued when the loop stops are drained (persistent workers) or dropped with
+    # their workers, the first one naming a file among them: the files still arrive
+    run = loader(StreamingDataset(pack, decode="raw", seed=9), batch_size=BATCH, num_workers=2,
+                 persistent_workers=persistent)
+    opens = _OpensInMain(monkeypatch)
+    first = _check_epoch(iter(run), stop=1)
+    assert len(first) == BATCH
+    # the next iter() starts the next epoch (persistent workers) or, its workers gone,
+    # continues this one after the batch delivered (``loader._recover``): either way,
+    # every sample once
+    rest = _check_epoch(iter(run))
+    assert sorted(rest if persistent else first + rest) == list(range(NUM_SAMPLES))
+    assert sorted(_check_epoch(iter(run))) == list(range(NUM_SAMPLES))
+    assert opens.paths == [] and len(shmview._FILES) == -(-NUM_SAMPLES // SHARD)
+
+
+def test_a_file_whose_descriptor_never_arrived_is_opened_by_path(
+    pack: Path, monkeypatch: pytest.MonkeyPatch, fresh_maps: None,
+) -> None:
+    from shardio.shmring import _MappedFiles
+
+    files = _MappedFiles((str(pack.resolve()),))
+    batches = list(loader(StreamingDataset(pack, decode="raw", seed=7), batch_size=BATCH,
+                          num_workers=0))
+    first = files.describe(batches[0])
+    assert first is not None and first[2] is not None and all(first[2])  # a descriptor a file
+    again = files.describe(batches[0])  # the same files: sent before
+    assert again is not None and again[2] is None
+    opens = _OpensInMain(monkeypatch)
+    # the batch carrying the descriptors is dropped, never unpickled: opened by path
+    assert contents(shmview.file_batch(again)) == contents(batches[0])
+    assert sorted(opens.paths) == sorted(path for path, _dev, _ino in again[1])
+    for handle in first[2]:  # what the worker's resource sharer would hold until it exits
+        os.close(handle.detach())
+    # a file's first batch, through the pickler a DataLoader's queue uses: no open
+    monkeypatch.setattr(shmview, "_FILES", {})
+    files._sent.clear()  # as a fresh worker's
+    fresh = files.describe(batches[0])
+    assert fresh is not None and fresh[2] is not None
+    received = pickle.loads(ForkingPickler.dumps(fresh))
+    opens.paths.clear()
+    assert contents(shmview.file_batch(received)) == contents(batches[0])
+    assert opens.paths == [] and set(shmview._FILES) == set(fresh[1])
+
+
+def test_spawned_workers_send_their_descriptors(
+    pack: Path, monkeypatch: pytest.MonkeyPatch, fresh_maps: None,
+) -> None:
+    run = loader(StreamingDataset(pack, decode="raw", seed=10), batch_size=BATCH,
+                 num_workers=2, multiprocessing_context="spawn")
+    opens = _OpensInMain(monkeypatch)
+    assert sorted(_check_epoch(iter(run))) == list(range(NUM_SAMPLES))
+    assert opens.paths == []
+    assert len(shmview._FILES) == -(-NUM_SAMPLES // SHARD)  # places in files, not slots
