@@ -54,6 +54,7 @@ BLOCKS: dict[str, str] = {
     "bench-first-sample": "benchmarks.first_sample:first_sample_block",
     "bench-memory": "benchmarks.bench_memory:memory_block",
     "remote-ab": "benchmarks.remote_ab:ab_block",
+    "remote-ab-uncapped": "benchmarks.remote_ab:ab_uncapped_block",
 }
 """Block name -> ``"module:function"`` rendering it; imported only when rendered."""
 

@@ -141,8 +141,10 @@ def ab_block(path: Path | None = None) -> str:
             key = (row["tree"], row["budget"], row["workers"], row["commit"])
             groups.setdefault(key, []).append(row)
     repeats = max((len(rows) for rows in groups.values()), default=0)
+    cap = result["link"]["bandwidth_mbs"]
+    link = f"{cap:.0f} MB/s" if cap else "no bandwidth cap"
     lines = [f"Measured {result['date']}, {result['link']['latency_ms']:.0f} ms a request and "
-             f"{result['link']['bandwidth_mbs']:.0f} MB/s, medians of {repeats} (range):", "",
+             f"{link}, medians of {repeats} (range):", "",
              "| tree | budget | workers | commit | samples/s | first batch | downloaded | load |",
              "|---|---|---|---|---|---|---|---|"]
     for (tree, budget, workers, commit), rows in groups.items():
@@ -155,6 +157,11 @@ def ab_block(path: Path | None = None) -> str:
             f"({first[0]:.2f}–{first[-1]:.2f}) | {_median([r['downloaded'] for r in rows]):.2f}× "
             f"| {min(load):.1f}–{max(load):.1f} |")
     return "\n".join(lines) + "\n"
+
+
+def ab_uncapped_block() -> str:
+    """The docs table of the committed A/B without a bandwidth cap (``remote-ab-uncapped.json``)."""
+    return ab_block(HERE / "results" / "remote-ab-uncapped.json")
 
 
 def _median(values: list[float]) -> float:
