@@ -233,8 +233,11 @@ class ShardLoader:
             if self.num_workers > 0:
                 shmview.drop_pages()  # the epoch's last batches' pages: see drop_pages
         except GeneratorExit:
-            # the loop stopped early; a worker killed meanwhile raised in the caller's code
-            if self._lost_worker():
+            # the loop stopped early; a worker killed meanwhile raised in the caller's code.
+            # Only persistent workers outlive the loop: the DataLoader's iterator, dropped
+            # on the way here, shuts the others down, and taken for lost they made the next
+            # iter() continue this epoch instead of starting the next one
+            if self._persistent and self._lost_worker():
                 self._recover()
             raise
         except BaseException as exc:

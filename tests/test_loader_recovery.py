@@ -141,3 +141,22 @@ def test_worker_killed_between_epochs_is_replaced(pack: Path, tmp_path: Path) ->
     assert [b["__index__"].tolist() for b in run] == expected[1]  # no error, nothing lost
     replaced = {int(p.name) for p in tmp_path.iterdir()}
     assert len(replaced) == 2 and pid not in replaced
+
+
+@pytest.mark.parametrize("persistent", [True, False])
+def test_an_epoch_left_early_ends_and_the_next_iter_starts_the_next(
+        pack: Path, persistent: bool) -> None:
+    # without persistent workers, the workers the loop's end shut down were taken for
+    # killed ones, and the next iter() continued the epoch left (from its second epoch on)
+    run = loader(StreamingDataset(pack, decode="raw", seed=2), batch_size=BATCH, num_workers=2,
+                 persistent_workers=persistent)
+    epochs = []
+    for stop in (None, 1, None, 1, None):
+        seen = []
+        for count, batch in enumerate(run, 1):
+            seen += batch.indices.tolist()
+            if count == stop:
+                break
+        epochs.append((run.epoch, len(seen) if stop else sorted(seen)))
+    full = list(range(NUM_SAMPLES))
+    assert epochs == [(0, full), (1, BATCH), (2, full), (3, BATCH), (4, full)]
