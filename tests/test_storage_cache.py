@@ -186,6 +186,23 @@ def test_lru_evicts_the_oldest_range_nobody_holds(
     assert (cache.stats.downloads, cache.stats.hits) == (4, 1)
 
 
+def test_a_view_kept_after_close_holds_nothing_and_reads_on_after_eviction(
+        remote: tuple[Store, Path], tmp_path: Path) -> None:
+    # a map keeps a duplicate of its descriptor, and a flock belongs to the open file the
+    # duplicates share: mapped from the hold's descriptor, a view kept the range locked
+    # after close, eviction skipped it, and a budget of two ranges ran out
+    store, _expected = remote
+    cache = RangeCache(tmp_path / "cache", max_cache_bytes=2 * RANGE, wait_s=0.5)
+    views = []
+    for i in range(4):
+        with cache.open_range(store, "shard-00000.rec", i * RANGE, (i + 1) * RANGE,
+                              version="v1") as got:
+            views.append(got.view()[: RANGE])  # a reader's sample views outlive the hold
+    assert cache.evictions == 2 and cache.held_bytes == 0
+    assert [bytes(v) for v in views] == [DATA[i * RANGE : (i + 1) * RANGE] for i in range(4)]
+    assert len(list((tmp_path / "cache" / "ranges").iterdir())) == 2
+
+
 def test_a_failed_check_refetches_once_then_raises(
         remote: tuple[Store, Path], s3: S3Endpoint, tmp_path: Path) -> None:
     store, _expected = remote

@@ -13,10 +13,10 @@ the shard header); a range that fails it is downloaded once more, then the
 ``ReadAhead`` queue in the order the stream will read them, so a few download
 while earlier ones are decoded; ``will_need_exact`` queues a few records on their own
 instead (a shuffled stream's first batch, which wants a record or two of many
-ranges); ``read_frames`` copies a run's records out of
-its range and releases the range at once, so memory and cache holdings stay
-bounded. Messages name the shard's URL. Imports ``format``, ``backends`` and
-``storage``; no fsspec, no torch.
+ranges); ``read_run`` hands out a run's records as a view of its range's map
+(a copy where a run spans two ranges) and releases the range at once, so cache
+holdings stay bounded; the view keeps the pages, not the hold. Messages name the
+shard's URL. Imports ``format``, ``backends`` and ``storage``; no fsspec, no torch.
 """
 
 from __future__ import annotations
@@ -331,7 +331,8 @@ class RemoteRecordsReader:
         return RunBytes(view, bounds, self._checksum, chain, base)
 
     def read_run(self, start: int, stop: int) -> RunBytes:
-        """Records ``start..stop`` as one buffer (copied out of their ranges, released at once)."""
+        """Records ``start..stop`` as one buffer (a view of their range's map, or a copy where
+        they span two), their ranges released at once."""
         if start == stop:
             return self._run(b"", self._offsets[start], start, stop)
         return self._read_parts(start, stop, [self._request(j) for j in self._ranges(start, stop)])
@@ -347,13 +348,16 @@ class RemoteRecordsReader:
     def _read_parts(self, start: int, stop: int, requests: list[RangeRequest]) -> RunBytes:
         """Records ``start..stop`` out of ``requests``, one for each range holding some."""
         offs = self._offsets
-        parts: list[bytes] = []
+        parts: list[bytes | memoryview] = []
+        single = len(requests) == 1
         for j, request in zip(self._ranges(start, stop), requests, strict=True):
             lo, hi = max(start, self._cuts[j]), min(stop, self._cuts[j + 1])
+            at, size = offs[lo] - request.start, offs[hi] - offs[lo]
             with self._ahead.take(request) as cached:
-                parts.append(cached.read(offs[lo] - request.start, offs[hi] - offs[lo]))
-        return self._run(parts[0] if len(parts) == 1 else b"".join(parts), offs[start],
-                         start, stop)
+                # one range: a view of its map, no copy (the map outlives the hold while its
+                # views do; an evicted file's pages stay valid, never truncated)
+                parts.append(cached.view()[at : at + size] if single else cached.read(at, size))
+        return self._run(parts[0] if single else b"".join(parts), offs[start], start, stop)
 
     def scan(self, start: int = 0, stop: int | None = None) -> Iterator[tuple[int, memoryview]]:
         """Yield ``(index, framed bytes)`` front to back, range by range, reading ahead."""

@@ -20,8 +20,10 @@ class CachedRange:
     """Bytes ``start..stop`` of object ``name`` as a cache file, held until ``close``.
 
     Holding it (a shared flock on the file) keeps it from being evicted. Views
-    from ``view`` must not be used after ``close``: the file may then be evicted
-    (the map stays valid while views exist, but no longer counts in the budget).
+    from ``view`` stay valid after ``close`` without holding it: the file may then
+    be evicted, and its pages stay readable while views exist (a cache file is
+    never truncated, only unlinked), so a reader hands out views instead of copies;
+    an evicted file's disk space comes back when its last view goes.
     """
 
     def __init__(self, fd: int, path: Path, *, name: str, start: int, stop: int,
@@ -44,8 +46,32 @@ class CachedRange:
         if self._fd < 0:
             raise ValueError(f"{self.path}: cached range used after close")
         if self._map is None:
-            self._map = mmap.mmap(self._fd, self.size, access=mmap.ACCESS_READ)
+            fd = self._unlocked_fd()
+            try:
+                self._map = mmap.mmap(fd, self.size, access=mmap.ACCESS_READ)
+            finally:
+                if fd != self._fd:  # the map keeps its own duplicate
+                    os.close(fd)
         return memoryview(self._map)
+
+    def _unlocked_fd(self) -> int:
+        """A descriptor of this file that shares no flock with the hold, else the hold's own.
+
+        A map keeps a duplicate of the descriptor it was made from, and a flock belongs
+        to the open file that duplicates share: mapped from the hold's descriptor, views
+        outliving ``close`` kept the range locked, so eviction skipped it and a small
+        budget ran out. The file is opened again by name while the hold keeps evictors
+        away; the map keeps its own duplicate, and ``view`` closes this one at once.
+        """
+        try:
+            fd = os.open(self.path, os.O_RDONLY)
+        except OSError:
+            return self._fd
+        st, held = os.fstat(fd), os.fstat(self._fd)
+        if (st.st_dev, st.st_ino) != (held.st_dev, held.st_ino):  # discarded and replaced
+            os.close(fd)
+            return self._fd
+        return fd
 
     def read(self, offset: int = 0, length: int | None = None) -> bytes:
         """``length`` bytes from ``offset`` (relative to ``start``) with one ``pread``."""
