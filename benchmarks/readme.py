@@ -53,6 +53,7 @@ BLOCKS: dict[str, str] = {
     "bench-warm": "benchmarks.warm_report:warm_block",
     "bench-first-sample": "benchmarks.first_sample:first_sample_block",
     "bench-memory": "benchmarks.bench_memory:memory_block",
+    "bench-gpu": "benchmarks.bench_gpu:gpu_block",
     "remote-ab": "benchmarks.remote_ab:ab_block",
     "remote-ab-uncapped": "benchmarks.remote_ab:ab_uncapped_block",
 }
