@@ -26,6 +26,7 @@ import numpy as np
 import torch
 from torch.utils.data import default_collate, get_worker_info
 
+from shardio import pinned
 from shardio.decode import decode_image, image_to_array, open_image
 from shardio.fields import FieldDecoder, Fields, as_fields, to_bytes
 from shardio.manifest import Manifest
@@ -137,20 +138,25 @@ def pack_views(images: Sequence[torch.Tensor]) -> tuple[torch.Tensor, list[torch
     return flat, views
 
 
-def batch_buffer(nbytes: int) -> torch.Tensor:
+def batch_buffer(nbytes: int, *, pin: bool = False) -> torch.Tensor:
     """``nbytes`` of uint8 memory for one batch, where it will cross to the main process.
 
     In a worker under ``shardio.loader``: a slot of the worker's shared-memory
     ring (``shardio.shmring``), so the batch is written once and never copied
-    again. In another DataLoader worker: fresh shared memory. Elsewhere: plain memory.
+    again. In another DataLoader worker: fresh shared memory. Elsewhere: pinned
+    memory with ``pin`` (the batch is pinned anyway: decoded there, it is never
+    copied), else plain memory.
     """
     ring = active_ring()
     if ring is not None:
         buf = ring.buffer(nbytes)
         if buf is not None:
             return torch.from_numpy(buf)
+    in_worker = get_worker_info() is not None
+    if pin and not in_worker:
+        return pinned.empty(nbytes)
     flat = torch.empty(nbytes, dtype=torch.uint8)
-    if ring is None and get_worker_info() is not None:
+    if ring is None and in_worker:
         flat.share_memory_()  # type: ignore[no-untyped-call]
     return flat
 
@@ -168,11 +174,13 @@ class ImageBatchDecoder:
 
     def __init__(
         self, *, draft_size: tuple[int, int] | None = None, image: str = "image",
-        label: str = "label",
+        label: str = "label", pin_memory: bool = False,
     ) -> None:
         self.draft_size = draft_size
         self.image = image
         self.label = label
+        self.pin_memory = pin_memory
+        """Decode into pinned memory outside workers (``batch_buffer``): the loader pins."""
 
     def __call__(
         self, samples: Sequence[dict[str, Any]]
@@ -184,7 +192,7 @@ class ImageBatchDecoder:
             for s in samples
         ]
         sizes = [h * w * c for h, w, c in (p.shape for p in pending)]
-        flat = batch_buffer(sum(sizes))
+        flat = batch_buffer(sum(sizes), pin=self.pin_memory)
         flat_np = flat.numpy()
         views: list[torch.Tensor] = []
         at = 0

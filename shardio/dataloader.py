@@ -28,7 +28,7 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader, IterableDataset, default_collate
 
-from shardio import shmring, shmview
+from shardio import pinned, shmring, shmview
 from shardio.batch import RecordBatch
 from shardio.dataset import SampleDecoder, StreamingDataset
 from shardio.fields import FieldDecoder
@@ -97,9 +97,12 @@ def _local_roots(dataset: StreamingDataset) -> tuple[str, ...]:
     return (str(root.resolve()),) if isinstance(root, Path) else ()
 
 
-def _batch_decoder(dataset: StreamingDataset) -> Callable[[list[Any]], Any] | None:
+def _batch_decoder(
+    dataset: StreamingDataset, *, pin: bool = False
+) -> Callable[[list[Any]], Any] | None:
     """The collate that decodes whole batches into one buffer, where it gives what
-    ``decode="tensor"`` yields: plain ``(image, label)`` samples, no transforms."""
+    ``decode="tensor"`` yields: plain ``(image, label)`` samples, no transforms; ``pin``:
+    that buffer pinned (this process decodes, and the batch will be pinned)."""
     decoder = dataset.decoder
     if not isinstance(decoder, SampleDecoder) or decoder.mode != "tensor" or (
         decoder.transform is not None or decoder.target_transform is not None
@@ -107,7 +110,7 @@ def _batch_decoder(dataset: StreamingDataset) -> Callable[[list[Any]], Any] | No
         return None
     from shardio.collate import ImageBatchDecoder
 
-    return ImageBatchDecoder(draft_size=decoder.draft_size)
+    return ImageBatchDecoder(draft_size=decoder.draft_size, pin_memory=pin)
 
 
 class ShardLoader:
@@ -142,7 +145,11 @@ class ShardLoader:
         self.drop_last = drop_last
         self.num_workers = min(os.cpu_count() or 1, 8) if num_workers is None else num_workers
         workers = self.num_workers
-        decoder = None if collate_fn is not None else _batch_decoder(dataset)
+        # pinned here: batches are built over one pinned buffer each, which the DataLoader's
+        # thread then leaves as it is (shardio.pinned), instead of pinning tensor by tensor
+        pin = pinned.enabled(pin_memory)
+        decoder = None if collate_fn is not None else _batch_decoder(
+            dataset, pin=pin and workers == 0)
         collate = collate_fn or decoder or collate_for(dataset)
         # (== : a classmethod is a new bound method at every access, never the same object)
         raw = collate == RecordBatch.from_samples
@@ -167,6 +174,8 @@ class ShardLoader:
         if decoder is not None:  # the collate decodes: the samples reach it raw
             self._view.decoder = SampleDecoder("raw")
         self._source = _Grouped(self._view, self._most)
+        if pin and workers > 0:
+            shmview.PINNED.add(self._token)
         weakref.finalize(self, shmview.forget, self._token)
         self._persistent = persistent_workers and workers > 0
         self._settings: dict[str, Any] = {

@@ -30,6 +30,7 @@ import numpy as np
 import numpy.typing as npt
 import torch
 
+from shardio import pinned
 from shardio.batch import RecordBatch
 
 HEADER_BYTES = 64
@@ -54,6 +55,10 @@ class RingBatch:
         return _rebuild, (token, pid, slot, generation, seq, storage, skeleton)
 
 
+PINNED: set[str] = set()
+"""Tokens of the loaders whose batches the DataLoader pins: a slot's tensors are rebuilt
+over one pinned copy of the slot's bytes (``shardio.pinned``), and the slot goes back to
+its worker at once, instead of each tensor pinned on its own by the DataLoader's thread."""
 _MAPPED: dict[tuple[str, int, int], tuple[int, torch.Tensor, UInt8Array]] = {}
 """Main process: ``(token, worker pid, slot) -> (generation, storage, its bytes)``."""
 _OWNERS: dict[int, type[ctypes.Array[ctypes.c_char]]] = {}
@@ -77,6 +82,14 @@ def _rebuild(
             "segments while it was still delivering (a bug: please report it)"
         )
     whole = mapped[2]
+    if token in PINNED:
+        extent = _tensor_extent(skeleton)
+        if extent is not None:  # tensors only: a RecordBatch is never pinned, kept as views
+            size = min(-(-extent // 64) * 64, whole.size - HEADER_BYTES)
+            flat = pinned.empty(size)
+            flat.numpy()[:] = whole[HEADER_BYTES : HEADER_BYTES + size]
+            _release(whole[:16].view(np.int64), seq)
+            return _Builder(None, flat).build(skeleton)
     size = whole.size - HEADER_BYTES
     owner_type = _OWNERS.get(size)
     if owner_type is None:
@@ -90,13 +103,35 @@ def _release(state: npt.NDArray[np.int64], seq: int) -> None:
     state[1] = seq
 
 
+def _tensor_extent(skeleton: Any) -> int | None:
+    """Bytes of a slot up to the end of its last tensor; None if it holds anything else."""
+    kind = skeleton[0]
+    if kind == "t":
+        _, at, dtype, shape, stride = skeleton
+        if 0 in shape:
+            return 0
+        span = sum((n - 1) * s for n, s in zip(shape, stride, strict=True)) + 1
+        return int(at + span * torch.empty((), dtype=dtype).element_size())
+    if kind in ("u", "l"):
+        ends = [_tensor_extent(v) for v in skeleton[1]]
+        return None if None in ends else max((e for e in ends if e is not None), default=0)
+    if kind == "d":
+        ends = [_tensor_extent(v) for _, v in skeleton[1]]
+        return None if None in ends else max((e for e in ends if e is not None), default=0)
+    return 0 if kind == "v" else None
+
+
 class _Builder:
     """Rebuilds a skeleton over one batch's owner (every view keeps the owner alive)."""
 
-    def __init__(self, owner: ctypes.Array[ctypes.c_char] | None) -> None:
+    def __init__(
+        self, owner: ctypes.Array[ctypes.c_char] | None, flat: torch.Tensor | None = None
+    ) -> None:
         self.owner = owner
         self._bytes: UInt8Array | None = None
-        self._typed: dict[torch.dtype, torch.Tensor] = {}
+        # flat: the batch's bytes already in a uint8 tensor of their own (a pinned copy)
+        self._typed: dict[torch.dtype, torch.Tensor] = {} if flat is None else {
+            torch.uint8: flat}
 
     def build(self, skeleton: Any) -> Any:
         kind = skeleton[0]
@@ -237,6 +272,8 @@ def forget(token: str, keep: set[int] | None = None) -> None:
 
     Batches still held keep their own segment mapped until they are dropped.
     """
+    if keep is None:
+        PINNED.discard(token)
     # list(dict) copies the keys in one step: a pin-memory thread may be adding one meanwhile
     for key in list(_MAPPED):
         if key[0] == token and (keep is None or key[1] not in keep):

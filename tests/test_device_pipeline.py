@@ -179,3 +179,71 @@ def test_on_cuda_the_loader_pins_decoded_batches(
         assert images.is_pinned() and labels.is_pinned()
         seen += len(labels)
     assert seen == 45
+
+
+@pytest.fixture
+def fake_pinning(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
+    """Make ``shardio.loader`` take its pinned path on any machine; the buffers it asks for.
+
+    The DataLoader itself pins only with CUDA, so here it leaves the batches as they
+    come; what is checked is that shardio builds each batch over one buffer of its own.
+    """
+    from shardio import pinned
+
+    made: list[Any] = []
+
+    def empty(nbytes: int) -> Any:
+        made.append(torch.empty(nbytes, dtype=torch.uint8))
+        return made[-1]
+
+    monkeypatch.setattr(pinned, "enabled", lambda pin_memory: pin_memory is not False)
+    monkeypatch.setattr(pinned, "empty", empty)
+    return made
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_a_pinned_batch_of_several_sizes_is_one_buffer_of_its_own(
+    mixed: tuple[Path, Counter[tuple[int, str]]], fake_pinning: list[Any], num_workers: int
+) -> None:
+    path, expected = mixed
+    dataset = shardio.StreamingDataset(path, decode="tensor", seed=4)
+    held = list(shardio.loader(dataset, batch_size=6, num_workers=num_workers,
+                               prefetch_factor=1))
+    buffers = {t.untyped_storage().data_ptr() for t in fake_pinning}
+    assert len(fake_pinning) == len(held) == -(-45 // 6)
+    got: Counter[tuple[int, str]] = Counter()
+    for images, labels in held:  # every batch held to the end: its worker's slot went back
+        bases = {image.untyped_storage().data_ptr() for image in images}
+        assert len(bases) == 1 and bases <= buffers, "one pinned buffer a batch"
+        got.update((int(label), _digest(image)) for image, label in zip(
+            images, labels.tolist(), strict=True))
+    assert got == expected
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_pinned_batches_of_one_size_are_views_of_their_buffer(
+    fixed: tuple[Path, Counter[tuple[int, str]]], fake_pinning: list[Any], num_workers: int
+) -> None:
+    path, expected = fixed
+    dataset = shardio.StreamingDataset(path, decode="tensor", seed=4)
+    held = list(shardio.loader(dataset, batch_size=7, num_workers=num_workers))
+    assert len(fake_pinning) == len(held)
+    buffers = {t.untyped_storage().data_ptr() for t in fake_pinning}
+    got: Counter[tuple[int, str]] = Counter()
+    for images, labels in held:
+        assert images.untyped_storage().data_ptr() in buffers
+        assert images.is_contiguous(memory_format=torch.channels_last)
+        got.update((int(label), _digest(image)) for image, label in zip(
+            images, labels.tolist(), strict=True))
+    assert got == expected
+
+
+def test_without_pinning_no_pinned_buffer_is_asked_for(
+    fixed: tuple[Path, Counter[tuple[int, str]]], fake_pinning: list[Any]
+) -> None:
+    path, _ = fixed
+    dataset = shardio.StreamingDataset(path, decode="tensor", seed=4)
+    for num_workers in (0, 2):
+        assert sum(len(labels) for _, labels in shardio.loader(
+            dataset, batch_size=7, num_workers=num_workers, pin_memory=False)) == 45
+    assert fake_pinning == []
