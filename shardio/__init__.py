@@ -40,6 +40,7 @@ from shardio.version import __version__
 
 if TYPE_CHECKING:
     from shardio.batch import RecordBatch
+    from shardio.crop import CenterCrop, RandomResizedCrop
     from shardio.dataloader import loader
     from shardio.dataset import IndexedDataset, StreamingDataset
     from shardio.decode import pil_backend
@@ -81,11 +82,14 @@ _LAZY = {
     "read_manifest": "shardio.location",
     "RemoteOptions": "shardio.storage.options",
     "Source": "shardio.mix",
+    "RandomResizedCrop": "shardio.crop",
+    "CenterCrop": "shardio.crop",
 }
 
 __all__ = [
     "BadInputError",
     "CacheBudgetError",
+    "CenterCrop",
     "ChecksumError",
     "DatasetReader",
     "DecodeError",
@@ -100,6 +104,7 @@ __all__ = [
     "OutputExistsError",
     "PackError",
     "PackSummary",
+    "RandomResizedCrop",
     "RecordBatch",
     "RecordEncodeError",
     "RemoteOptions",

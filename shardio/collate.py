@@ -27,10 +27,11 @@ import torch
 from torch.utils.data import default_collate, get_worker_info
 
 from shardio import pinned
-from shardio.decode import decode_image, image_to_array, open_image
+from shardio.crop import Cropper, PendingCrop
+from shardio.decode import PendingImage, decode_image, image_to_array, open_image
 from shardio.fields import FieldDecoder, Fields, as_fields, to_bytes
 from shardio.manifest import Manifest
-from shardio.record import KEY_FIELD
+from shardio.record import INDEX_FIELD, KEY_FIELD
 from shardio.shmring import active_ring
 
 
@@ -174,9 +175,11 @@ class ImageBatchDecoder:
 
     def __init__(
         self, *, draft_size: tuple[int, int] | None = None, image: str = "image",
-        label: str = "label", pin_memory: bool = False,
+        label: str = "label", pin_memory: bool = False, cropper: Cropper | None = None,
     ) -> None:
         self.draft_size = draft_size
+        self.cropper = cropper
+        """Every image cropped to one size (``crop=``): the batch is one tensor."""
         self.image = image
         self.label = label
         self.pin_memory = pin_memory
@@ -187,10 +190,12 @@ class ImageBatchDecoder:
     ) -> tuple[torch.Tensor | list[torch.Tensor], torch.Tensor]:
         if not samples:
             raise ValueError("ImageBatchDecoder got an empty batch")
-        pending = [
+        cropper = self.cropper
+        pending: list[PendingImage | PendingCrop] = [
             open_image(s[self.image], draft_size=self.draft_size, key=s.get(KEY_FIELD))
             for s in samples
-        ]
+        ] if cropper is None else [
+            cropper.open(s[self.image], s[INDEX_FIELD], s.get(KEY_FIELD)) for s in samples]
         sizes = [h * w * c for h, w, c in (p.shape for p in pending)]
         flat = batch_buffer(sum(sizes), pin=self.pin_memory)
         flat_np = flat.numpy()

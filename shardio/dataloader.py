@@ -110,7 +110,8 @@ def _batch_decoder(
         return None
     from shardio.collate import ImageBatchDecoder
 
-    return ImageBatchDecoder(draft_size=decoder.draft_size, pin_memory=pin)
+    return ImageBatchDecoder(draft_size=decoder.draft_size, pin_memory=pin,
+                             cropper=decoder.cropper)
 
 
 class ShardLoader:

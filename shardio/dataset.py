@@ -13,11 +13,13 @@ import os
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, Literal
 
+import numpy as np
 import torch
 from torch.utils.data import Dataset, IterableDataset, get_worker_info
 
 from shardio.classes import ClassAttributes
 from shardio.collate import field_decoder
+from shardio.crop import Crop, Cropper
 from shardio.errors import ResumeError
 from shardio.fields import FieldDecoder, Fields
 from shardio.mix import Source
@@ -25,7 +27,7 @@ from shardio.mixreader import MixtureReader, open_reader
 from shardio.plan import PlanConfig, Split, batch_span, samples_per_rank
 from shardio.ranks import env_rank
 from shardio.reader import DatasetReader
-from shardio.record import KEY_FIELD
+from shardio.record import INDEX_FIELD, KEY_FIELD
 from shardio.resume import (
     Stage,
     check_same_order,
@@ -104,19 +106,32 @@ class SampleDecoder:
         transform: Callable[[Any], Any] | None = None,
         target_transform: Callable[[Any], Any] | None = None,
         draft_size: tuple[int, int] | None = None,
+        cropper: Cropper | None = None,
     ) -> None:
         self.mode = mode
         self.transform = transform
         self.target_transform = target_transform
         self.draft_size = draft_size
+        self.cropper = cropper
+        """Every image cropped to one size (``crop=``), shared with the batch decoder."""
 
     def __call__(self, sample: dict[str, Any]) -> Any:
         if self.mode == "raw":
             return self.transform(sample) if self.transform else sample
-        if self.mode == "pil":
+        if self.cropper is not None:
+            pending = self.cropper.open(sample["image"], sample[INDEX_FIELD], sample[KEY_FIELD])
+            pixels = np.empty(pending.shape, np.uint8)
+            pending.decode_into(pixels)
+            if self.mode == "pil":
+                from PIL import Image
+
+                image: Any = Image.fromarray(pixels)
+            else:
+                image = torch.from_numpy(pixels).permute(2, 0, 1)
+        elif self.mode == "pil":
             from shardio.decode import decode_image
 
-            image: Any = decode_image(
+            image = decode_image(
                 sample["image"], draft_size=self.draft_size, key=sample[KEY_FIELD]
             )
         else:
@@ -184,6 +199,7 @@ class StreamingDataset(ClassAttributes, IterableDataset[Any]):
         world_size: int | None = None,
         drop_last: bool = False,
         draft_size: tuple[int, int] | None = None,
+        crop: Crop | None = None,
         verify: bool = True,
         remote: RemoteOptions | None = None,
         epoch_size: int | None = None,
@@ -232,6 +248,11 @@ class StreamingDataset(ClassAttributes, IterableDataset[Any]):
             world_size: number of ranks; default from ``torch.distributed``.
             drop_last: drop the tail instead of padding it so all ranks are equal.
             draft_size: decode JPEGs at reduced size no smaller than this ``(w, h)``.
+            crop: with ``decode="pil"`` or ``"tensor"``, every image cropped and resized
+                to one size as it is decoded, at the smallest JPEG scale that covers
+                the box (``shardio.RandomResizedCrop``, ``shardio.CenterCrop``); a
+                sample's random box depends only on ``(seed, epoch, index)``. Batches
+                of ``shardio.loader`` are then one ``(B, 3, H, W)`` tensor.
             verify: check each record's CRC-32 as it is read.
             remote: how a URL is reached and cached (``shardio.RemoteOptions``:
                 ``storage_options``, ``cache_dir``, ``max_cache_bytes``); ignored for
@@ -250,8 +271,20 @@ class StreamingDataset(ClassAttributes, IterableDataset[Any]):
         self.manifest = self.reader.manifest
         self._rank_arg, self._world_arg = rank, world_size
         mode = resolve_decode(decode, self.manifest.is_labelled or fields is not None, self.path)
+        cropper = None
+        if crop is not None:
+            if fields is not None or mode not in ("pil", "tensor") or draft_size is not None:
+                raise ValueError(
+                    f"{self.path}: crop= decodes the images of an ImageFolder pack with "
+                    f"decode='pil' or 'tensor' and no fields= or draft_size= (it picks the "
+                    f"JPEG scale itself); got decode={mode!r}"
+                    + (", fields=" if fields is not None else "")
+                    + (", draft_size=" if draft_size is not None else ""))
+            cropper = Cropper(crop, seed)
+        self._cropper = cropper
         self.decoder: SampleDecoder | FieldDecoder = SampleDecoder(
-            mode, transform=transform, target_transform=target_transform, draft_size=draft_size
+            mode, transform=transform, target_transform=target_transform, draft_size=draft_size,
+            cropper=cropper,
         ) if fields is None else field_decoder(
             fields, mode=mode, manifest=self.manifest, path=self.path, transform=transform,
             target_transform=target_transform, draft_size=draft_size,
@@ -372,6 +405,8 @@ class StreamingDataset(ClassAttributes, IterableDataset[Any]):
                                       stage.split.batch)
         self._worker_state = None
         self._split, self._stage, self._stage_in_main = split, stage, info is None
+        if self._cropper is not None:  # this epoch's boxes, for whichever decoder crops
+            self._cropper.epoch = stage.epoch
         self._position = stage.skip
         # the manifest read when the dataset was built, not again: every worker and epoch
         # reads the dataset version the order was planned on

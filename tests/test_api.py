@@ -8,14 +8,15 @@ import sys
 import shardio
 
 EXPECTED = {
-    "BadInputError", "CacheBudgetError", "ChecksumError", "DatasetReader", "DecodeError",
-    "DevicePrefetcher", "EmptySourceError", "Fields", "IndexedDataset", "Manifest",
+    "BadInputError", "CacheBudgetError", "CenterCrop", "ChecksumError", "DatasetReader",
+    "DecodeError", "DevicePrefetcher", "EmptySourceError", "Fields", "IndexedDataset", "Manifest",
     "ManifestError", "ManifestNotFoundError", "MergeSummary", "OutputExistsError", "PackError",
-    "PackSummary", "RecordBatch", "RecordEncodeError", "RemoteOptions", "ShardCorruptError",
-    "ShardInfo", "ShardMissingError", "ShardWriter", "ShardioError", "Source", "StorageError",
-    "StreamingDataset", "TruncatedShardError", "UnsafeKeyError", "UnsupportedVersionError",
-    "WriteOptions", "__version__", "loader", "merge", "merge_states", "open_dataset", "pack",
-    "pack_imagefolder", "pil_backend", "preview", "read_manifest", "unpack", "verify",
+    "PackSummary", "RandomResizedCrop", "RecordBatch", "RecordEncodeError", "RemoteOptions",
+    "ShardCorruptError", "ShardInfo", "ShardMissingError", "ShardWriter", "ShardioError", "Source",
+    "StorageError", "StreamingDataset", "TruncatedShardError", "UnsafeKeyError",
+    "UnsupportedVersionError", "WriteOptions", "__version__", "loader", "merge", "merge_states",
+    "open_dataset", "pack", "pack_imagefolder", "pil_backend", "preview", "read_manifest",
+    "unpack", "verify",
 }
 
 
