@@ -54,6 +54,7 @@ BLOCKS: dict[str, str] = {
     "bench-first-sample": "benchmarks.first_sample:first_sample_block",
     "bench-memory": "benchmarks.bench_memory:memory_block",
     "bench-gpu": "benchmarks.bench_gpu:gpu_block",
+    "bench-crop": "benchmarks.bench_crop:crop_block",
     "remote-ab": "benchmarks.remote_ab:ab_block",
     "remote-ab-uncapped": "benchmarks.remote_ab:ab_uncapped_block",
 }
