@@ -285,6 +285,20 @@ def test_a_changed_endpoint_in_the_environment_gets_a_new_client(
     assert open_store(s3.url, retry=FAST_RETRY).read_bytes("x") == b"payload"
     assert s3.plan.requests > before
 
+def test_a_whole_object_is_one_get_and_survives_faults(s3: S3Endpoint) -> None:
+    """A manifest or journal is read in one request: s3fs's ``cat_file`` asked for the
+    object's size first, a second round trip before every dataset could open."""
+    store = open_store(s3.url, retry=FAST_RETRY)
+    store.put_bytes("manifest.json", b'{"format": "shardio"}')
+    s3.plan.reset()
+    assert store.read_bytes("manifest.json") == b'{"format": "shardio"}'
+    assert (s3.plan.requests, s3.plan.gets, s3.plan.ranged_gets) == (1, 1, 0)
+    s3.plan.reset(slowdown_every=2, cut_every=3)
+    for _ in range(4):
+        assert store.read_bytes("manifest.json") == b'{"format": "shardio"}'
+    with pytest.raises(FileNotFoundError):
+        store.read_bytes("nope.json")
+
 # --- HTTP ---------------------------------------------------------------------------------------
 
 def test_http_server_with_range_reads_through_faults(http: HttpEndpoint) -> None:

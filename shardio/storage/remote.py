@@ -31,7 +31,7 @@ from shardio.errors import MissingDependencyError, StorageError
 from shardio.storage.client import HTTP_PROTOCOLS, S3_PROTOCOLS, client_for, missing_dependency
 from shardio.storage.retry import IncompleteBodyError, RetryPolicy, StoreStats, retry_call
 from shardio.storage.store import RangeWriter, check_name, check_range
-from shardio.storage.transfer import stream_range, upload_s3_multipart
+from shardio.storage.transfer import read_object, stream_range, upload_s3_multipart
 
 T = TypeVar("T")
 
@@ -122,7 +122,7 @@ class RemoteStore:
         path = self._path(name)
 
         def get() -> bytes:
-            data: bytes = self._fs().cat_file(path)
+            data = read_object(self._fs(), self.protocol, path)
             self.stats.bytes_read += len(data)
             return data
 

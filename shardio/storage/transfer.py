@@ -83,6 +83,33 @@ def stream_range(fs: Any, protocol: str, path: str, start: int, stop: int,
         deliver(fs.cat_file(path, start=start, end=stop))
 
 
+async def _get_s3(fs: Any, path: str) -> bytes:
+    bucket, key, version = fs.split_path(path)
+    extra = {"VersionId": version} if version else {}
+    resp = await fs._call_s3("get_object", Bucket=bucket, Key=key, **extra)
+    body = resp["Body"]
+    try:
+        data: bytes = await body.read()
+        return data
+    finally:
+        body.close()
+
+
+def read_object(fs: Any, protocol: str, path: str) -> bytes:
+    """The whole object ``path`` in one GET.
+
+    s3fs's ``cat_file`` asks for the object's size first (to read a large one in
+    parallel parts): a second round trip before a manifest or a journal, which are small.
+    """
+    if protocol in S3_PROTOCOLS:
+        from fsspec.asyn import sync
+
+        data: bytes = sync(fs.loop, _get_s3, fs, path)
+        return data
+    whole: bytes = fs.cat_file(path)
+    return whole
+
+
 def upload_s3_multipart(fs: Any, path: str, source: Path, *, part_bytes: int,
                         retried: Retried) -> None:
     """Upload ``source`` to S3 ``path`` in parts of ``part_bytes``, each retried on its own.
