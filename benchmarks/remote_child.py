@@ -7,12 +7,14 @@ start count), whether every sample came exactly once (the sorted CRC-32 of the p
 against those of the source files), the wall-clock start and end (the parent cuts its
 cache-size samples there) and the link's counters before and after (bytes downloaded).
 A failure is recorded with the epochs done before it, so an epoch that does not complete
-is a result, not a crash. The library and torch are imported before any clock starts.
+is a result, not a crash. The library, its object-store client (``client_modules``) and
+torch are imported before any clock starts.
 The result is written as JSON to ``spec["result"]``.
 """
 
 from __future__ import annotations
 
+import importlib
 import json
 import sys
 import time
@@ -40,6 +42,8 @@ def run_epochs(spec: dict[str, Any]) -> dict[str, Any]:
                         fork_fix=r.get("fork_fix", True))
     reader = get_reader(spec["system"])
     preload(reader, torch=True)  # type: ignore[arg-type]  (it has .library, all preload reads)
+    for module in reader.client_modules:
+        importlib.import_module(module)
     expected = np.load(spec["expected_crc"])
     epoch_spec = EpochSpec(num_workers=spec["num_workers"], shuffle=True, seed=spec["seed"],
                            num_epochs=spec["num_epochs"])

@@ -54,6 +54,10 @@ class RemoteReader(Protocol):
     library: str
     has_budget: bool
     """Whether the system has a cache budget setting."""
+    client_modules: tuple[str, ...]
+    """The object-store client it imports on first use, which ``remote_child`` imports with
+    the library before any clock starts (``import litdata`` imports boto3 itself; shardio and
+    MosaicML import theirs lazily, which counted their import in the first batch)."""
 
     def missing(self) -> str | None:
         """Why this system cannot read remotely here, or None."""
@@ -67,6 +71,7 @@ class ShardioReader:
 
     library = "shardio"
     has_budget = True
+    client_modules = ("s3fs",)
 
     def __init__(self, *, name: str) -> None:
         self.name = name
@@ -99,6 +104,7 @@ class MosaicReader:
 
     library = "mosaicml-streaming"
     has_budget = True
+    client_modules = ("boto3",)
 
     def __init__(self, *, name: str) -> None:
         self.name = name
@@ -160,6 +166,7 @@ class LitDataReader:
 
     library = "litdata"
     has_budget = True
+    client_modules = ("boto3", "obstore")
 
     def __init__(self, *, name: str) -> None:
         self.name = name
@@ -198,6 +205,7 @@ class WebDatasetReader:
 
     library = "webdataset"
     has_budget = False
+    client_modules = ()  # curl, a process per shard
 
     def __init__(self, *, name: str) -> None:
         self.name = name
