@@ -55,6 +55,11 @@ class FaultPlan:
     stall_s: float = 0.0
     slowdown_match: str = ""
     """Every request whose ``"METHOD /path?query"`` contains this is answered 503 SlowDown."""
+    refuse_match: str = ""
+    """Every request whose ``"METHOD /path?query"`` contains this is answered ``refuse_status``
+    (a store that refuses a kind of request: query-string authentication, say)."""
+    refuse_status: int = 400
+    refusals: int = 0
     latency_s: float = 0.0
     """Added before every request is forwarded."""
     max_bytes_per_s: float = 0.0
@@ -81,11 +86,13 @@ class FaultPlan:
         """Clear counters and faults, then apply ``settings``; returns the plan."""
         with self._lock:
             for name in ("slowdown_every", "cut_every", "stall_every", "requests", "ranged_gets",
-                         "slowdowns", "cuts", "stalls", "body_bytes", "gets", "get_bytes"):
+                         "slowdowns", "cuts", "stalls", "body_bytes", "gets", "get_bytes",
+                         "refusals"):
                 setattr(self, name, 0)
             self.stall_s = self.latency_s = self.max_bytes_per_s = self.link_s = 0.0
             self.seed = 0
-            self.slowdown_match = ""
+            self.slowdown_match = self.refuse_match = ""
+            self.refuse_status = 400
             for name, value in settings.items():
                 setattr(self, name, value)
             self._rng = random.Random(self.seed)
@@ -95,9 +102,12 @@ class FaultPlan:
         return every == 1 or (every > 1 and self._rng.randrange(every) == 0)
 
     def decide(self, method: str, path: str, ranged: bool) -> str:
-        """``"slowdown"``, ``"cut"``, ``"stall"`` or ``"pass"`` for the next request."""
+        """What to do with the next request: refuse, slowdown, cut, stall or pass."""
         with self._lock:
             self.requests += 1
+            if self.refuse_match and self.refuse_match in f"{method} {path}":
+                self.refusals += 1
+                return "refuse"
             matched = bool(self.slowdown_match) and self.slowdown_match in f"{method} {path}"
             if matched or self._draw(self.slowdown_every):
                 self.slowdowns += 1
@@ -224,6 +234,16 @@ class _ProxyHandler(BaseHTTPRequestHandler):
         decision = plan.decide(self.command, self.path, "Range" in self.headers)
         if plan.latency_s:
             time.sleep(plan.latency_s)
+        if decision == "refuse":
+            body = (f"<?xml version='1.0' encoding='UTF-8'?><Error><Code>{plan.refuse_status}"
+                    "</Code><Message>refused by the fault plan</Message></Error>").encode()
+            self.send_response(plan.refuse_status)
+            self.send_header("Content-Type", "application/xml")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            if self.command != "HEAD":
+                self.wfile.write(body)
+            return
         if decision == "slowdown":
             self.send_response(503, "Slow Down")
             self.send_header("Content-Type", "application/xml")

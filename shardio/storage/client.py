@@ -86,6 +86,9 @@ def _new_client(protocol: str, options: Mapping[str, Any], policy: RetryPolicy) 
         # botocore's pool of 10 connections queued the ranges a reader keeps in flight
         # (up to fetch.DEFAULT_IN_FLIGHT) behind the tails it fetches at once
         config.setdefault("max_pool_connections", POOL_CONNECTIONS)
+        # botocore presigns with SigV2 unless told (storage.presigned), which regions opened
+        # since 2014 refuse; its own requests sign with SigV4 already. anon=True overrides it.
+        config.setdefault("signature_version", "s3v4")
         opts["config_kwargs"] = config
     elif protocol in HTTP_PROTOCOLS:
         import aiohttp

@@ -2,8 +2,9 @@
 
 A ranged GET of 8-16 MB is read from the response in 1 MB chunks and each
 chunk handed on as it arrives, so that a body cut mid-way loses at most the
-chunk in flight: the retry asks for the remaining bytes only. S3 (through
-s3fs's client) and HTTP (through fsspec's aiohttp session) stream; other
+chunk in flight: the retry asks for the remaining bytes only. S3 (by presigned
+URL, ``presigned``, else through s3fs's client) and HTTP (through fsspec's
+aiohttp session) stream; other
 protocols fall back to one ``cat_file`` of the remaining range per attempt.
 Large S3 uploads go part by part, each part retried on its own, and the
 upload is aborted on failure so no invisible parts are left to pay for. The
@@ -22,6 +23,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
+from shardio.storage import presigned
 from shardio.storage.client import HTTP_PROTOCOLS, S3_PROTOCOLS
 
 T = TypeVar("T")
@@ -35,6 +37,12 @@ Retried = Callable[[str, Callable[[], Any]], Any]
 
 async def _stream_s3(fs: Any, path: str, start: int, stop: int,
                      deliver: Callable[[bytes], None]) -> None:
+    if presigned.usable(fs):
+        try:
+            await presigned.stream(fs, path, start, stop, deliver, CHUNK_BYTES)
+            return
+        except presigned.CannotPresign:
+            pass
     bucket, key, version = fs.split_path(path)
     extra = {"VersionId": version} if version else {}
     resp = await fs._call_s3(
