@@ -5,10 +5,12 @@ Training reads images of every size but feeds the model one size: torchvision's
 after a full-size decode. Here the crop box is chosen from the header's size first,
 then libjpeg decodes at the largest 1/2, 1/4 or 1/8 scale at which the box still
 covers the output size (Pillow's draft mode), and the box is resized into the
-output in one step (``Image.resize(box=)``): a 500x375 photo cropped to 224x224 from
-a box of a third of its side decodes at full scale, but most boxes of a 2,000 px
-photo decode at 1/4 or 1/8, several times faster. Every batch then has one shape,
-decoded straight into the batch's buffer (``shardio.collate.ImageBatchDecoder``).
+output in one step (``Image.resize(box=)``): a 500x375 photo cropped to 224x224
+decodes at full scale, while most boxes of a 1600x1200 photo decode at 1/2 or 1/4.
+libjpeg still entropy-decodes every block at any scale, so the saving is the inverse
+DCT, the colour conversion and the resize of fewer pixels (``benchmarks/bench_crop.py``
+measures it). Every batch then has one shape, decoded straight into the batch's
+buffer (``shardio.collate.ImageBatchDecoder``).
 
 The random draws of a sample are a pure function of ``(seed, epoch, __index__)``,
 so an epoch's crops do not depend on ``num_workers`` and a resumed epoch sees the
