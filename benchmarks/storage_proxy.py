@@ -225,6 +225,15 @@ class _ProxyHandler(BaseHTTPRequestHandler):
         self.end_headers()
         self.wfile.write(data)
 
+    def _error(self, status: int, reason: str | None, body: bytes) -> None:
+        """Answer with an S3-style XML error, the request never forwarded."""
+        self.send_response(status, reason)
+        self.send_header("Content-Type", "application/xml")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        if self.command != "HEAD":
+            self.wfile.write(body)
+
     def _relay(self) -> None:
         if self.command == "GET" and self.path == STATS_PATH:
             self._stats()
@@ -235,22 +244,12 @@ class _ProxyHandler(BaseHTTPRequestHandler):
         if plan.latency_s:
             time.sleep(plan.latency_s)
         if decision == "refuse":
-            body = (f"<?xml version='1.0' encoding='UTF-8'?><Error><Code>{plan.refuse_status}"
-                    "</Code><Message>refused by the fault plan</Message></Error>").encode()
-            self.send_response(plan.refuse_status)
-            self.send_header("Content-Type", "application/xml")
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            if self.command != "HEAD":
-                self.wfile.write(body)
+            self._error(plan.refuse_status, None, (
+                f"<?xml version='1.0' encoding='UTF-8'?><Error><Code>{plan.refuse_status}"
+                "</Code><Message>refused by the fault plan</Message></Error>").encode())
             return
         if decision == "slowdown":
-            self.send_response(503, "Slow Down")
-            self.send_header("Content-Type", "application/xml")
-            self.send_header("Content-Length", str(len(SLOWDOWN_XML)))
-            self.end_headers()
-            if self.command != "HEAD":
-                self.wfile.write(SLOWDOWN_XML)
+            self._error(503, "Slow Down", SLOWDOWN_XML)
             return
         headers = {k: v for k, v in self.headers.items() if k.lower() not in HOP_BY_HOP}
         ranged = self.command == "GET" and "Range" in self.headers

@@ -133,11 +133,18 @@ async def stream(fs: Any, path: str, start: int, stop: int, deliver: Callable[[b
             if resp.status == 403:
                 raise PermissionError(errno.EACCES, "access denied (403)", path)
             resp.raise_for_status()
-            skip = start if resp.status == 200 else 0  # a server that ignores Range sends it all
-            async for chunk in resp.content.iter_chunked(chunk_bytes):
-                if skip >= len(chunk):
-                    skip -= len(chunk)
-                    continue
-                deliver(chunk[skip:] if skip else chunk)
-                skip = 0
+            await relay(resp, start, deliver, chunk_bytes)
             return
+
+
+async def relay(resp: Any, start: int, deliver: Callable[[bytes], None],
+                chunk_bytes: int) -> None:
+    """A ranged GET's body to ``deliver`` in chunks; from a server that ignored the range
+    (200, the whole object), only the bytes from ``start`` on."""
+    skip = start if resp.status == 200 else 0
+    async for chunk in resp.content.iter_chunked(chunk_bytes):
+        if skip >= len(chunk):
+            skip -= len(chunk)
+            continue
+        deliver(chunk[skip:] if skip else chunk)
+        skip = 0

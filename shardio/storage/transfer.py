@@ -66,13 +66,7 @@ async def _stream_http(fs: Any, url: str, start: int, stop: int,
         if resp.status == 404:
             raise FileNotFoundError(errno.ENOENT, "no such object", url)
         resp.raise_for_status()
-        skip = start if resp.status == 200 else 0  # a server that ignores Range sends it all
-        async for chunk in resp.content.iter_chunked(CHUNK_BYTES):
-            if skip >= len(chunk):
-                skip -= len(chunk)
-                continue
-            deliver(chunk[skip:])
-            skip = 0
+        await presigned.relay(resp, start, deliver, CHUNK_BYTES)
 
 
 def stream_range(fs: Any, protocol: str, path: str, start: int, stop: int,
