@@ -12,6 +12,9 @@ instead, on the same files, the systems alternated within each round:
   ``.to(device, non_blocking=True)`` then the same arithmetic in the loop.
 * ``shardio-nvjpeg``: the same pack read raw (``RecordBatch``) and decoded on the GPU by
   ``torchvision.io.decode_jpeg(device="cuda")`` (nvJPEG), batch by batch; only with CUDA.
+* ``shardio-crop`` against ``torchvision-crop``: training's ``RandomResizedCrop(224)`` and
+  flip, ``StreamingDataset(crop=shardio.RandomResizedCrop(224))`` (the box decoded at
+  the smallest JPEG scale covering it) against the transforms on the full decode.
 
 Beside them, the CPU decode limit: ``P`` processes decoding the same JPEG bytes from
 memory with the decoder shardio uses, no loader, for each worker count ``P``. Every
@@ -49,7 +52,11 @@ HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "results"
 MEAN = (0.485, 0.456, 0.406)
 STD = (0.229, 0.224, 0.225)
-SYSTEMS = ("shardio", "torchvision", "shardio-nvjpeg")
+SYSTEMS = ("shardio", "torchvision", "shardio-nvjpeg", "shardio-crop", "torchvision-crop")
+PEER = {"shardio": "torchvision", "shardio-nvjpeg": "torchvision",
+        "shardio-crop": "torchvision-crop"}
+"""The system each is compared with (the ``x torchvision`` column)."""
+CROP = 224
 
 
 def _write_images(args: tuple[Path, int, int, int, int]) -> int:
@@ -131,21 +138,25 @@ def run_child(system: str, data: dict[str, Any], workers: int, epochs: int, batc
         torch.zeros(1, device=device)
         torch.cuda.synchronize()
     built = time.perf_counter()
-    if system == "shardio":
+    if system in ("shardio", "shardio-crop"):
         import shardio
 
-        dataset = shardio.StreamingDataset(data["pack"], decode="tensor")
+        crop = shardio.RandomResizedCrop(CROP) if system == "shardio-crop" else None
+        dataset = shardio.StreamingDataset(data["pack"], decode="tensor", crop=crop)
         loader: Any = shardio.DevicePrefetcher(
             shardio.loader(dataset, batch_size=batch, num_workers=workers), device,
             convert_float=True, mean=MEAN, std=STD, channels_last=True)
 
         def step(item: Any) -> Any:
             return item
-    elif system == "torchvision":
+    elif system in ("torchvision", "torchvision-crop"):
         from torch.utils.data import DataLoader
         from torchvision import datasets, transforms
 
-        folder = datasets.ImageFolder(data["tree"], transform=transforms.PILToTensor())
+        steps = [transforms.RandomResizedCrop(CROP), transforms.RandomHorizontalFlip()] if (
+            system == "torchvision-crop") else []
+        folder = datasets.ImageFolder(data["tree"], transform=transforms.Compose(
+            [*steps, transforms.PILToTensor()]))
         loader = DataLoader(folder, batch_size=batch, shuffle=True, num_workers=workers,
                             pin_memory=cuda, persistent_workers=workers > 0,
                             prefetch_factor=4 if workers > 0 else None)
@@ -207,9 +218,12 @@ def run_child(system: str, data: dict[str, Any], workers: int, epochs: int, batc
 def _decoder_name(system: str) -> str:
     if system == "shardio-nvjpeg":
         return "nvjpeg (torchvision.io.decode_jpeg)"
-    if system == "torchvision":
+    if system.startswith("torchvision"):
         return "Pillow (ImageFolder)"
-    from shardio.decode import jpeg_decoder
+    from shardio.decode import jpeg_decoder, pil_backend
+
+    if system == "shardio-crop":
+        return f"{pil_backend()} (draft scale)"
 
     return jpeg_decoder()
 
@@ -336,9 +350,10 @@ def gpu_block(path: Path | None = None) -> str:
         f"{data['images']:,} JPEGs of {data['size'][0]}x{data['size'][1]}, "
         f"{data['bytes'] / 1e6:,.0f} MB, batches of {result['batch_size']}, medians of "
         f"{result['repeats']} rounds; images/s over {result['epochs_timed']} epochs after "
-        "the first, decoded and normalised on the device:", "",
+        "the first, decoded and normalised on the device; *x its torchvision*: against "
+        "`torchvision`, or `torchvision-crop` for `shardio-crop`:", "",
         "| workers | CPU decode limit | system | decoder | images/s | x decode limit "
-        "| x torchvision | first epoch, images/s | first batch, s |",
+        "| x its torchvision | first epoch, images/s | first batch, s |",
         "|---|---|---|---|---|---|---|---|---|",
     ]
     by = {(row["system"], row["workers"]): row for row in result["rows"]}
@@ -348,7 +363,7 @@ def gpu_block(path: Path | None = None) -> str:
             lines.append(f"| {workers} | {limit[workers]:,.0f} | {row['system']} | | failed: "
                          f"{row['errors'][0][:80]} | | | | |")
             continue
-        peer = by.get(("torchvision", workers), {}).get("images_per_s")
+        peer = by.get((PEER.get(row["system"], ""), workers), {}).get("images_per_s")
         versus = f"{row['images_per_s'] / peer:.2f}x" if peer else ""
         lines.append(
             f"| {workers} | {limit[workers]:,.0f} | {row['system']} | {row['decoder']} | "
@@ -370,10 +385,11 @@ def _summary(result: dict[str, Any], limit: dict[int, float],
             continue
         to_limit = [row["images_per_s"] / limit[row["workers"]] for row in rows]
         said = f"{system}: {min(to_limit):.2f}-{max(to_limit):.2f}x the decode limit"
-        peers = [row["images_per_s"] / by[("torchvision", row["workers"])]["images_per_s"]
-                 for row in rows if "images_per_s" in by.get(("torchvision", row["workers"]), {})]
-        if system != "torchvision" and peers:
-            said += f", {min(peers):.2f}-{max(peers):.2f}x torchvision"
+        peer = PEER.get(system, "")
+        peers = [row["images_per_s"] / by[(peer, row["workers"])]["images_per_s"]
+                 for row in rows if "images_per_s" in by.get((peer, row["workers"]), {})]
+        if peers:
+            said += f", {min(peers):.2f}-{max(peers):.2f}x {peer}"
         parts.append(said)
     workers = ", ".join(str(w) for w in sorted(limit))
     return f"Over {workers} workers: " + "; ".join(parts) + "."
