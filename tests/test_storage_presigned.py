@@ -84,6 +84,22 @@ def test_403_signs_again_once_then_is_access_denied(s3: S3Endpoint) -> None:
     assert presigned.usable(fs)
 
 
+def test_an_error_names_the_object_never_the_url_that_grants_a_read(s3: S3Endpoint) -> None:
+    from shardio.errors import StorageError
+
+    store, _fs = _store(s3)
+    s3.plan.reset(refuse_match="X-Amz-Signature=", refuse_status=418)
+    with pytest.raises(StorageError, match=r"a\.rec") as caught:
+        store.read_range("a.rec", 0, 10)
+    assert "418" in str(caught.value) and "Signature" not in str(caught.value)
+    assert s3.plan.refusals == 1  # a 4xx is not retried
+    s3.plan.reset(refuse_match="X-Amz-Signature=", refuse_status=500)
+    with pytest.raises(StorageError) as caught:
+        store.read_range("a.rec", 0, 10)
+    assert s3.plan.refusals == FAST_RETRY.max_attempts  # a 5xx is, to the policy's end
+    assert "Signature" not in str(caught.value)
+
+
 def test_customer_key_encryption_is_not_presigned() -> None:
     class Fs:
         def __init__(self) -> None:

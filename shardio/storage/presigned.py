@@ -10,9 +10,10 @@ so one URL serves every range of the object) and renewed after half its
 lifetime, or at once when the store answers 403 (credentials rotated since).
 Requests go through an aiohttp session of the filesystem's own, on its loop,
 with the client's connect and read timeouts. A response that fails carries its
-status (``aiohttp.ClientResponseError``), which ``retry`` classifies as for any
-HTTP store. Where a URL cannot be presigned or is refused as signed (no
-credentials resolved, server-side encryption with a customer key, whose headers
+status (``PresignedGetError``, whose message names the object, never the URL, which
+grants a read to whoever holds it), which ``retry`` classifies as for any HTTP
+store. Where a URL cannot be presigned or is refused as signed (no credentials
+resolved, server-side encryption with a customer key, whose headers
 a URL cannot carry, a bucket in another region than the client's: botocore's own
 calls follow S3's redirect there), ``CannotPresign`` sends the caller to
 ``get_object``, for this filesystem from then on. Imports aiohttp only when called.
@@ -34,6 +35,16 @@ NO_PRESIGN_KEYS = ("SSECustomerKey", "SSECustomerAlgorithm", "SSECustomerKeyMD5"
 
 class CannotPresign(Exception):
     """This filesystem's GETs must go through ``get_object`` (raised before any byte)."""
+
+
+class PresignedGetError(OSError):
+    """An error status of a presigned GET, named by the object's path: the URL, which
+    grants a read for an hour to whoever holds it, never goes into a message."""
+
+    def __init__(self, status: int, path: str, reason: str) -> None:
+        super().__init__(f"{path}: HTTP {status} {reason}".rstrip())
+        self.status = status
+        """Read by ``retry.is_transient``: 5xx, 408 and 429 are retried."""
 
 
 class _Presigned:
@@ -113,8 +124,9 @@ async def stream(fs: Any, path: str, start: int, stop: int, deliver: Callable[[b
         CannotPresign: use ``get_object`` instead (nothing was delivered).
         FileNotFoundError: no such object.
         PermissionError: 403 again after signing anew.
-        aiohttp.ClientResponseError: another error status (transient ones are retried
-            by the caller's ``retry_call``), or a connection error.
+        PresignedGetError: another error status (transient ones are retried by the
+            caller's ``retry_call``).
+        aiohttp.ClientError: a connection failed or a body was cut.
     """
     bucket, key, version = fs.split_path(path)
     state = _state(fs)
@@ -132,7 +144,8 @@ async def stream(fs: Any, path: str, start: int, stop: int, deliver: Callable[[b
                 raise FileNotFoundError(errno.ENOENT, "no such object", path)
             if resp.status == 403:
                 raise PermissionError(errno.EACCES, "access denied (403)", path)
-            resp.raise_for_status()
+            if resp.status >= 400:
+                raise PresignedGetError(resp.status, path, resp.reason or "")
             await relay(resp, start, deliver, chunk_bytes)
             return
 
