@@ -55,6 +55,7 @@ BLOCKS: dict[str, str] = {
     "bench-memory": "benchmarks.bench_memory:memory_block",
     "bench-gpu": "benchmarks.bench_gpu:gpu_block",
     "bench-crop": "benchmarks.bench_crop:crop_block",
+    "s3-request": "benchmarks.bench_s3_request:s3_request_block",
     "remote-ab": "benchmarks.remote_ab:ab_block",
     "remote-ab-uncapped": "benchmarks.remote_ab:ab_uncapped_block",
 }

@@ -1,9 +1,9 @@
 """S3 ranged GETs by presigned URL: signed once per object, then plain HTTP requests.
 
 Every ``get_object`` through aiobotocore builds, signs and parses a request in
-Python: about 1.7-2.1 ms of CPU a GET here against 0.26-0.34 ms for the same
-ranged GET as a plain aiohttp request (``benchmarks/README.md``, remote reading).
-A reader makes hundreds of GETs an epoch (shard tails, a first batch's records,
+Python: several times the CPU of the same ranged GET as a plain aiohttp request
+(``benchmarks/bench_s3_request.py``; the figures are in ``docs/remote.md``). A
+reader makes hundreds of GETs an epoch (shard tails, a first batch's records,
 ranges) on the one thread that also receives every byte. So an object's GET URL
 is presigned once (SigV4 query authentication: the range header is not signed,
 so one URL serves every range of the object) and renewed after half its
