@@ -290,7 +290,7 @@ def main(argv: list[str] | None = None) -> None:
     data = make_data(args.work, args.images, tuple(args.size))
     print(f"data: {data['images']} images, {data['bytes'] / 1e6:.0f} MB, "
           f"{time.perf_counter() - began:.0f} s", flush=True)
-    limits = {p: [] for p in args.workers}
+    limits: dict[int, list[float]] = {p: [] for p in args.workers}
     runs: dict[tuple[str, int], list[dict[str, Any]]] = {}
     for r in range(args.repeats):
         for p in args.workers:
@@ -302,6 +302,18 @@ def main(argv: list[str] | None = None) -> None:
                               str(args.batch), device], args.timeout)
                 runs.setdefault((system, workers), []).append(got)
                 print(f"round {r}: {system} workers={workers}: {got}", flush=True)
+                # written after every run, so a run cut by a time limit keeps what finished
+                _write(args, argv, device, data, limits, runs, complete=False)
+    _write(args, argv, device, data, limits, runs, complete=True)
+    print(gpu_block(args.out))
+
+
+def _write(args: argparse.Namespace, argv: list[str] | None, device: str,
+           data: dict[str, Any], limits: dict[int, list[float]],
+           runs: dict[tuple[str, int], list[dict[str, Any]]], complete: bool) -> None:
+    """Write the medians of the runs so far to ``--out``."""
+    import torch
+
     rows = []
     for (system, workers), got in runs.items():
         ok = [g for g in got if "error" not in g]
@@ -316,6 +328,7 @@ def main(argv: list[str] | None = None) -> None:
         "question": "decoded, normalised image batches on the GPU: images/s per worker count",
         "date": time.strftime("%Y-%m-%d %H:%M"),
         "command": " ".join(["python -m benchmarks.bench_gpu", *_shaping(argv or sys.argv[1:])]),
+        "complete": complete,
         "device": device,
         "gpu": _gpu_name(device),
         "machine": {"cores": os.cpu_count(), "python": platform.python_version(),
@@ -328,12 +341,11 @@ def main(argv: list[str] | None = None) -> None:
         "epochs_timed": args.epochs,
         "repeats": args.repeats,
         "decode_limit": [{"processes": p, "images_per_s": statistics.median(v)}
-                         for p, v in limits.items()],
+                         for p, v in limits.items() if v],
         "rows": rows,
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=1) + "\n")
-    print(gpu_block(args.out))
 
 
 def gpu_block(path: Path | None = None) -> str:
@@ -351,7 +363,10 @@ def gpu_block(path: Path | None = None) -> str:
         f"{data['bytes'] / 1e6:,.0f} MB, batches of {result['batch_size']}, medians of "
         f"{result['repeats']} rounds; images/s over {result['epochs_timed']} epochs after "
         "the first, decoded and normalised on the device; *x its torchvision*: against "
-        "`torchvision`, or `torchvision-crop` for `shardio-crop`:", "",
+        "`torchvision`, or `torchvision-crop` for `shardio-crop`"
+        + ("" if result.get("complete", True) else
+           " (**the run reached its time limit**: the rows below are those that finished)")
+        + ":", "",
         "| workers | CPU decode limit | system | decoder | images/s | x decode limit "
         "| x its torchvision | first epoch, images/s | first batch, s |",
         "|---|---|---|---|---|---|---|---|---|",
