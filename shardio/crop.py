@@ -17,26 +17,34 @@ so an epoch's crops do not depend on ``num_workers`` and a resumed epoch sees th
 same crops. Box sampling follows torchvision's ``RandomResizedCrop`` (ten tries of
 area and log-ratio, then the largest centred box of an allowed ratio); the centre
 crop is FFCV's: a centred square of ``ratio`` times the short side. The pixels are
-Pillow's bilinear (antialiased) resize of the box, as torchvision computes on PIL
-images; a draft-scale decode differs from a full-scale one by libjpeg's DCT
-scaling, not by more than the resize's own smoothing would. Pure: numpy and Pillow.
+an antialiased bilinear resize of the box, as torchvision computes on PIL images:
+Pillow's, or a faster one the dataset hands in (``shardio.resize``, torch's uint8
+kernels, within a level or so of Pillow's), which baseline JPEGs then take after a
+simplejpeg decode at the chosen scale. A reduced-scale decode differs from a full-scale
+one by libjpeg's DCT scaling, not by more than the resize's own smoothing would.
+Pure: numpy and Pillow.
 """
 
 from __future__ import annotations
 
 import io
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 from PIL import Image
 
-from shardio.decode import _DECODE_FAILURES, _failure_message
+from shardio.decode import _DECODE_FAILURES, _failure_message, _simplejpeg
 from shardio.errors import DecodeError
 
 Box = tuple[float, float, float, float]
 """``(left, top, right, bottom)`` in pixels of the full-size image."""
+
+Resize = Callable[[np.ndarray, Box, np.ndarray, bool], None]
+"""Resize ``box`` of ``(H, W, 3)`` uint8 pixels into ``out`` (antialiased bilinear),
+mirrored left to right when the last argument is true."""
 
 
 def _size(size: int | tuple[int, int]) -> tuple[int, int]:
@@ -125,7 +133,8 @@ class CenterCrop:
     def box(self, height: int, width: int, rng: np.random.Generator | None) -> tuple[Box, bool]:
         """The centred box (no randomness, never mirrored)."""
         side = max(1, round(min(height, width) * self.ratio))
-        left, top = (width - side) / 2, (height - side) / 2
+        # whole pixels, as torchvision's CenterCrop rounds them
+        left, top = round((width - side) / 2), round((height - side) / 2)
         return (left, top, left + side, top + side), False
 
 
@@ -140,13 +149,18 @@ class Cropper:
     and the batch decoders draw the same boxes.
     """
 
-    def __init__(self, crop: Crop, seed: int) -> None:
+    def __init__(self, crop: Crop, seed: int, resize: Resize | None = None) -> None:
         if not isinstance(crop, (RandomResizedCrop, CenterCrop)):
             raise TypeError(
                 f"crop must be shardio.RandomResizedCrop or shardio.CenterCrop, got {crop!r}")
         self.crop = crop
         self.seed = seed
         self.epoch = 0
+        self.resize = resize
+        """A faster resize than Pillow's (``shardio.resize.resize_box``, torch's uint8
+        kernels, about 4x here); with simplejpeg installed, baseline JPEGs then decode
+        into an array (at a 1/2, 1/4 or 1/8 scale where the box allows) and go through it.
+        Everything else, and everything without it, goes through Pillow."""
 
     @property
     def shape(self) -> tuple[int, int, int]:
@@ -180,6 +194,15 @@ class PendingCrop:
         else:
             self.box, self.flip = crop.box(height, width, None)
         self.full = (width, height)
+        self.resize = cropper.resize
+        self.denom = 0
+        """The fast path's scale, 1/denom (0: Pillow's path)."""
+        if (cropper.resize is not None and self.image.format == "JPEG"
+                and self.image.mode in ("RGB", "L") and _simplejpeg() is not None):
+            self.denom = _denominator(self.box, self.shape)
+            # the box's edges on whole pixels of that scale, so the resize cuts exactly
+            # this box; it moves by under half a pixel of the decoded scale
+            self.box = _snap(self.box, self.denom, self.full)
 
     def decode_into(self, out: np.ndarray) -> None:
         """Decode at the smallest scale that covers the box, then resize it into ``out``.
@@ -189,13 +212,15 @@ class PendingCrop:
         """
         out_h, out_w = self.shape[:2]
         left, top, right, bottom = self.box
+        # the whole image at the size where the box still covers the output
+        want = (min(math.ceil(self.full[0] * out_w / max(right - left, 1e-9)), self.full[0]),
+                min(math.ceil(self.full[1] * out_h / max(bottom - top, 1e-9)), self.full[1]))
+        if self.denom and self._decode_fast(out):
+            return
         try:
             with self.image as img:
                 if img.format in ("JPEG", "MPO"):
-                    # the whole image at the size where the box still covers the output
-                    want = (math.ceil(self.full[0] * out_w / max(right - left, 1e-9)),
-                            math.ceil(self.full[1] * out_h / max(bottom - top, 1e-9)))
-                    img.draft("RGB", (min(want[0], self.full[0]), min(want[1], self.full[1])))
+                    img.draft("RGB", want)
                 img.load()
                 rgb: Any = img if img.mode == "RGB" else img.convert("RGB")
                 sx, sy = rgb.size[0] / self.full[0], rgb.size[1] / self.full[1]
@@ -206,3 +231,47 @@ class PendingCrop:
                 np.copyto(out, np.asarray(resized))
         except _DECODE_FAILURES as exc:
             raise DecodeError(_failure_message(self.data, self.key, exc), key=self.key) from exc
+
+    def _decode_fast(self, out: np.ndarray) -> bool:
+        """simplejpeg at scale 1/denom, then ``self.resize``.
+
+        False where libjpeg warns about the data: Pillow's path then decodes it, or
+        says what is wrong.
+        """
+        fast, d = _simplejpeg(), self.denom
+        assert fast is not None and self.resize is not None
+        try:
+            pixels = fast.decode_jpeg(
+                self.data, colorspace="RGB", min_width=math.ceil(self.full[0] / d),
+                min_height=math.ceil(self.full[1] / d))
+        except ValueError:
+            return False
+        # pixel i of scale 1/d covers pixels [i*d, (i+1)*d) of the full one
+        left, top, right, bottom = self.box
+        self.resize(pixels, (left / d, top / d, right / d, bottom / d), out, self.flip)
+        self.image.close()
+        return True
+
+
+def _denominator(box: Box, shape: tuple[int, int, int]) -> int:
+    """The largest of 8, 4, 2 and 1 at which ``box`` still covers the output ``shape``.
+
+    Only the power-of-two scales: libjpeg's others (5/8, 3/4, ...) decode slower than
+    the full scale here.
+    """
+    left, top, right, bottom = box
+    d = 8
+    while d > 1 and ((right - left) / d < shape[1] or (bottom - top) / d < shape[0]):
+        d //= 2
+    return d
+
+
+def _snap(box: Box, d: int, full: tuple[int, int]) -> Box:
+    """``box`` with its edges on multiples of ``d``, inside the image, at least ``d`` wide."""
+    if d == 1:
+        return box
+    left = min(round(box[0] / d) * d, (full[0] - 1) // d * d)
+    top = min(round(box[1] / d) * d, (full[1] - 1) // d * d)
+    right = min(max(round(box[2] / d) * d, left + d), full[0])
+    bottom = min(max(round(box[3] / d) * d, top + d), full[1])
+    return (left, top, right, bottom)

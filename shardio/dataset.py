@@ -28,6 +28,7 @@ from shardio.plan import PlanConfig, Split, batch_span, samples_per_rank
 from shardio.ranks import env_rank
 from shardio.reader import DatasetReader
 from shardio.record import INDEX_FIELD, KEY_FIELD
+from shardio.resize import resize_box
 from shardio.resume import (
     Stage,
     check_same_order,
@@ -280,7 +281,7 @@ class StreamingDataset(ClassAttributes, IterableDataset[Any]):
                     f"JPEG scale itself); got decode={mode!r}"
                     + (", fields=" if fields is not None else "")
                     + (", draft_size=" if draft_size is not None else ""))
-            cropper = Cropper(crop, seed)
+            cropper = Cropper(crop, seed, resize=resize_box)
         self._cropper = cropper
         self.decoder: SampleDecoder | FieldDecoder = SampleDecoder(
             mode, transform=transform, target_transform=target_transform, draft_size=draft_size,

@@ -83,7 +83,8 @@ def test_boxes_depend_on_seed_epoch_and_index_only() -> None:
 
 def test_center_crop_is_the_centred_square_of_its_ratio() -> None:
     (left, top, right, bottom), flip = CenterCrop(224, ratio=0.5).box(300, 400, None)
-    assert (left, top, right, bottom) == (125.0, 75.0, 275.0, 225.0) and not flip
+    assert (left, top, right, bottom) == (125, 75, 275, 225) and not flip
+    assert CenterCrop(8, ratio=1.0).box(5, 8, None)[0] == (2, 0, 7, 5), "whole pixels"
 
 
 @pytest.mark.parametrize("bad", [
@@ -151,8 +152,85 @@ def test_damaged_bytes_raise_a_decode_error_naming_the_sample() -> None:
     with pytest.raises(DecodeError, match="k/7"):
         Cropper(CenterCrop(8), 0).open(b"not an image", 0, key="k/7")
     data[200:] = b"\x00" * (len(data) - 200)
-    pending = Cropper(CenterCrop(8), 0).open(bytes(data[:300]), 0, key="k/8")
+    # some Pillow versions refuse the cut file on opening, others only on decoding it
     with pytest.raises(DecodeError, match="k/8"):
+        pending = Cropper(CenterCrop(8), 0).open(bytes(data[:300]), 0, key="k/8")
+        pending.decode_into(np.empty(pending.shape, np.uint8))
+
+
+# ---------------------------------------------------------------- the dataset's resize
+
+
+def _fast(cropper: Cropper) -> Cropper:
+    from shardio.resize import resize_box
+
+    return Cropper(cropper.crop, cropper.seed, resize=resize_box)
+
+
+@pytest.mark.parametrize("crop", [RandomResizedCrop((24, 32)), CenterCrop(40, ratio=0.9)])
+def test_the_dataset_resize_gives_pillows_pixels_within_a_level(crop: Any) -> None:
+    pytest.importorskip("simplejpeg")
+    data = _photo(60, 45)
+    plain = Cropper(crop, seed=5)
+    for index in range(8):
+        want = _decode(plain, data, index).astype(np.int16)
+        got = _decode(_fast(plain), data, index).astype(np.int16)
+        assert np.abs(got - want).mean() < 1 and np.abs(got - want).max() <= 8
+
+
+class _Recording:
+    """simplejpeg, with the shape of every array it decodes recorded."""
+
+    def __init__(self, module: Any) -> None:
+        self.module, self.shapes = module, []
+
+    def decode_jpeg(self, *args: Any, **kwargs: Any) -> Any:
+        pixels = self.module.decode_jpeg(*args, **kwargs)
+        self.shapes.append(pixels.shape[:2])
+        return pixels
+
+
+def test_the_fast_path_decodes_jpegs_at_a_power_of_two_scale_covering_the_box(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import shardio.crop
+
+    recording = _Recording(pytest.importorskip("simplejpeg"))
+    monkeypatch.setattr(shardio.crop, "_simplejpeg", lambda: recording)
+    data = _photo(1600, 1200, seed=3)
+    plain = Cropper(RandomResizedCrop(224, scale=(0.05, 1.0)), seed=2)
+    scales = {(math.ceil(1200 / d), math.ceil(1600 / d)): d for d in (1, 2, 4, 8)}
+    for index in range(16):
+        pending = _fast(plain).open(data, index)
+        out = np.empty(pending.shape, np.uint8)
+        pending.decode_into(out)
+        d = scales[recording.shapes[-1]]  # KeyError: a scale that is not 1/2^k
+        drawn = plain.open(data, index).box
+        width, height = drawn[2] - drawn[0], drawn[3] - drawn[1]
+        assert width / d >= 224 and height / d >= 224, "the drawn box covers 224x224"
+        assert d == 8 or width / d / 2 < 224 or height / d / 2 < 224, "at the least such scale"
+        # the box cut is the drawn one with its edges on whole pixels of the scale
+        assert all(v % d == 0 or v in (1600, 1200) for v in pending.box)
+        assert max(abs(a - b) for a, b in zip(pending.box, drawn, strict=True)) <= d / 2
+        want = _reference(data, pending.box, (224, 224), pending.flip).astype(np.int16)
+        assert np.abs(out.astype(np.int16) - want).mean() < 3  # libjpeg's DCT scaling
+    assert len(set(recording.shapes)) > 1, "boxes of several scales"
+
+
+@pytest.mark.parametrize("fmt,mode", [("PNG", "RGB"), ("JPEG", "CMYK")])
+def test_what_simplejpeg_cannot_decode_goes_through_pillow(fmt: str, mode: str) -> None:
+    buf = io.BytesIO()
+    Image.new(mode, (30, 20), color=(90,) * len(mode)).save(buf, fmt)
+    plain = Cropper(CenterCrop(8), 0)
+    assert np.array_equal(_decode(_fast(plain), buf.getvalue()), _decode(plain, buf.getvalue()))
+
+
+def test_damaged_bytes_on_the_fast_path_raise_a_decode_error_naming_the_sample() -> None:
+    pytest.importorskip("simplejpeg")
+    data = bytearray(_photo(40, 30))
+    data[200:] = b"\x00" * (len(data) - 200)
+    with pytest.raises(DecodeError, match="k/9"):
+        pending = _fast(Cropper(CenterCrop(8), 0)).open(bytes(data), 0, key="k/9")
         pending.decode_into(np.empty(pending.shape, np.uint8))
 
 

@@ -183,20 +183,26 @@ def test_on_cuda_the_loader_pins_decoded_batches(
 
 @pytest.fixture
 def fake_pinning(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
-    """Make ``shardio.loader`` take its pinned path on any machine; the buffers it asks for.
+    """Record the pinned buffers ``shardio.loader`` asks for; without CUDA, fake them.
 
-    The DataLoader itself pins only with CUDA, so here it leaves the batches as they
-    come; what is checked is that shardio builds each batch over one buffer of its own.
+    With CUDA the buffers are really page-locked and the DataLoader's pin thread runs:
+    it must find each batch pinned and leave it as it is (it would pin each tensor on
+    its own otherwise). Without CUDA the DataLoader pins nothing, so the pinned path is
+    taken with plain memory; what is checked is that shardio builds each batch over one
+    buffer of its own.
     """
     from shardio import pinned
 
     made: list[Any] = []
+    real = pinned.empty
 
     def empty(nbytes: int) -> Any:
-        made.append(torch.empty(nbytes, dtype=torch.uint8))
+        made.append(real(nbytes) if torch.cuda.is_available()
+                    else torch.empty(nbytes, dtype=torch.uint8))
         return made[-1]
 
-    monkeypatch.setattr(pinned, "enabled", lambda pin_memory: pin_memory is not False)
+    if not torch.cuda.is_available():
+        monkeypatch.setattr(pinned, "enabled", lambda pin_memory: pin_memory is not False)
     monkeypatch.setattr(pinned, "empty", empty)
     return made
 
