@@ -222,7 +222,10 @@ def _decoder_name(system: str) -> str:
         return "Pillow (ImageFolder)"
     from shardio.decode import jpeg_decoder, pil_backend
 
-    if system == "shardio-crop":
+    if system == "shardio-crop":  # what PendingCrop takes for a baseline JPEG
+        fast = jpeg_decoder()
+        if fast.startswith("simplejpeg"):
+            return f"{fast} (1/2^k scale) + torch resize"
         return f"{pil_backend()} (draft scale)"
 
     return jpeg_decoder()
@@ -386,6 +389,8 @@ def gpu_block(path: Path | None = None) -> str:
             f"{versus} | {row['first_epoch_images_per_s']:,.0f} | "
             f"{row['first_batch_s']:.2f} |")
     lines += ["", _summary(result, limit, by)]
+    if result.get("note"):
+        lines += ["", f"Note in the results file: {result['note']}."]
     return "\n".join(lines) + "\n"
 
 
