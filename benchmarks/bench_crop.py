@@ -2,8 +2,10 @@
 
 Training decodes every image, then ``RandomResizedCrop(224)`` keeps a box of 8-100% of
 its area and resizes it: torchvision does that on a full-size decode. ``crop=`` picks the
-box from the header and decodes at the largest JPEG scale (1/2, 1/4, 1/8) at which the
-box still covers 224x224 (``shardio/crop.py``). Two trees: the harness's images
+box from the header, decodes at the least JPEG scale (1/2, 1/4, 1/8) at which the box
+still covers 224x224 (``shardio/crop.py``; simplejpeg where installed, else Pillow's draft
+mode) and resizes the box with torch's uint8 kernels (``shardio/resize.py``); the results
+name which decoder ran. Two trees: the harness's images
 (400-500 px on the long side, where a 224 crop rarely allows a reduced scale) and photos
 of 1600x1200 (where it usually does). Per tree, in one process, the same samples' boxes
 (the same draws) decoded both ways, alternated within each round: images/s, median of
@@ -15,6 +17,13 @@ torchvision's ``ImageFolder`` with ``RandomResizedCrop(224)`` and ``PILToTensor`
 same calls). Writes ``results/crop.json``.
 
     benchmarks/.env/bin/python -m benchmarks.bench_crop [--repeats 3] [--workers 2]
+
+The harness's environment has no simplejpeg (its decoded figures are Pillow's); to measure
+``crop=`` as ``pip install shardio[jpeg]`` runs it, put simplejpeg beside it without adding
+it to that environment::
+
+    benchmarks/.env/bin/pip install --no-deps --target benchmarks/work/jpeg simplejpeg
+    PYTHONPATH=benchmarks/work/jpeg benchmarks/.env/bin/python -m benchmarks.bench_crop
 """
 
 from __future__ import annotations
@@ -89,9 +98,11 @@ def per_image(root: Path, limit: int) -> dict[str, float]:
     from PIL import Image
 
     from shardio.crop import Cropper, RandomResizedCrop
+    from shardio.resize import resize_box
 
     blobs = [p.read_bytes() for p in sorted(root.rglob("*.jpg"))[:limit]]
-    cropper = Cropper(RandomResizedCrop(SIZE, flip=False), seed=0)
+    # as StreamingDataset(crop=) builds it
+    cropper = Cropper(RandomResizedCrop(SIZE, flip=False), seed=0, resize=resize_box)
     out = np.empty(cropper.shape, np.uint8)
     began = time.perf_counter()
     boxes = []
@@ -160,6 +171,7 @@ def main(argv: list[str] | None = None) -> None:
         "date": time.strftime("%Y-%m-%d %H:%M"),
         "command": " ".join(["python -m benchmarks.bench_crop", *(argv or sys.argv[1:])]),
         "machine": {"cores": os.cpu_count(), "python": platform.python_version()},
+        "crop_decoder": _crop_decoder(),
         "load_avg_1min": os.getloadavg()[0],
         "shardio_source": source_id(HERE.parent / "shardio"),
         "repeats": args.repeats,
@@ -176,6 +188,13 @@ def main(argv: list[str] | None = None) -> None:
     print(crop_block())
 
 
+def _crop_decoder() -> str:
+    from shardio.crop import Cropper, RandomResizedCrop
+    from shardio.resize import resize_box
+
+    return Cropper(RandomResizedCrop(SIZE), 0, resize=resize_box).describe()
+
+
 def crop_block(path: Path | None = None) -> str:
     """The table of ``crop=`` against a full decode then the crop."""
     result = json.loads((path or RESULTS / "crop.json").read_text(encoding="utf-8"))
@@ -184,7 +203,8 @@ def crop_block(path: Path | None = None) -> str:
         f"Measured {result['date']} on {result['machine']['cores']} cores, 1-minute load "
         f"{result['load_avg_1min']:.1f}, shardio at git {result['shardio_source']['git_head']} "
         f"(`{result['command'].strip()}`); medians of {result['repeats']} rounds; images/s "
-        f"to 224x224 RandomResizedCrop:", "",
+        f"to 224x224 RandomResizedCrop; `crop=` decoded baseline JPEGs with "
+        f"{result.get('crop_decoder', 'Pillow (draft scale)')}:", "",
         "| tree | per image, 1 process: `crop=` | full decode, then crop | ratio | "
         f"epoch, {result['workers']} workers: `shardio.loader(crop=)` | "
         "DataLoader over the files, full decode then crop | ratio |",

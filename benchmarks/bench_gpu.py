@@ -220,13 +220,13 @@ def _decoder_name(system: str) -> str:
         return "nvjpeg (torchvision.io.decode_jpeg)"
     if system.startswith("torchvision"):
         return "Pillow (ImageFolder)"
-    from shardio.decode import jpeg_decoder, pil_backend
+    from shardio.decode import jpeg_decoder
 
-    if system == "shardio-crop":  # what PendingCrop takes for a baseline JPEG
-        fast = jpeg_decoder()
-        if fast.startswith("simplejpeg"):
-            return f"{fast} (1/2^k scale) + torch resize"
-        return f"{pil_backend()} (draft scale)"
+    if system == "shardio-crop":
+        from shardio.crop import Cropper, RandomResizedCrop
+        from shardio.resize import resize_box
+
+        return Cropper(RandomResizedCrop(CROP), 0, resize=resize_box).describe()
 
     return jpeg_decoder()
 

@@ -36,7 +36,7 @@ from typing import Any
 import numpy as np
 from PIL import Image
 
-from shardio.decode import _DECODE_FAILURES, _failure_message, _simplejpeg
+from shardio.decode import _DECODE_FAILURES, _failure_message, _simplejpeg, pil_backend
 from shardio.errors import DecodeError
 
 Box = tuple[float, float, float, float]
@@ -161,6 +161,13 @@ class Cropper:
         kernels, about 4x here); with simplejpeg installed, baseline JPEGs then decode
         into an array (at a 1/2, 1/4 or 1/8 scale where the box allows) and go through it.
         Everything else, and everything without it, goes through Pillow."""
+
+    def describe(self) -> str:
+        """What decodes and resizes a baseline JPEG's crop here (for benchmark records)."""
+        fast = _simplejpeg()
+        if self.resize is not None and fast is not None:
+            return f"simplejpeg {fast.__version__} at 1/2^k scale, torch resize"
+        return f"{pil_backend()} (draft scale)"
 
     @property
     def shape(self) -> tuple[int, int, int]:

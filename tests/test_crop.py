@@ -330,3 +330,9 @@ def test_sizes_of_the_output_follow_size() -> None:
     assert RandomResizedCrop(7).output == (7, 7)
     assert CenterCrop((3, 5)).output == (3, 5)
     assert math.isclose(CenterCrop(1).ratio, 0.875)
+
+
+def test_describe_names_the_decoder_and_resize_a_jpeg_takes() -> None:
+    assert Cropper(CenterCrop(8), 0).describe().endswith("(draft scale)")
+    pytest.importorskip("simplejpeg")
+    assert _fast(Cropper(CenterCrop(8), 0)).describe().startswith("simplejpeg ")
