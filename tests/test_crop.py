@@ -178,6 +178,27 @@ def test_the_dataset_resize_gives_pillows_pixels_within_a_level(crop: Any) -> No
         assert np.abs(got - want).mean() < 1 and np.abs(got - want).max() <= 8
 
 
+@settings(max_examples=60, deadline=None)
+@given(width=st.integers(1, 80), height=st.integers(1, 80), out=st.integers(1, 40),
+       seed=st.integers(0, 2**16), center=st.booleans())
+def test_the_fast_path_crops_any_image_size_to_the_output(
+    width: int, height: int, out: int, seed: int, center: bool,
+) -> None:
+    pytest.importorskip("simplejpeg")
+    buf = io.BytesIO()
+    Image.fromarray(np.random.default_rng(seed).integers(
+        0, 256, (height, width, 3), np.uint8)).save(buf, "JPEG")
+    crop: Any = CenterCrop(out) if center else RandomResizedCrop(out, scale=(0.01, 1.0))
+    fast = _fast(Cropper(crop, seed))
+    pending = fast.open(buf.getvalue(), seed)
+    left, top, right, bottom = pending.box
+    assert 0 <= left < right <= width and 0 <= top < bottom <= height
+    got = np.full(pending.shape, 7, np.uint8)
+    pending.decode_into(got)
+    want = _decode(Cropper(crop, seed), buf.getvalue(), seed)  # Pillow's path, its own box
+    assert got.shape == want.shape == (out, out, 3)
+
+
 class _Recording:
     """simplejpeg, with the shape of every array it decodes recorded."""
 
