@@ -108,13 +108,21 @@ def _decode_all(payload: tuple[list[bytes], float]) -> float:
 
 
 def decode_limit(tree: Path, processes: int, limit: int) -> dict[str, Any]:
-    """Images/s of ``processes`` processes decoding the same in-memory JPEGs at once."""
+    """Images/s of ``processes`` processes decoding the same in-memory JPEGs at once.
+
+    The better of two tries: the slowest process sets a try's figure, and one process
+    held up by anything else (the page cache still writing the data out, another job)
+    put the limit at 0.6x its value in one round on the 16-core device.
+    """
     blobs = [p.read_bytes() for p in sorted(tree.rglob("*.jpg"))[:limit]]
     ctx = multiprocessing.get_context("fork")
+    slowest = []
     with ctx.Pool(processes) as pool:
-        start = time.time() + 1.0
-        took = pool.map(_decode_all, [(blobs, start)] * processes, chunksize=1)
-    return {"processes": processes, "images_per_s": round(processes * len(blobs) / max(took))}
+        for _ in range(2):
+            start = time.time() + 1.0
+            slowest.append(max(pool.map(_decode_all, [(blobs, start)] * processes,
+                                        chunksize=1)))
+    return {"processes": processes, "images_per_s": round(processes * len(blobs) / min(slowest))}
 
 
 def _normalise(images: Any, device: Any) -> Any:
