@@ -119,7 +119,7 @@ def render(results: dict[str, Any]) -> str:
     out = [
         f"Measured {results['date']} with `{results['command']}` "
         f"({'quick' if results['quick'] else 'full'} run, median of {results['repeats']} "
-        f"repeat(s), {results['wall_s'] / 60:.0f} min in all).",
+        f"repeat(s), {results['wall_s'] / 60:.0f} min in all{_load(results)}).",
         "",
         f"Machine: {m['cores']} cores ({m['cpu']}), {m['ram_gib']} GiB RAM, disk "
         f"{disk.get('device', '?')} ({disk.get('fs', '?')}, "
@@ -171,3 +171,13 @@ def main(argv: list[str] | None = None) -> None:
 
 if __name__ == "__main__":
     main()
+
+
+def _load(results: dict[str, Any]) -> str:
+    """The 1-minute load average at the run's start and end, where the file has it."""
+    load = results.get("load_avg_1min")
+    if not load:
+        return ""
+    return (f"; 1-minute load average {load['start']:.1f} at the start, {load['end']:.1f} at "
+            f"the end, median {load['median']:.1f} and at most {load['max']:.1f} before its "
+            "measurements, the harness's own children included")

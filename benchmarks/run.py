@@ -64,10 +64,13 @@ class Runner:
         self.logs = work_root / "logs"
         self.logs.mkdir(parents=True, exist_ok=True)
         self._count = 0
+        self.loads: list[float] = []
+        """The 1-minute load average before each measurement (the harness's own included)."""
 
     def child(self, spec: dict[str, Any], *, prefix: list[str] | None = None) -> dict[str, Any]:
         """Run ``benchmarks.child`` on ``spec``; its result, or ``{"error": ...}``."""
         self._count += 1
+        self.loads.append(os.getloadavg()[0])
         tag = f"{self._count:04d}-{spec.get('system', 'decode')}-{spec['mode']}"
         spec_path = self.logs / f"{tag}.spec.json"
         result_path = self.logs / f"{tag}.result.json"
@@ -272,6 +275,7 @@ def main(argv: list[str] | None = None) -> Path:
     runner = Runner(args.work_dir, timeout_s=args.timeout, verbose=args.verbose,
                     snapshot=str(snapshot))
     started = time.time()
+    load_before = os.getloadavg()[0]
     raw: dict[str, Any] = {}
     for kind in args.datasets:
         tree = ensure_tree(kind, getattr(args, kind) or sizes[kind], seed=args.seed,
@@ -282,6 +286,10 @@ def main(argv: list[str] | None = None) -> Path:
         "schema": 1, "date": time.strftime("%Y-%m-%d %H:%M"), "command": command,
         "argv": sys.argv[1:] if argv is None else argv, "quick": args.quick,
         "repeats": args.repeats, "wall_s": round(time.time() - started, 1),
+        # other jobs on a shared machine move every figure: what the load was says how much
+        "load_avg_1min": {"start": round(load_before, 2), "end": round(os.getloadavg()[0], 2),
+                          "median": round(float(np.median(runner.loads or [0.0])), 2),
+                          "max": round(max(runner.loads or [0.0]), 2)},
         "machine": describe_machine(args.work_dir), "versions": library_versions(),
         "shardio_source": {**source, "changed_during_run":
                            source_id(REPO / "shardio")["sha256"] != source["sha256"]},
