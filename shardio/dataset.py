@@ -19,7 +19,7 @@ from torch.utils.data import Dataset, IterableDataset, get_worker_info
 
 from shardio.classes import ClassAttributes
 from shardio.collate import field_decoder
-from shardio.crop import Crop, Cropper
+from shardio.crop import CenterCrop, Crop, Cropper
 from shardio.errors import ResumeError
 from shardio.fields import FieldDecoder, Fields
 from shardio.mix import Source
@@ -272,16 +272,7 @@ class StreamingDataset(ClassAttributes, IterableDataset[Any]):
         self.manifest = self.reader.manifest
         self._rank_arg, self._world_arg = rank, world_size
         mode = resolve_decode(decode, self.manifest.is_labelled or fields is not None, self.path)
-        cropper = None
-        if crop is not None:
-            if fields is not None or mode not in ("pil", "tensor") or draft_size is not None:
-                raise ValueError(
-                    f"{self.path}: crop= decodes the images of an ImageFolder pack with "
-                    f"decode='pil' or 'tensor' and no fields= or draft_size= (it picks the "
-                    f"JPEG scale itself); got decode={mode!r}"
-                    + (", fields=" if fields is not None else "")
-                    + (", draft_size=" if draft_size is not None else ""))
-            cropper = Cropper(crop, seed, resize=resize_box)
+        cropper = _cropper(self.path, crop, seed, mode, fields, draft_size)
         self._cropper = cropper
         self.decoder: SampleDecoder | FieldDecoder = SampleDecoder(
             mode, transform=transform, target_transform=target_transform, draft_size=draft_size,
@@ -586,6 +577,21 @@ class StreamingDataset(ClassAttributes, IterableDataset[Any]):
         self._shared.write({"epoch": progress.epoch, "resume": progress_to_state(progress)})
 
 
+def _cropper(path: str, crop: Crop | None, seed: int, mode: str, fields: object,
+             draft_size: tuple[int, int] | None) -> Cropper | None:
+    """The ``Cropper`` of ``crop=``, or None; refused where it cannot apply."""
+    if crop is None:
+        return None
+    if fields is not None or mode not in ("pil", "tensor") or draft_size is not None:
+        raise ValueError(
+            f"{path}: crop= decodes the images of an ImageFolder pack with "
+            f"decode='pil' or 'tensor' and no fields= or draft_size= (it picks the "
+            f"JPEG scale itself); got decode={mode!r}"
+            + (", fields=" if fields is not None else "")
+            + (", draft_size=" if draft_size is not None else ""))
+    return Cropper(crop, seed, resize=resize_box)
+
+
 class IndexedDataset(ClassAttributes, Dataset[Any]):
     """Map-style access: ``ds[i]`` in O(1) through the shard index, any Sampler works."""
 
@@ -598,19 +604,32 @@ class IndexedDataset(ClassAttributes, Dataset[Any]):
         transform: Callable[[Any], Any] | None = None,
         target_transform: Callable[[Any], Any] | None = None,
         draft_size: tuple[int, int] | None = None,
+        crop: CenterCrop | None = None,
         verify: bool = True,
         remote: RemoteOptions | None = None,
     ) -> None:
         """Open the dataset at ``path`` (a folder or a URL); see ``StreamingDataset`` for the
-        decode, ``fields`` and ``remote`` options."""
+        decode, ``fields``, ``crop`` and ``remote`` options.
+
+        ``crop`` takes ``shardio.CenterCrop`` (evaluation): the same box every time a
+        sample is read. A random crop drawn per epoch needs the epoch in every worker,
+        which a map-style dataset does not get: ``StreamingDataset(crop=...)`` has it.
+        """
         self.path = str(path)
         self.verify = verify
         self._reader = DatasetReader(path, verify=verify, remote=remote)
         self._pid = os.getpid()
         self.manifest = self._reader.manifest
         mode = resolve_decode(decode, self.manifest.is_labelled or fields is not None, self.path)
+        if crop is not None and not isinstance(crop, CenterCrop):
+            raise ValueError(
+                f"{self.path}: IndexedDataset takes crop=shardio.CenterCrop only, got {crop!r}: "
+                "a random crop drawn per epoch needs the epoch in every DataLoader worker; "
+                "use StreamingDataset(crop=...), which has it")
+        cropper = _cropper(self.path, crop, 0, mode, fields, draft_size)
         self.decoder: SampleDecoder | FieldDecoder = SampleDecoder(
-            mode, transform=transform, target_transform=target_transform, draft_size=draft_size
+            mode, transform=transform, target_transform=target_transform, draft_size=draft_size,
+            cropper=cropper,
         ) if fields is None else field_decoder(
             fields, mode=mode, manifest=self.manifest, path=self.path, transform=transform,
             target_transform=target_transform, draft_size=draft_size,

@@ -342,9 +342,38 @@ def test_center_crops_are_the_same_every_epoch(pack: Path) -> None:
 
 @pytest.mark.parametrize("kw", [{"decode": "raw"}, {"decode": "tensor", "draft_size": (8, 8)},
                                 {"decode": "tensor", "fields": ("image", "label")}])
-def test_crop_is_refused_where_it_cannot_apply(pack: Path, kw: dict[str, Any]) -> None:
+@pytest.mark.parametrize("kind", ["StreamingDataset", "IndexedDataset"])
+def test_crop_is_refused_where_it_cannot_apply(pack: Path, kw: dict[str, Any], kind: str
+                                               ) -> None:
     with pytest.raises(ValueError, match="crop="):
-        shardio.StreamingDataset(pack, crop=CenterCrop(8), **kw)
+        getattr(shardio, kind)(pack, crop=CenterCrop(8), **kw)
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_indexed_center_crops_are_the_crops_of_each_sample(pack: Path, num_workers: int
+                                                           ) -> None:
+    raw = shardio.IndexedDataset(pack, decode="raw")
+    cropper = _fast(Cropper(CenterCrop((12, 16)), 0))  # what the datasets build
+    want = {}
+    for i in range(len(raw)):
+        pixels = _decode(cropper, raw[i]["image"], i)
+        want[i] = (torch.from_numpy(pixels).permute(2, 0, 1), raw[i]["label"])
+    indexed = shardio.IndexedDataset(pack, decode="tensor", crop=CenterCrop((12, 16)))
+    order = list(torch.utils.data.RandomSampler(
+        indexed, generator=torch.Generator().manual_seed(0)))
+    loader = torch.utils.data.DataLoader(indexed, batch_size=5, sampler=order,
+                                         num_workers=num_workers)
+    got = [(image, int(label)) for images, labels in loader
+           for image, label in zip(images, labels, strict=True)]
+    assert sorted(order) == list(range(48)) and len(got) == 48
+    for index, (image, label) in zip(order, got, strict=True):
+        assert image.shape == (3, 12, 16) and label == want[index][1]
+        assert torch.equal(image, want[index][0])
+
+
+def test_indexed_dataset_refuses_random_crops_and_names_the_streaming_one(pack: Path) -> None:
+    with pytest.raises(ValueError, match=r"CenterCrop only.*StreamingDataset\(crop="):
+        shardio.IndexedDataset(pack, decode="tensor", crop=RandomResizedCrop(8))  # type: ignore[arg-type]
 
 
 def test_sizes_of_the_output_follow_size() -> None:
