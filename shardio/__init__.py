@@ -2,7 +2,7 @@
 
 Data flow: files → records → shards + manifest (``pack``, ``ShardWriter``) →
 stream → shuffle → split → decode → batch → device (``StreamingDataset``,
-``IndexedDataset``, ``loader``, ``DevicePrefetcher``).
+``IndexedDataset``, ``loader``, ``DevicePrefetcher``, ``DeviceDecoder``).
 
 ``import shardio`` imports nothing heavy (no torch, numpy, zstandard, lmdb, Pillow):
 every name but the errors and the manifest is loaded on first use, so packing and
@@ -44,6 +44,7 @@ if TYPE_CHECKING:
     from shardio.dataloader import loader
     from shardio.dataset import IndexedDataset, StreamingDataset
     from shardio.decode import pil_backend
+    from shardio.devicedecode import DeviceDecoder
     from shardio.fields import Fields
     from shardio.location import read_manifest
     from shardio.merge import MergeSummary, merge
@@ -76,6 +77,7 @@ _LAZY = {
     "RecordBatch": "shardio.batch",
     "loader": "shardio.dataloader",
     "DevicePrefetcher": "shardio.prefetch",
+    "DeviceDecoder": "shardio.devicedecode",
     "pil_backend": "shardio.decode",
     "Fields": "shardio.fields",
     "preview": "shardio.preview",
@@ -93,6 +95,7 @@ __all__ = [
     "ChecksumError",
     "DatasetReader",
     "DecodeError",
+    "DeviceDecoder",
     "DevicePrefetcher",
     "EmptySourceError",
     "Fields",
