@@ -11,7 +11,9 @@ instead, on the same files, the systems alternated within each round:
   ``PILToTensor``, a ``DataLoader`` with ``pin_memory=True`` and persistent workers, and
   ``.to(device, non_blocking=True)`` then the same arithmetic in the loop.
 * ``shardio-nvjpeg``: the same pack read raw (``RecordBatch``) and decoded on the GPU by
-  ``torchvision.io.decode_jpeg(device="cuda")`` (nvJPEG), batch by batch; only with CUDA.
+  ``shardio.DeviceDecoder`` (nvJPEG through ``torchvision.io.decode_jpeg``, one call a
+  batch); ``shardio-nvjpeg-crop`` crops there too (``RandomResizedCrop(224)``, against
+  ``torchvision-crop``); only with CUDA.
 * ``shardio-crop`` against ``torchvision-crop``: training's ``RandomResizedCrop(224)`` and
   flip, ``StreamingDataset(crop=shardio.RandomResizedCrop(224))`` (the box decoded at
   the smallest JPEG scale covering it) against the transforms on the full decode.
@@ -52,9 +54,12 @@ HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "results"
 MEAN = (0.485, 0.456, 0.406)
 STD = (0.229, 0.224, 0.225)
-SYSTEMS = ("shardio", "torchvision", "shardio-nvjpeg", "shardio-crop", "torchvision-crop")
+SYSTEMS = ("shardio", "torchvision", "shardio-nvjpeg", "shardio-crop", "torchvision-crop",
+           "shardio-nvjpeg-crop")
 PEER = {"shardio": "torchvision", "shardio-nvjpeg": "torchvision",
-        "shardio-crop": "torchvision-crop"}
+        "shardio-crop": "torchvision-crop", "shardio-nvjpeg-crop": "torchvision-crop"}
+ON_GPU = ("shardio-nvjpeg", "shardio-nvjpeg-crop")
+"""Systems that decode on the GPU: run only with CUDA."""
 """The system each is compared with (the ``x torchvision`` column)."""
 CROP = 224
 
@@ -173,23 +178,20 @@ def run_child(system: str, data: dict[str, Any], workers: int, epochs: int, batc
             images, labels = item
             images = images.to(device, non_blocking=True)
             return _normalise(images, device), labels.to(device, non_blocking=True)
-    elif system == "shardio-nvjpeg":
-        import warnings
-
-        from torchvision.io import decode_jpeg
-
+    elif system in ON_GPU:
         import shardio
 
-        # the views are of read-only shard maps and slots; decode_jpeg only reads them
-        warnings.filterwarnings("ignore", message="The given buffer is not writable")
         dataset = shardio.StreamingDataset(data["pack"], decode="raw")
-        loader = shardio.loader(dataset, batch_size=batch, num_workers=workers)
+        raw = shardio.loader(dataset, batch_size=batch, num_workers=workers)
+        loader = raw
+        decoder = shardio.DeviceDecoder(device, crop=shardio.RandomResizedCrop(CROP) if (
+            system == "shardio-nvjpeg-crop") else None)
+        if not decoder.gpu:
+            raise RuntimeError(f"{system}: {decoder.describe()}")
 
         def step(item: Any) -> Any:
-            encoded = [torch.frombuffer(view, dtype=torch.uint8) for view in item.bytes("image")]
-            decoded = decode_jpeg(encoded, device=device)
-            labels = item.labels.to(device, non_blocking=True)
-            return _normalise(torch.stack(decoded), device), labels
+            images, labels = decoder(item, epoch=raw.epoch)
+            return _normalise(images, device), labels
     else:
         raise ValueError(f"unknown system {system!r}")
 
@@ -224,8 +226,10 @@ def run_child(system: str, data: dict[str, Any], workers: int, epochs: int, batc
 
 
 def _decoder_name(system: str) -> str:
-    if system == "shardio-nvjpeg":
-        return "nvjpeg (torchvision.io.decode_jpeg)"
+    if system in ON_GPU:
+        import shardio
+
+        return shardio.DeviceDecoder("cuda").describe()
     if system.startswith("torchvision"):
         return "Pillow (ImageFolder)"
     from shardio.decode import jpeg_decoder
@@ -295,7 +299,7 @@ def main(argv: list[str] | None = None) -> None:
     import torch
 
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
-    systems = [s for s in args.systems.split(",") if s != "shardio-nvjpeg" or device == "cuda"]
+    systems = [s for s in args.systems.split(",") if s not in ON_GPU or device == "cuda"]
     args.work.mkdir(parents=True, exist_ok=True)
     began = time.perf_counter()
     data = make_data(args.work, args.images, tuple(args.size))
@@ -374,7 +378,7 @@ def gpu_block(path: Path | None = None) -> str:
         f"{data['bytes'] / 1e6:,.0f} MB, batches of {result['batch_size']}, medians of "
         f"{result['repeats']} rounds; images/s over {result['epochs_timed']} epochs after "
         "the first, decoded and normalised on the device; *x its torchvision*: against "
-        "`torchvision`, or `torchvision-crop` for `shardio-crop`"
+        "`torchvision`, or `torchvision-crop` for the crops"
         + ("" if result.get("complete", True) else
            " (**the run reached its time limit**: the rows below are those that finished)")
         + ":", "",
