@@ -198,14 +198,26 @@ class DeviceDecoder:
             if all(image.shape == first for image in decoded):
                 return torch.stack(decoded)
             return decoded
-        out_h, out_w = self.crop.output
-        out = torch.empty((len(decoded), 3, out_h, out_w), dtype=torch.uint8,
-                          device=self.device)
+        size = self.crop.output
+        # every crop resized into one float batch, then rounded, cast and mirrored once:
+        # each op is a kernel launch from this process, which bounds the batch's rate
+        scaled = torch.empty((len(decoded), 3, *size), dtype=torch.float32, device=self.device)
+        flips = []
         for i, (image, index) in enumerate(zip(decoded, indices.tolist(), strict=True)):
-            height, width = int(image.shape[1]), int(image.shape[2])
             rng = np.random.default_rng((self.seed, epoch, index))
-            box, flip = self.crop.box(height, width, rng)
-            out[i] = resize_on_device(image, box, (out_h, out_w), flip)
+            box, flip = self.crop.box(int(image.shape[1]), int(image.shape[2]), rng)
+            cut = _cut(image, box)
+            if tuple(cut.shape[1:]) == size:
+                scaled[i] = cut
+            else:
+                scaled[i] = F.interpolate(cut.unsqueeze(0).float(), size=size, mode="bilinear",
+                                          antialias=True, align_corners=False)[0]
+            if flip:
+                flips.append(i)
+        out = scaled.round_().clamp_(0, 255).to(torch.uint8)
+        if flips:
+            mirrored = torch.tensor(flips, device=self.device)
+            out[mirrored] = out[mirrored].flip(-1)
         return out
 
     def _nvjpeg(self, datas: Sequence[bytes | memoryview], keys: Sequence[str]
@@ -256,15 +268,19 @@ def resize_on_device(image: torch.Tensor, box: tuple[float, float, float, float]
     rounds them; torch's CUDA kernels resize float images, so the result is
     rounded back to uint8.
     """
-    height, width = int(image.shape[1]), int(image.shape[2])
-    left = min(max(round(box[0]), 0), width - 1)
-    top = min(max(round(box[1]), 0), height - 1)
-    right = min(max(round(box[2]), left + 1), width)
-    bottom = min(max(round(box[3]), top + 1), height)
-    cut = image[:, top:bottom, left:right]
+    cut = _cut(image, box)
     if tuple(cut.shape[1:]) != size:
         scaled = F.interpolate(cut.unsqueeze(0).float(), size=size, mode="bilinear",
                                antialias=True, align_corners=False)[0]
         cut = scaled.round_().clamp_(0, 255).to(torch.uint8)
     return cut.flip(-1) if flip else cut
 
+
+def _cut(image: torch.Tensor, box: tuple[float, float, float, float]) -> torch.Tensor:
+    """The view of ``box`` in a ``(3, H, W)`` image, its edges rounded to whole pixels."""
+    height, width = int(image.shape[1]), int(image.shape[2])
+    left = min(max(round(box[0]), 0), width - 1)
+    top = min(max(round(box[1]), 0), height - 1)
+    right = min(max(round(box[2]), left + 1), width)
+    bottom = min(max(round(box[3]), top + 1), height)
+    return image[:, top:bottom, left:right]

@@ -9,7 +9,8 @@ import shardio
 
 EXPECTED = {
     "BadInputError", "CacheBudgetError", "CenterCrop", "ChecksumError", "DatasetReader",
-    "DecodeError", "DeviceDecoder", "DevicePrefetcher", "EmptySourceError", "Fields", "IndexedDataset", "Manifest",
+    "DecodeError", "DeviceDecoder", "DevicePrefetcher", "EmptySourceError", "Fields",
+    "IndexedDataset", "Manifest",
     "ManifestError", "ManifestNotFoundError", "MergeSummary", "OutputExistsError", "PackError",
     "PackSummary", "RandomResizedCrop", "RecordBatch", "RecordEncodeError", "RemoteOptions",
     "ShardCorruptError", "ShardInfo", "ShardMissingError", "ShardWriter", "ShardioError", "Source",
