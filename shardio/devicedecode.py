@@ -13,10 +13,10 @@ full-size image and resized with an antialiased bilinear filter (torch's
 ``interpolate(antialias=True)``), as torchvision resizes tensors.
 
 Only what nvJPEG decodes goes to the GPU: baseline and progressive JPEGs with one or
-three components. Everything else (PNG, CMYK JPEGs, lossless and arithmetic-coded
-JPEGs), and any image nvJPEG refuses, is decoded by shardio's CPU decoder and
-copied over, so a batch never fails for one odd file; bytes neither decodes raise
-``DecodeError`` naming the sample. Without CUDA, or without torchvision (the
+three components, ending with their end-of-image marker. Everything else (PNG, CMYK
+JPEGs, lossless and arithmetic-coded JPEGs, files cut short), and any image nvJPEG
+refuses, is decoded by shardio's CPU decoder and copied over, so a batch never fails
+for one odd file; bytes neither decodes raise ``DecodeError`` naming the sample. Without CUDA, or without torchvision (the
 ``shardio[gpu]`` extra), the whole batch takes the CPU path: the same pixels
 ``StreamingDataset(decode="tensor", crop=...)`` gives. Imports torch.
 """
@@ -58,9 +58,14 @@ def jpeg_components(data: bytes | memoryview) -> int | None:
     Walks the markers up to the frame header: None for anything that is not a
     JPEG, is cut before its frame header, or is coded in a way nvJPEG does not
     take (lossless, arithmetic, hierarchical), or has 2 or 4 components (CMYK).
+    None too for a JPEG that does not end with its end-of-image marker: a file
+    cut short, which libjpeg refuses (a ``DecodeError`` naming the sample) and
+    nvJPEG might decode with its missing part filled in; a JPEG followed by
+    other bytes decodes on the CPU.
     """
     view = memoryview(data)
-    if len(view) < 4 or view[0] != 0xFF or view[1] != 0xD8:
+    if len(view) < 4 or view[0] != 0xFF or view[1] != 0xD8 or (
+            view[-2] != 0xFF or view[-1] != 0xD9):
         return None
     at, end = 2, len(view)
     while at + 4 <= end:

@@ -109,14 +109,18 @@ def test_jpeg_components_picks_what_nvjpeg_decodes(mode: str, kw: dict[str, Any]
     assert jpeg_components(_encode(mode, "JPEG", **kw)) == want
 
 
-def test_non_jpegs_and_cut_headers_stay_on_the_cpu() -> None:
+def test_non_jpegs_and_cut_files_stay_on_the_cpu() -> None:
     jpeg = _encode("RGB", "JPEG")
     assert jpeg_components(_encode("RGB", "PNG")) is None
     assert jpeg_components(b"") is None and jpeg_components(b"\xff\xd8") is None
-    # cut before the frame header, and a length that runs past the end
+    # cut before the frame header, a length that runs past the end, cut in the image
+    # data (nvJPEG might fill in what is missing: libjpeg refuses it), bytes after the end
     sof = jpeg.index(b"\xff\xc0")
     assert jpeg_components(jpeg[:sof]) is None
     assert jpeg_components(jpeg[: sof + 6]) is None
+    assert jpeg_components(jpeg[:-10]) is None
+    assert jpeg_components(jpeg + b"\0\0") is None
+    assert jpeg_components(jpeg) == 3
 
 
 @settings(max_examples=300, deadline=None)
@@ -211,14 +215,34 @@ def test_the_gpu_path_sends_one_call_a_batch_and_everything_else_to_the_cpu() ->
 
 def test_one_image_nvjpeg_refuses_is_retried_alone_then_decoded_on_the_cpu() -> None:
     decoder = DeviceDecoder("cpu")
+    refused = _photo(40, 30, seed=9)
+
+    class Refusing(_PillowIO):
+        def decode_jpeg(self, data: Any, *, mode: str, device: Any) -> Any:
+            tensors = data if isinstance(data, list) else [data]
+            self.calls.append(len(tensors))
+            if any(t.numpy().tobytes() == refused for t in tensors):
+                raise RuntimeError("nvjpeg: cannot decode this one")
+            got = [self._one(t) for t in tensors]
+            return got if isinstance(data, list) else got[0]
+
+    stand_in = Refusing()
+    decoder._io = stand_in  # type: ignore[assignment]
+    datas = [_photo(40, 30), refused, _photo(40, 30, seed=2)]
+    images, _ = decoder(_batch(list(datas)))
+    assert stand_in.calls == [3, 1, 1, 1]  # the batch, then each alone
+    assert isinstance(images, torch.Tensor)
+    for image, data in zip(images, datas, strict=True):
+        assert torch.equal(image, _pixels(data))  # the refused one decoded on the CPU
+
+
+def test_a_cut_jpeg_never_reaches_nvjpeg_and_its_error_names_the_sample() -> None:
+    decoder = DeviceDecoder("cpu")
     stand_in = _gpu_path(decoder)
     good = _photo(40, 30)
-    # a JPEG header nvJPEG accepts, then data the stand-in cannot decode but Pillow's
-    # truncated-image tolerance can't either: the error names the sample
-    cut = good[: len(good) // 3]
     with pytest.raises(DecodeError, match="k/1"):
-        decoder(_batch([good, cut, good]))
-    assert stand_in.calls == [3, 1, 1, 1]
+        decoder(_batch([good, good[: len(good) // 2], good]))
+    assert stand_in.calls == [2]
 
 
 def test_a_failed_batch_call_keeps_the_images_that_decode() -> None:
