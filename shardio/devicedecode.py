@@ -16,9 +16,10 @@ Only what nvJPEG decodes goes to the GPU: baseline and progressive JPEGs with on
 three components, ending with their end-of-image marker. Everything else (PNG, CMYK
 JPEGs, lossless and arithmetic-coded JPEGs, files cut short), and any image nvJPEG
 refuses, is decoded by shardio's CPU decoder and copied over, so a batch never fails
-for one odd file; bytes neither decodes raise ``DecodeError`` naming the sample. Without CUDA, or without torchvision (the
-``shardio[gpu]`` extra), the whole batch takes the CPU path: the same pixels
-``StreamingDataset(decode="tensor", crop=...)`` gives. Imports torch.
+for one odd file; bytes neither decodes raise ``DecodeError`` naming the sample.
+Without CUDA, or without torchvision (the ``shardio[gpu]`` extra), the whole batch
+takes the CPU path: the same pixels ``StreamingDataset(decode="tensor", crop=...)``
+gives. Imports torch.
 """
 
 from __future__ import annotations
