@@ -34,6 +34,9 @@ from shardio.errors import OutputExistsError, PackError, StorageError
 from shardio.format import FORMAT_VERSION
 from shardio.location import is_url
 from shardio.manifest import (
+    CLASS_FOLDERS,
+    GENERIC,
+    IMAGEFOLDER,
     MANIFEST_NAME,
     Manifest,
     fsync_dir,
@@ -158,15 +161,16 @@ def dataset_folder(target: PackTarget) -> Path:
     return target.staging
 
 
-def appended_mode(target: PackTarget) -> bool | None:
-    """Whether the dataset being appended to is an ImageFolder pack (None: no dataset yet).
+def appended_mode(target: PackTarget) -> str | None:
+    """The layout of the dataset being appended to (``Manifest.layout``; None: no dataset).
 
-    SRC is read the same way (ImageFolder or generic) unless the caller says otherwise.
+    SRC is read the same way (ImageFolder, class folders or generic) unless the caller
+    says otherwise.
     """
     out = dataset_folder(target)
     if not (out / MANIFEST_NAME).exists():
         return None
-    return read_manifest(out).is_labelled
+    return read_manifest(out).layout
 
 
 def settle_interrupted_append(target: PackTarget, *, overwrite: bool, resume: bool) -> None:
@@ -269,10 +273,15 @@ def _write_options(out: Path, base: Manifest, options: WriteOptions | None) -> W
 def _joint_classes(out: Path, base: Manifest, source: Source
                    ) -> tuple[tuple[str, ...] | None, list[int] | None]:
     """The classes after the append, and each SRC class index's index among them."""
-    if (base.classes is None) != (source.classes is None):
-        what = ("an ImageFolder pack (fields image, label)" if base.classes is not None
-                else "a generic pack (one field per file)")
-        flag = "--imagefolder" if base.classes is not None else "--no-imagefolder"
+    layout = (IMAGEFOLDER if source.is_imagefolder else CLASS_FOLDERS if source.class_folders
+              else GENERIC)
+    if base.layout != layout:
+        what, flag = {
+            IMAGEFOLDER: ("an ImageFolder pack (fields image, label)", "--imagefolder"),
+            CLASS_FOLDERS: ("a pack of class folders (one field per file, and a label)",
+                            "--class-folders"),
+            GENERIC: ("a generic pack (one field per file)", "--no-imagefolder"),
+        }[base.layout]
         raise PackError(
             f"{out}: the dataset is {what}, but {source.root} was read the other way; "
             f"append SRC read as the dataset was (pass {flag}, or leave the flag out)", path=out)

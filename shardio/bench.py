@@ -188,7 +188,7 @@ def bench(
     manifest, remote = first.manifest, first.reader.remote  # one budget for every setting
     cores = os.cpu_count() or 1
     top = cores if max_workers is None else max_workers
-    chosen = list(modes or (["raw", "tensor"] if manifest.is_labelled else ["raw"]))
+    chosen = list(modes or (["raw", "tensor"] if manifest.is_imagefolder else ["raw"]))
     rows: list[BenchRow] = []
     for mode in chosen:
         for workers in range(top + 1):

@@ -271,7 +271,7 @@ class StreamingDataset(ClassAttributes, IterableDataset[Any]):
         self.path = str(self.reader.root)
         self.manifest = self.reader.manifest
         self._rank_arg, self._world_arg = rank, world_size
-        mode = resolve_decode(decode, self.manifest.is_labelled or fields is not None, self.path)
+        mode = resolve_decode(decode, self.manifest.is_imagefolder or fields is not None, self.path)
         cropper = _cropper(self.path, crop, seed, mode, fields, draft_size)
         self._cropper = cropper
         self.decoder: SampleDecoder | FieldDecoder = SampleDecoder(
@@ -620,7 +620,7 @@ class IndexedDataset(ClassAttributes, Dataset[Any]):
         self._reader = DatasetReader(path, verify=verify, remote=remote)
         self._pid = os.getpid()
         self.manifest = self._reader.manifest
-        mode = resolve_decode(decode, self.manifest.is_labelled or fields is not None, self.path)
+        mode = resolve_decode(decode, self.manifest.is_imagefolder or fields is not None, self.path)
         if crop is not None and not isinstance(crop, CenterCrop):
             raise ValueError(
                 f"{self.path}: IndexedDataset takes crop=shardio.CenterCrop only, got {crop!r}: "

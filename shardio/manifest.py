@@ -57,6 +57,13 @@ def _known(kind: type, entry: Any) -> Any:
     return {k: v for k, v in entry.items() if k in names}
 
 
+IMAGEFOLDER: Final = "imagefolder"
+CLASS_FOLDERS: Final = "classfolders"
+GENERIC: Final = "generic"
+CLASS_FOLDERS_OPTION: Final = "class_folders"
+"""The ``options`` key a class-folder pack sets (``pack(class_folders=True)``)."""
+
+
 @dataclass(frozen=True)
 class Manifest:
     """What a dataset directory holds: counts, fields, classes, options and its shards."""
@@ -80,8 +87,23 @@ class Manifest:
 
     @property
     def is_labelled(self) -> bool:
-        """Whether samples carry an ImageFolder ``label`` field with a ``classes`` list."""
+        """Whether samples carry a ``label`` field indexing a ``classes`` list."""
         return self.classes is not None
+
+    @property
+    def layout(self) -> str:
+        """What was packed: ``"imagefolder"`` (fields ``image`` and ``label``),
+        ``"classfolders"`` (generic fields and a ``label``) or ``"generic"``."""
+        if self.classes is None:
+            return GENERIC
+        if self.options.get(CLASS_FOLDERS_OPTION) or "image" not in self.fields:
+            return CLASS_FOLDERS
+        return IMAGEFOLDER
+
+    @property
+    def is_imagefolder(self) -> bool:
+        """Whether samples are an ImageFolder's: an ``image`` and its ``label``."""
+        return self.layout == IMAGEFOLDER
 
     def to_json(self) -> dict[str, Any]:
         """The manifest as the JSON object written to ``manifest.json``."""

@@ -34,6 +34,7 @@ from shardio.append import appended_mode, prepare_append, settle_interrupted_app
 from shardio.engines import PackEngine, open_engine
 from shardio.errors import BadInputError, EmptySourceError, PackError, StorageError
 from shardio.location import is_url
+from shardio.manifest import CLASS_FOLDERS, CLASS_FOLDERS_OPTION, IMAGEFOLDER
 from shardio.packstate import journal_state, pack_manifest, resumable_shards
 from shardio.packtarget import LocalTarget, PackTarget, open_target
 from shardio.shardbuild import ShardFailure, ShardJob
@@ -70,6 +71,8 @@ class PackSummary:
     """With ``append``: samples the dataset held before (``samples`` counts the new ones)."""
     existing_skipped: int = 0
     """With ``skip_existing``: samples of SRC left out because their keys were in the dataset."""
+    class_folders: bool = False
+    """Generic samples labelled by their top-level folder (``pack(class_folders=True)``)."""
 
     def to_json(self) -> dict[str, Any]:
         """The summary as a JSON-ready dict; ``skipped`` as ``[{"path", "reason"}, …]``."""
@@ -97,7 +100,7 @@ def _refuse_bad(source: Source) -> None:
     listing = "".join(f"\n  {p}: {r}" for p, r in source.bad[:10])
     more = f"\n  … and {len(source.bad) - 10} more" if len(source.bad) > 10 else ""
     generic = ""
-    if source.classes is not None and any(r in IMAGEFOLDER_RULES for _, r in source.bad):
+    if source.is_imagefolder and any(r in IMAGEFOLDER_RULES for _, r in source.bad):
         # these files are bad only as ImageFolder input: --skip-bad alone would drop
         # them, which is wrong when they are the other fields of their samples
         generic = ("; or, if SRC is not an ImageFolder (say a/x.jpg comes with a/x.json), "
@@ -118,6 +121,7 @@ def pack(
     *,
     options: WriteOptions | None = None,
     imagefolder: bool | None = None,
+    class_folders: bool = False,
     seed: int = 0,
     shuffle: bool = True,
     num_workers: int | None = None,
@@ -158,6 +162,10 @@ def pack(
             ``overwrite``/``resume``.
         options: backend, codec, level and shard size limits.
         imagefolder: force ImageFolder (``True``) or generic (``False``); ``None`` detects it.
+        class_folders: generic samples (one field per file) with a ``label`` too: the
+            index of the sample's top-level folder among SRC's sorted top-level
+            folders, which become ``classes``, as torchvision's ``DatasetFolder`` does
+            for any file type (audio, arrays, text). Not with ``imagefolder=True``.
         seed: seed of the permutation.
         shuffle: ``False`` keeps the sorted order.
         num_workers: processes that build shards; ``None`` uses every core, 1 works here.
@@ -201,13 +209,18 @@ def pack(
             _gc_paused():
         if isinstance(target, LocalTarget):
             _refuse_nested(root, target.staging)
-        if append and imagefolder is None:  # read SRC as the dataset was read
-            imagefolder = appended_mode(target)
+        if append and imagefolder is None and not class_folders:
+            layout = appended_mode(target)  # read SRC as the dataset was read
+            if layout is not None:
+                imagefolder, class_folders = layout == IMAGEFOLDER, layout == CLASS_FOLDERS
         source = runner.scan(src, imagefolder=imagefolder, include=include, exclude=exclude,
-                             follow_symlinks=follow_symlinks)
-        pack_options = {"imagefolder": source.classes is not None, "include": list(include),
-                        "exclude": list(exclude), "follow_symlinks": follow_symlinks,
-                        "check_images": check_images}
+                             follow_symlinks=follow_symlinks, class_folders=class_folders)
+        pack_options: dict[str, Any] = {
+            "imagefolder": source.is_imagefolder, "include": list(include),
+            "exclude": list(exclude), "follow_symlinks": follow_symlinks,
+            "check_images": check_images}
+        if source.class_folders:  # only then: a resume of an older pack keeps its identity
+            pack_options[CLASS_FOLDERS_OPTION] = True
         return _pack_or_append(source, target, options, pack_options, append=append,
                                skip_existing=skip_existing, seed=seed, shuffle=shuffle,
                                engine=runner, skip_bad=skip_bad, overwrite=overwrite,
@@ -307,7 +320,8 @@ def _pack_or_append(
             out=str(job.out), samples=0, files=0, shards=0, input_bytes=0, output_bytes=0,
             ratio=0.0, seconds=time.perf_counter() - start, files_per_s=0.0, mb_per_s=0.0,
             hidden_ignored=source.hidden_ignored, skipped=source.bad,
-            imagefolder=source.classes is not None, existing_samples=job.base.num_samples,
+            imagefolder=source.is_imagefolder, class_folders=source.class_folders,
+            existing_samples=job.base.num_samples,
             existing_skipped=job.existing_skipped)
     summary = _pack_source(job.source, job.target, job.options, pack_options, overwrite=False,
                            resume=True, skip_bad=skip_bad, start=start, **run)
@@ -336,7 +350,7 @@ def _pack_source(
     identity = {"write": asdict(options), "plan": PLAN_VERSION, "source": source.digest,
                 "seed": seed, "shuffle": shuffle, "pack": pack_options}
     job = ShardJob(stream, plan, target.staging, options.backend, options.codec, options.level,
-                   bool(pack_options["check_images"]), skip_bad, source.classes is not None)
+                   bool(pack_options["check_images"]), skip_bad, source.is_imagefolder)
     target.prepare(overwrite=overwrite, resume=resume)
     done = resumable_shards(job, identity, target) if resume else {}
     resumed = dict(done)
@@ -376,6 +390,7 @@ def _pack_source(
         mb_per_s=sum(bytes_upto[r.stop] - bytes_upto[r.start] for r in this_run) / 1e6 / seconds,
         hidden_ignored=source.hidden_ignored,
         skipped=tuple((f.path, f.reason) for f in manifest.skipped),
-        imagefolder=source.classes is not None,
+        imagefolder=source.is_imagefolder,
         resumed_samples=sum(r.num_samples for r in resumed.values()),
+        class_folders=source.class_folders,
     )

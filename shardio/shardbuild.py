@@ -164,8 +164,7 @@ def frame_sample(
             return None, i, f"cannot be read ({exc.strerror or exc})"
         if len(data) != size:
             return None, i, f"changed while packing ({size} bytes when scanned, {len(data)} read)"
-        if check_images and (sample.label is not None or f".{name}".lower().endswith(
-                IMG_EXTENSIONS)):
+        if check_images and (name == "image" or f".{name}".lower().endswith(IMG_EXTENSIONS)):
             reason = _decode_error(data)
             if reason is not None:
                 return None, i, reason
@@ -233,6 +232,8 @@ def _build_shard(job: ShardJob, number: int, report: Report | None, attempt: str
                 keys.append(sample.key)
                 if not job.labelled:
                     fields.update(dict.fromkeys(sample.fields))
+                    if sample.label is not None:  # class folders: a label beside the files
+                        fields["label"] = None
             elif job.skip_bad:
                 left_out.append(pos)
                 skipped += sample.bad(failed, reason or "")

@@ -42,10 +42,21 @@ class Source:
     digest: str
     """sha256 over every file's path, size, mtime and verdict, in canonical order."""
     excluded: int = 0
+    class_folders: bool = False
+    """Generic samples labelled by their top-level folder (``classes`` are those folders)."""
+
+    @property
+    def is_imagefolder(self) -> bool:
+        """ImageFolder samples: fields ``image`` and ``label``."""
+        return self.classes is not None and not self.class_folders
 
 
 NOT_AN_IMAGE: Final = f"not an image: an ImageFolder holds only {' '.join(IMG_EXTENSIONS)} files"
 LOOSE_FILE: Final = "a loose file at the top of an ImageFolder, outside every class folder"
+LOOSE_CLASS_FILE: Final = ("a loose file at the top of a tree of class folders, outside every "
+                           "class folder")
+LABEL_CLASH: Final = ("a file whose field is 'label', which class folders give every sample "
+                      "(its class index): rename it")
 IMAGEFOLDER_RULES: Final = (NOT_AN_IMAGE, LOOSE_FILE)
 """Reasons a file is bad only because SRC is read as an ImageFolder (generic mode keeps it)."""
 
@@ -75,6 +86,7 @@ def scan_source(
     follow_symlinks: bool = False,
     pool: WalkPool | None = None,
     walk_root: str | None = None,
+    class_folders: bool = False,
 ) -> Source:
     """Walk ``src`` and return its samples in canonical order with everything left out.
 
@@ -109,10 +121,21 @@ def scan_source(
         walk_root: the path the tasks walk, when it is not ``src`` (the absolute
             path, for workers whose working folder differs); samples still name
             their files under ``src``.
+        class_folders: generic samples, each also labelled with its top-level
+            folder's index among the sorted top-level folders (torchvision's
+            ``DatasetFolder`` for any file type): ``classes`` are those folders.
+            A sample outside every class folder, or with a field named
+            ``label``, is bad.
 
     Raises:
         BadInputError: ``src`` is not a folder.
+        ValueError: ``class_folders`` with ``imagefolder=True``.
     """
+    if class_folders and imagefolder:
+        raise ValueError("class_folders labels generic samples; an ImageFolder (imagefolder=True) "
+                         "is labelled by its class folders already: pass one of the two")
+    if class_folders:
+        imagefolder = False
     root = os.fspath(src)
     if not os.path.isdir(root):
         what = "does not exist" if not os.path.lexists(root) else "is not a folder"
@@ -126,13 +149,36 @@ def scan_source(
         imagefolder = _looks_like_imagefolder(listing)
     builder = _imagefolder_samples if imagefolder else _generic_samples
     classes, samples, bad, rows = builder(listing)
+    if class_folders:
+        classes, samples = _label_by_folder(walker.top_dirs, samples, bad)
     bad.extend(walker.bad_dirs)
     rows += [row(rel, 0, 0, reason) for rel, reason in sorted(walker.bad_dirs)]
-    head = "generic\n" if classes is None else "imagefolder\n" + "\0".join(classes) + "\n"
+    kind = "classfolders" if class_folders else "imagefolder"
+    head = "generic\n" if classes is None else f"{kind}\n" + "\0".join(classes) + "\n"
     return Source(
         root=root, samples=tuple(samples), classes=classes, hidden_ignored=walker.hidden,
         bad=tuple(sorted(bad)), digest=_hash(head, rows), excluded=walker.excluded,
+        class_folders=class_folders,
     )
+
+
+def _label_by_folder(tops: Sequence[str] | set[str], samples: list[SourceSample],
+                     bad: list[Bad]) -> tuple[tuple[str, ...], list[SourceSample]]:
+    """The classes (sorted top-level folders) and each sample labelled with its folder's
+    index; samples outside every folder, or with a ``label`` field, go to ``bad``."""
+    classes = tuple(sorted(tops))
+    index = {c: i for i, c in enumerate(classes)}
+    labelled = []
+    for sample in samples:
+        top, slash, _ = sample.key.partition("/")
+        reason = (LOOSE_CLASS_FILE if not slash or top not in index
+                  else LABEL_CLASH if "label" in sample.fields else None)
+        if reason is None:
+            labelled.append(sample._replace(label=index[top]))
+        else:
+            bad.extend(sample.bad(sample.fields.index("label") if reason is LABEL_CLASH else 0,
+                                  reason))
+    return classes, labelled
 
 
 _Built = tuple["tuple[str, ...] | None", list[SourceSample], list[Bad], list[str]]

@@ -22,7 +22,7 @@ import json
 import os
 import re
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path, PureWindowsPath
 from typing import Any, Final
@@ -31,7 +31,7 @@ import numpy as np
 from tqdm import tqdm
 
 from shardio.errors import OutputExistsError, ShardCorruptError, UnsafeKeyError
-from shardio.manifest import Manifest
+from shardio.manifest import CLASS_FOLDERS, IMAGEFOLDER, Manifest
 from shardio.reader import DatasetReader, open_dataset
 from shardio.record import INDEX_FIELD, KEY_FIELD
 from shardio.storage.options import RemoteOptions
@@ -72,14 +72,18 @@ def field_bytes(value: Any) -> bytes:
     return json.dumps(value, ensure_ascii=False).encode("utf-8")
 
 
-def sample_files(sample: Mapping[str, Any], *, labelled: bool) -> Iterator[tuple[str, Any]]:
-    """``(relative POSIX path, value)`` of every file one sample unpacks to."""
+def sample_files(sample: Mapping[str, Any], *, layout: str) -> Iterator[tuple[str, Any]]:
+    """``(relative POSIX path, value)`` of every file one sample unpacks to.
+
+    ``layout`` is the dataset's (``Manifest.layout``): an ImageFolder sample is its
+    image at its key; the ``label`` of class folders is their folder, not a file.
+    """
     key = str(sample[KEY_FIELD])
-    if labelled:
+    if layout == IMAGEFOLDER:
         yield key, sample[IMAGE_FIELD]
         return
     for name, value in sample.items():
-        if name not in RESERVED_FIELDS:
+        if name not in RESERVED_FIELDS and not (layout == CLASS_FOLDERS and name == "label"):
             yield (f"{key}.{name}" if name else key), value
 
 
@@ -134,8 +138,8 @@ def unpack(
     root = Path(dest)
     with open_dataset(path, remote=remote) as reader:
         manifest = reader.manifest
-        labelled = manifest.is_labelled
-        planned = _planned_paths(manifest, reader.keys(), str(path), labelled=labelled)
+        layout = manifest.layout
+        planned = _planned_paths(manifest, reader.keys(), str(path), layout=layout)
         if root.is_dir() and any(root.iterdir()):
             _check_existing(root, planned, overwrite=overwrite, dataset=str(path))
         else:
@@ -146,15 +150,15 @@ def unpack(
         num_bytes = 0
         with tqdm(total=len(reader), disable=not progress, unit=" samples", desc="unpack",
                   leave=False) as bar:
-            for sample, where in _checked_samples(reader, labelled=labelled):
-                for rel, value in sample_files(sample, labelled=labelled):
+            for sample, where in _checked_samples(reader, layout=layout):
+                for rel, value in sample_files(sample, layout=layout):
                     num_bytes += files.write(rel, field_bytes(value), where)
                 bar.update(1)
         return UnpackSummary(len(reader), files.count, num_bytes, time.perf_counter() - start)
 
 
 def _checked_samples(
-    reader: DatasetReader, *, labelled: bool
+    reader: DatasetReader, *, layout: str
 ) -> Iterator[tuple[dict[str, Any], str]]:
     """Every sample with where it came from, once its own key and fields are checked.
 
@@ -179,8 +183,10 @@ def _checked_samples(
             unknown = sorted(set(names) - fields)
             if why is None and unknown:
                 why = f"it has field(s) {unknown} that the manifest does not list"
-            if why is None and labelled and IMAGE_FIELD not in sample:
+            if why is None and layout == IMAGEFOLDER and IMAGE_FIELD not in sample:
                 why = f"it has no {IMAGE_FIELD!r} field although the dataset has classes"
+            if why is None and layout == CLASS_FOLDERS:
+                why = _folder_disagrees(sample, manifest.classes or ())
             for name in names:
                 if why is None and check_field(name) is not None:
                     why = f"its field name {name!r} {check_field(name)}"
@@ -259,8 +265,20 @@ class _DestFiles:
         return len(data)
 
 
+def _folder_disagrees(sample: Mapping[str, Any], classes: Sequence[str]) -> str | None:
+    """Why a class-folder sample's label is not its folder (which unpacking would keep)."""
+    label = sample.get("label")
+    top = str(sample[KEY_FIELD]).partition("/")[0]
+    if type(label) is not int or not 0 <= label < len(classes):
+        return f"its label {label!r} is not an index into the dataset's {len(classes)} classes"
+    if classes[label] != top:
+        return (f"its label {label} is class {classes[label]!r}, but its key is in folder "
+                f"{top!r}, so the restored tree would label it otherwise")
+    return None
+
+
 def _planned_paths(
-    manifest: Manifest, keys: Iterator[str], dataset: str, *, labelled: bool
+    manifest: Manifest, keys: Iterator[str], dataset: str, *, layout: str
 ) -> Iterator[str]:
     """Every relative path unpack may write; raises on the first unsafe key or field."""
     fields = [f for f in manifest.fields if f not in RESERVED_FIELDS]
@@ -272,7 +290,9 @@ def _planned_paths(
                 "was not made by `shardio pack`; read it with the Python API instead",
                 path=dataset,
             )
-    suffixes = [""] if labelled else [f".{f}" if f else "" for f in fields]
+    if layout == CLASS_FOLDERS:
+        fields = [f for f in fields if f != "label"]
+    suffixes = [""] if layout == IMAGEFOLDER else [f".{f}" if f else "" for f in fields]
     for index, key in enumerate(keys):
         why = check_key(key)
         if why is not None:

@@ -190,12 +190,15 @@ def ls(dataset: Path | str, limit: int | None, as_json: bool, remote: RemoteOpti
                 click.echo(f"{entry['bytes']:>10}  {entry['key']}")
 
 
-def _default_field(sample: dict[str, Any], *, labelled: bool) -> str:
+def _default_field(sample: dict[str, Any], *, layout: str) -> str:
+    from shardio.manifest import CLASS_FOLDERS, IMAGEFOLDER
     from shardio.unpack import IMAGE_FIELD, RESERVED_FIELDS
 
     fields = [name for name in sample if name not in RESERVED_FIELDS]
-    if labelled and IMAGE_FIELD in fields:
+    if layout == IMAGEFOLDER and IMAGE_FIELD in fields:
         return IMAGE_FIELD
+    if layout == CLASS_FOLDERS:  # the class label is not one of the sample's files
+        fields = [name for name in fields if name != "label"]
     if len(fields) == 1:
         return fields[0]
     raise click.ClickException(
@@ -229,7 +232,7 @@ def cat(dataset: Path | str, key: str, field: str | None, remote: RemoteOptions)
             )
         sample = reader.get(index)
         name = field if field is not None else _default_field(
-            sample, labelled=reader.manifest.is_labelled
+            sample, layout=reader.manifest.layout
         )
         if name not in sample or name in RESERVED_FIELDS:
             fields = [f for f in sample if f not in RESERVED_FIELDS]

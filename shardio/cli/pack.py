@@ -26,7 +26,8 @@ from shardio.writer import DEFAULT_MAX_SHARD_BYTES, WriteOptions
 
 def format_summary(summary: PackSummary) -> str:
     """The human-readable summary printed after a pack."""
-    mode = "ImageFolder" if summary.imagefolder else "generic folder"
+    mode = ("ImageFolder" if summary.imagefolder else "class folders" if summary.class_folders
+            else "generic folder")
     lines = [
         f"packed {summary.out} ({mode})",
         f"  samples       {summary.samples:,} ({summary.files:,} files)",
@@ -76,6 +77,10 @@ def format_summary(summary: PackSummary) -> str:
               help="Treat SRC as an ImageFolder (class folders of images) or not "
                    "[default: detect: class folders of images, none sharing its name stem "
                    "with a non-image file such as x.jpg + x.json].")
+@click.option("--class-folders", is_flag=True,
+              help="Label every sample with its top-level folder, as torchvision's "
+                   "DatasetFolder does for any file type: fields per file as in a generic "
+                   "folder, plus `label` (the folder's index among SRC's sorted folders).")
 @click.option("--check-images", is_flag=True, help="Decode every image with Pillow first.")
 @click.option("--skip-bad", is_flag=True,
               help="Leave out bad inputs (listed in the summary and manifest) instead of failing.")
@@ -100,7 +105,8 @@ def pack_command(
     src: Path, out: str, backend: str, codec: str, level: int, max_shard_bytes: int,
     max_shard_samples: int | None, include: tuple[str, ...], exclude: tuple[str, ...],
     follow_symlinks: bool, seed: int, no_shuffle: bool, num_workers: int | None,
-    imagefolder: bool | None, check_images: bool, skip_bad: bool, overwrite: bool,
+    imagefolder: bool | None, class_folders: bool, check_images: bool, skip_bad: bool,
+    overwrite: bool,
     resume: bool, append: bool, skip_existing: bool, engine: str, scheduler: str | None,
     progress: bool | None, as_json: bool,
 ) -> None:
@@ -110,7 +116,8 @@ def pack_command(
     $TMPDIR, uploaded one by one, the manifest last). An ImageFolder
     (SRC/<class>/**/<image>) becomes samples with fields `image` and `label`;
     any other folder groups files sharing a name up to the first dot into one
-    sample (a/x.jpg + a/x.json -> key a/x).
+    sample (a/x.jpg + a/x.json -> key a/x); with --class-folders each such
+    sample also gets the `label` of its top-level folder.
     """
     try:
         options = WriteOptions(
@@ -123,6 +130,9 @@ def pack_command(
                                "overwrites: leave --overwrite out")
     if scheduler is not None and engine != "dask":
         raise click.UsageError("--scheduler goes with --engine dask")
+    if class_folders and imagefolder:
+        raise click.UsageError("--class-folders labels generic samples; an ImageFolder is "
+                               "labelled by its class folders already: pass one of the two")
     ctx = click.get_current_context()
     given = {name: value for name, value in (
         ("backend", backend), ("codec", codec), ("level", level),
@@ -132,7 +142,8 @@ def pack_command(
         if append:  # the write options not on the command line are the dataset's
             options = appended_options(out, given) or options
         summary = pack(
-            src, out, options=options, imagefolder=imagefolder, seed=seed,
+            src, out, options=options, imagefolder=imagefolder, class_folders=class_folders,
+            seed=seed,
             shuffle=not no_shuffle, num_workers=num_workers, include=include, exclude=exclude,
             follow_symlinks=follow_symlinks, check_images=check_images, skip_bad=skip_bad,
             overwrite=overwrite, resume=resume, append=append, skip_existing=skip_existing,

@@ -40,7 +40,7 @@ class PackEngine(Protocol):
 
     def scan(
         self, src: str | os.PathLike[str], *, imagefolder: bool | None, include: Sequence[str],
-        exclude: Sequence[str], follow_symlinks: bool,
+        exclude: Sequence[str], follow_symlinks: bool, class_folders: bool = False,
     ) -> Source:
         """``shardio.source.scan_source`` of ``src``, its walk run by this engine."""
         ...

@@ -195,14 +195,15 @@ class DaskEngine:
 
     def scan(
         self, src: str | os.PathLike[str], *, imagefolder: bool | None, include: Sequence[str],
-        exclude: Sequence[str], follow_symlinks: bool,
+        exclude: Sequence[str], follow_symlinks: bool, class_folders: bool = False,
     ) -> Source:
         """``scan_source`` with the walk in cluster tasks, at SRC's absolute path."""
         pool = DaskWalkPool(self.client, MAX_ENTRIES)
         self.src = os.path.abspath(src)
         try:
             return scan_source(src, imagefolder=imagefolder, include=include, exclude=exclude,
-                               follow_symlinks=follow_symlinks, pool=pool, walk_root=self.src)
+                               follow_symlinks=follow_symlinks, pool=pool, walk_root=self.src,
+                               class_folders=class_folders)
         finally:
             pool.close()
 

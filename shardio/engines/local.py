@@ -100,17 +100,18 @@ class LocalEngine:
 
     def scan(
         self, src: str | os.PathLike[str], *, imagefolder: bool | None, include: Sequence[str],
-        exclude: Sequence[str], follow_symlinks: bool,
+        exclude: Sequence[str], follow_symlinks: bool, class_folders: bool = False,
     ) -> Source:
         """``scan_source``, its walk split over ``num_workers`` processes or threads."""
         if self.num_workers <= 1 or self.scan_with == "serial":
             return scan_source(src, imagefolder=imagefolder, include=include, exclude=exclude,
-                               follow_symlinks=follow_symlinks)
+                               follow_symlinks=follow_symlinks, class_folders=class_folders)
         pool = ExecutorWalkPool(self.num_workers, kind=self.scan_with,
                                 max_entries=self.max_walk_entries)
         with contextlib.closing(pool):
             return scan_source(src, imagefolder=imagefolder, include=include, exclude=exclude,
-                               follow_symlinks=follow_symlinks, pool=pool)
+                               follow_symlinks=follow_symlinks, pool=pool,
+                               class_folders=class_folders)
 
     def build(
         self, job: ShardJob, numbers: Sequence[int], target: PackTarget,
