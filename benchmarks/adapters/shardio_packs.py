@@ -44,6 +44,9 @@ class ShardioAdapter:
             tree.root,
             work,
             options=shardio.WriteOptions(backend=self.backend),
+            # the tiny tree's class folders hold .bin files: their labels are stored, as
+            # every peer stores them, instead of parsed from each key while reading
+            class_folders=tree.kind != "images",
             seed=seed,
             shuffle=self.pack_shuffle,
             num_workers=num_workers,
