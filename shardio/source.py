@@ -173,8 +173,8 @@ def _label_by_folder(tops: Sequence[str] | set[str], samples: list[SourceSample]
         top, slash, _ = sample.key.partition("/")
         reason = (LOOSE_CLASS_FILE if not slash or top not in index
                   else LABEL_CLASH if "label" in sample.fields else None)
-        if reason is None:
-            labelled.append(sample._replace(label=index[top]))
+        if reason is None:  # _make: a tenth of _replace's cost, on millions of samples
+            labelled.append(SourceSample._make((*sample[:4], index[top], sample[5])))
         else:
             bad.extend(sample.bad(sample.fields.index("label") if reason is LABEL_CLASH else 0,
                                   reason))

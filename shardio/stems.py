@@ -40,7 +40,8 @@ class SourceSample(NamedTuple):
 
     def rel_paths(self) -> tuple[str, ...]:
         """Each field's file relative to the source root, as the naming rules rebuild it."""
-        if self.label is not None:
+        if self.label is not None and self.fields == ("image",) and not self.paths[0].endswith(
+                f"{self.key}.image"):  # an ImageFolder's image: its key is its path
             return (self.key,)
         return tuple(f"{self.key}.{f}" if f else self.key for f in self.fields)
 

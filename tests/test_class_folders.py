@@ -10,6 +10,7 @@ back to the same tree, append of a new class, and the inputs it refuses.
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import numpy as np
@@ -190,3 +191,24 @@ def test_a_resume_never_mixes_class_folder_and_generic_packs(
     assert generic.digest != labelled.digest
     assert [s.key for s in generic.samples] == [s.key for s in labelled.samples]
     assert [s.label for s in labelled.samples] == [_label_of(s.key) for s in labelled.samples]
+
+
+def test_a_file_that_fails_to_read_is_named_with_its_extension(
+        tree: tuple[Path, dict[str, bytes]], tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    victim = str(tree[0] / "dog" / "take1" / "s3.wav")
+    real_open = os.open
+
+    def failing_open(path: str, *args: int, **kwargs: int) -> int:
+        if path == victim:
+            raise PermissionError(13, "Permission denied", path)
+        return real_open(path, *args, **kwargs)
+
+    monkeypatch.setattr(os, "open", failing_open)
+    summary = shardio.pack(tree[0], tmp_path / "out", class_folders=True, num_workers=1,
+                           skip_bad=True, progress=False)
+    assert dict(summary.skipped) == {
+        "dog/take1/s3.wav": "cannot be read (Permission denied)",
+        "dog/take1/s3.txt": "left out with the rest of sample 'dog/take1/s3' because "
+                            "dog/take1/s3.wav is bad"}
+    assert summary.samples == 20
