@@ -103,6 +103,8 @@ class DeviceDecoder:
 
     ``self.device`` is where batches land: CPU when CUDA is asked for but absent.
     ``self.gpu`` says whether nvJPEG decodes (CUDA and torchvision present).
+    ``DevicePrefetcher(loader, device, decode=decoder)`` calls it one batch ahead
+    with the loader's epoch.
     """
 
     def __init__(
@@ -142,6 +144,11 @@ class DeviceDecoder:
         self._io = _torchvision_io() if cuda else None
         self._cropper = None if crop is None else Cropper(crop, seed, resize=resize_box)
         self._cpu = ImageBatchDecoder(image=image, label=label, cropper=self._cropper)
+
+    @property
+    def needs_epoch(self) -> bool:
+        """Whether the crops depend on the epoch (random ones)."""
+        return isinstance(self.crop, RandomResizedCrop)
 
     @property
     def gpu(self) -> bool:

@@ -22,9 +22,12 @@ save. No threads are started. Imports torch.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence, Sized
-from typing import Any, Generic, TypeVar, cast
+from typing import TYPE_CHECKING, Any, Generic, TypeVar, cast
 
 import torch
+
+if TYPE_CHECKING:
+    from shardio.devicedecode import DeviceDecoder
 
 T = TypeVar("T")
 
@@ -60,6 +63,7 @@ class DevicePrefetcher(Generic[T]):
         mean: Sequence[float] | None = None,
         std: Sequence[float] | None = None,
         channels_last: bool = False,
+        decode: DeviceDecoder | None = None,
     ) -> None:
         """Wrap ``loader``; nothing is read until iteration starts.
 
@@ -71,10 +75,19 @@ class DevicePrefetcher(Generic[T]):
             mean: per-channel mean subtracted after ``convert_float`` (e.g. ImageNet's).
             std: per-channel standard deviation divided by after ``mean``.
             channels_last: give 4-D image tensors the ``torch.channels_last`` layout.
+            decode: a ``shardio.DeviceDecoder`` for ``device``: each raw batch
+                (``RecordBatch``) of the loader becomes ``(images, labels)`` there,
+                decoded one batch ahead (on CUDA, on the side stream, so the GPU's
+                part of it overlaps the step), then converted as above. Random
+                crops are drawn for the epoch the loader is reading (its ``epoch``,
+                as ``shardio.loader`` has, else its dataset's).
 
         Raises:
             ValueError: ``mean``/``std`` given without each other, of different
-                lengths, with a zero in ``std``, or without ``convert_float``.
+                lengths, with a zero in ``std``, or without ``convert_float``;
+                ``decode`` decodes to another device.
+            TypeError: ``decode`` draws random crops but neither the loader nor its
+                dataset says which epoch it reads.
         """
         if (mean is None) != (std is None):
             raise ValueError("pass mean and std together, or neither")
@@ -91,6 +104,14 @@ class DevicePrefetcher(Generic[T]):
                 raise ValueError(f"std must not contain 0, got {list(std)}")
         self.loader = loader
         self.device = _resolve(torch.device(device))
+        if decode is not None and decode.device != self.device:
+            raise ValueError(f"decode= decodes to {decode.device}, but the prefetcher hands "
+                             f"batches over on {self.device}: give both the same device")
+        if decode is not None and decode.needs_epoch and _epoch_of(loader) is None:
+            raise TypeError(
+                f"decode= draws random crops per epoch, but {type(loader).__name__} has no "
+                "epoch: wrap shardio.loader(...), or a DataLoader over a StreamingDataset")
+        self.decode = decode
         self.convert_float = convert_float
         self.channels_last = channels_last
         self._norm = None if mean is None or std is None else (tuple(mean), tuple(std))
@@ -179,10 +200,17 @@ class DevicePrefetcher(Generic[T]):
             return None
         state = snapshot()
         if side is None:
-            return self._stage_sync(batch), [], state
+            return self._stage_sync(self._decoded(batch)), [], state
         with torch.cuda.stream(side):
-            moved = self._transfer(batch, move=True, non_blocking=True, pin=True)
+            moved = self._transfer(self._decoded(batch), move=True, non_blocking=True,
+                                   pin=True)
         return moved, _device_tensors(moved), state
+
+    def _decoded(self, batch: Any) -> Any:
+        """``batch`` through ``decode``, for the epoch the loader is reading, if given."""
+        if self.decode is None:
+            return batch
+        return self.decode(batch, epoch=_epoch_of(self.loader) or 0)
 
     def _stage_sync(self, batch: Any) -> Any:
         """CPU pass-through, or a blocking copy for a non-CUDA accelerator."""
@@ -273,6 +301,15 @@ def _resolve(device: torch.device) -> torch.device:
         return torch.device("cpu")
     index = torch.cuda.current_device() if device.index is None else device.index
     return torch.device("cuda", index)
+
+
+def _epoch_of(loader: Any) -> int | None:
+    """The epoch a loader is reading: its own (``shardio.loader``), else its dataset's."""
+    for holder in (loader, getattr(loader, "dataset", None)):
+        epoch = getattr(holder, "epoch", None)
+        if isinstance(epoch, int):
+            return epoch
+    return None
 
 
 def _no_state() -> None:

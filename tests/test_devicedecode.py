@@ -359,3 +359,54 @@ def test_nvjpeg_decodes_on_the_device_and_names_itself() -> None:
     assert decoder.gpu and "nvjpeg" in decoder.describe()
     images, _ = decoder(_batch(_photos(4, [(40, 30), (64, 48)])))
     assert isinstance(images, torch.Tensor) and images.is_cuda
+
+
+# ---------------------------------------------------------------- in the prefetcher
+
+MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_the_prefetcher_decodes_raw_batches_for_the_epoch_the_loader_reads(
+    pack: Path, num_workers: int
+) -> None:
+    crop, seed = RandomResizedCrop((20, 24)), 5
+    # lanes=1: the same order whatever num_workers is
+    raw = shardio.loader(shardio.StreamingDataset(pack, decode="raw", seed=seed, lanes=1),
+                         batch_size=6, num_workers=num_workers)
+    decoded = shardio.loader(shardio.StreamingDataset(pack, decode="tensor", seed=seed,
+                                                      crop=crop, lanes=1),
+                             batch_size=6, num_workers=0)
+    prefetcher = shardio.DevicePrefetcher(
+        raw, "cuda", decode=DeviceDecoder("cuda", crop=crop, seed=seed), convert_float=True,
+        mean=MEAN, std=STD)
+    reference = shardio.DevicePrefetcher(decoded, "cpu", convert_float=True, mean=MEAN, std=STD)
+    nvjpeg = prefetcher.decode is not None and prefetcher.decode.gpu
+    for _epoch in range(2):
+        count = 0
+        for (images, labels), (want, want_labels) in zip(prefetcher, reference, strict=True):
+            assert images.device == prefetcher.device and images.dtype == torch.float32
+            assert torch.equal(labels.cpu(), want_labels)
+            diff = (images.cpu() - want).abs()  # in standard deviations of each channel
+            if nvjpeg:  # nvJPEG's pixels at full scale against the dataset's 1/2^k decode
+                assert float(diff.mean()) < 8 / 255 / min(STD)
+            else:
+                assert float(diff.max()) < 1e-5
+            count += len(labels)
+        assert count == 48
+    assert raw.epoch == decoded.epoch == 1
+
+
+def test_the_prefetcher_refuses_a_decoder_it_cannot_use(pack: Path) -> None:
+    raw = shardio.loader(shardio.StreamingDataset(pack, decode="raw"), batch_size=6,
+                         num_workers=0)
+    with pytest.raises(ValueError, match="same device"):
+        shardio.DevicePrefetcher(raw, "meta", decode=DeviceDecoder("cpu"))
+    batches = list(raw)
+    with pytest.raises(TypeError, match="has no epoch"):
+        shardio.DevicePrefetcher(batches, "cpu", decode=DeviceDecoder(
+            "cpu", crop=RandomResizedCrop(8)))
+    # centre crops and full images do not depend on the epoch
+    got = list(shardio.DevicePrefetcher(batches, "cpu", decode=DeviceDecoder(
+        "cpu", crop=CenterCrop(8))))
+    assert [tuple(images.shape) for images, _ in got] == [(len(b), 3, 8, 8) for b in batches]
