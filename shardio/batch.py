@@ -276,7 +276,17 @@ class RecordBatch:
         return max((int(offs[-1]) for offs in self.offsets.values()), default=0)
 
     def bytes(self, field: str) -> list[memoryview | None]:
-        """One zero-copy view per sample of bytes field ``field``; None where a sample lacks it."""
+        """One zero-copy view per sample of bytes field ``field``; None where a sample lacks it.
+
+        Raises:
+            KeyError: no sample of the batch has ``field`` as bytes (a batch has the
+                fields its samples have: in a generic pack, a batch may lack one).
+        """
+        if field not in self.offsets:
+            raise KeyError(
+                f"no sample of this batch has bytes field {field!r} (its bytes fields: "
+                f"{list(self.offsets)}; other fields: {list(self.values)}); a batch has the "
+                "fields of its samples: test `field in batch.fields` where samples differ")
         if self._pieces is not None:
             first = list(self.offsets).index(field) * len(self)
             views: list[memoryview | None] = [

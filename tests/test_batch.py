@@ -85,3 +85,8 @@ def test_union_in_first_seen_order_survives_pickling_and_joining() -> None:
         assert b.sample(1)["x"] == b"", "an empty value is not a missing one"
         assert [s["y"] for s in b] == [None, b"bbb", None]
     assert copy.nbytes == batch.nbytes == 7
+    for b in (batch, copy):  # joined or in pieces: one error naming the field and the fields
+        with pytest.raises(KeyError, match=r"'z'.*bytes fields: \['x', 'y'\]"):
+            b.bytes("z")
+        with pytest.raises(KeyError, match="'n'"):
+            b.bytes("n")  # an int field is not a bytes field
