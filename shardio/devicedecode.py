@@ -169,7 +169,10 @@ class DeviceDecoder:
         Raises:
             DecodeError: a sample lacks the image field, or its bytes are no image.
             KeyError: the batch has no such image field.
+            ValueError: the batch is empty.
         """
+        if len(batch) == 0:
+            raise ValueError("DeviceDecoder got an empty batch")
         if self.image not in batch.offsets:
             raise KeyError(f"the batch has no bytes field {self.image!r} "
                            f"(its fields: {batch.fields}); pass image= naming it")

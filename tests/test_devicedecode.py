@@ -276,6 +276,13 @@ def test_what_no_decoder_reads_is_named(bad: str) -> None:
             decoder(_batch(datas))
     with pytest.raises(KeyError, match="'photo'"):
         DeviceDecoder("cpu", image="photo")(_batch([_photo(40, 30)]))
+    empty = shardio.RecordBatch.from_samples([])
+    for gpu_path in (False, True):
+        decoder = DeviceDecoder("cpu")
+        if gpu_path:
+            _gpu_path(decoder)
+        with pytest.raises(ValueError, match="empty batch"):
+            decoder(empty)
     with pytest.raises(TypeError, match="RandomResizedCrop"):
         DeviceDecoder("cpu", crop=(32, 32))  # type: ignore[arg-type]
 
