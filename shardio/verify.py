@@ -25,7 +25,14 @@ from tqdm import tqdm
 from shardio.checksum import name_of
 from shardio.errors import ShardioError
 from shardio.format import CODEC_NONE, FRAME
-from shardio.manifest import MANIFEST_NAME, Manifest, ShardInfo, file_checksum
+from shardio.manifest import (
+    CLASS_FOLDERS,
+    CLASS_FOLDERS_OPTION,
+    MANIFEST_NAME,
+    Manifest,
+    ShardInfo,
+    file_checksum,
+)
 from shardio.reader import DatasetReader
 from shardio.record import INDEX_FIELD, KEY_FIELD
 from shardio.storage.options import RemoteOptions
@@ -237,12 +244,19 @@ def _sample_fault(sample: dict[str, Any], manifest: Manifest, seen: _SeenKeys) -
     if manifest.classes is None:
         return None
     label, image = sample.get("label"), sample.get("image")
-    if names != ["image", "label"]:
+    folders = manifest.layout == CLASS_FOLDERS
+    if not folders and names != ["image", "label"]:
         return f"has fields {names}; a dataset with classes holds exactly ['image', 'label']"
-    if not isinstance(image, (bytes, memoryview)):
+    if folders and "label" not in names:
+        return f"has fields {names} and no 'label', although the dataset has classes"
+    if not folders and not isinstance(image, (bytes, memoryview)):
         return f"has an image of type {type(image).__name__}, not bytes"
     if type(label) is not int or not 0 <= label < len(manifest.classes):
         return f"has label {label!r}, not an index into the {len(manifest.classes)} classes"
+    top = str(sample[KEY_FIELD]).partition("/")[0]
+    if manifest.options.get(CLASS_FOLDERS_OPTION) and manifest.classes[label] != top:
+        return (f"has label {label} (class {manifest.classes[label]!r}) but its key is in "
+                f"folder {top!r}; packed from class folders, the two are one")
     return None
 
 

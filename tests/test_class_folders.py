@@ -19,8 +19,10 @@ from click.testing import CliRunner
 
 import shardio
 from shardio.cli import main
+from shardio.codecs import get_codec
 from shardio.errors import BadInputError, PackError
 from shardio.manifest import CLASS_FOLDERS, read_manifest
+from shardio.record import encode_record
 from shardio.source import scan_source
 
 torch = pytest.importorskip("torch")
@@ -212,3 +214,28 @@ def test_a_file_that_fails_to_read_is_named_with_its_extension(
         "dog/take1/s3.txt": "left out with the rest of sample 'dog/take1/s3' because "
                             "dog/take1/s3.wav is bad"}
     assert summary.samples == 20
+
+
+def test_verify_passes_a_class_folder_pack_and_names_a_label_not_its_folder(
+        packed: Path, tmp_path: Path) -> None:
+    report = shardio.verify(packed)
+    assert report.ok and report.num_records == 21, report.faults
+    # a record whose label is another class than its folder: re-encode one record of a
+    # copy with the wrong label, keeping every checksum valid, as a writer bug would
+    # (the public ShardWriter writes ImageFolder records only when given classes)
+    out = tmp_path / "wrong"
+    manifest = read_manifest(packed)
+    codec = get_codec("zstd")
+    with shardio.ShardWriter(out, classes=list(CLASSES)) as writer:
+        for sample in shardio.IndexedDataset(packed):
+            sample = {k: v for k, v in sample.items() if k != "__index__"}
+            if sample["__key__"] == "dog/take0/s0":
+                sample["label"] = 2
+            writer._write_encoded(sample["__key__"], encode_record(sample, codec),
+                                  [k for k in sample if k != "__key__"])
+    data = json.loads((out / "manifest.json").read_text())
+    data["options"]["class_folders"] = manifest.options["class_folders"]
+    (out / "manifest.json").write_text(json.dumps(data))
+    faults = shardio.verify(out).faults
+    assert [f.message for f in faults if "folder 'dog'" in f.message], faults
+    assert len(faults) == 1
