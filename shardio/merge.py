@@ -30,6 +30,7 @@ from shardio.codecs import get_codec
 from shardio.errors import OutputExistsError, PackError
 from shardio.location import local_path
 from shardio.manifest import (
+    CLASS_FOLDERS_OPTION,
     Manifest,
     ShardInfo,
     SkippedFile,
@@ -246,6 +247,8 @@ def _merged_manifest(manifests: Sequence[Manifest], names: Sequence[str],
     options = {k: v for k, v in first.options.items()
                if all(k in m.options and m.options[k] == v for m in manifests)}
     options["merge"] = {"inputs": list(names), "prefix_keys": prefix_keys}
+    if prefix_keys:  # keys no longer start with their class folder: labels stay as stored
+        options.pop(CLASS_FOLDERS_OPTION, None)
     return Manifest(
         backend=first.backend, codec=first.codec, num_samples=sum(s.num_samples for s in shards),
         num_bytes=sum(s.num_bytes for s in shards), fields=tuple(fields), shards=tuple(shards),

@@ -31,7 +31,13 @@ import numpy as np
 from tqdm import tqdm
 
 from shardio.errors import OutputExistsError, ShardCorruptError, UnsafeKeyError
-from shardio.manifest import CLASS_FOLDERS, IMAGEFOLDER, Manifest
+from shardio.manifest import (
+    CLASS_FOLDERS,
+    CLASS_FOLDERS_OPTION,
+    GENERIC,
+    IMAGEFOLDER,
+    Manifest,
+)
 from shardio.reader import DatasetReader, open_dataset
 from shardio.record import INDEX_FIELD, KEY_FIELD
 from shardio.storage.options import RemoteOptions
@@ -75,8 +81,8 @@ def field_bytes(value: Any) -> bytes:
 def sample_files(sample: Mapping[str, Any], *, layout: str) -> Iterator[tuple[str, Any]]:
     """``(relative POSIX path, value)`` of every file one sample unpacks to.
 
-    ``layout`` is the dataset's (``Manifest.layout``): an ImageFolder sample is its
-    image at its key; the ``label`` of class folders is their folder, not a file.
+    ``layout`` is the dataset's (``unpack_layout``): an ImageFolder sample is its image
+    at its key; the ``label`` of a class-folder pack is its folder, not a file.
     """
     key = str(sample[KEY_FIELD])
     if layout == IMAGEFOLDER:
@@ -85,6 +91,16 @@ def sample_files(sample: Mapping[str, Any], *, layout: str) -> Iterator[tuple[st
     for name, value in sample.items():
         if name not in RESERVED_FIELDS and not (layout == CLASS_FOLDERS and name == "label"):
             yield (f"{key}.{name}" if name else key), value
+
+
+def unpack_layout(manifest: Manifest) -> str:
+    """How samples become files: ``Manifest.layout``, except that labels are written as
+    ``.label`` files unless the pack came from class folders (``options.class_folders``),
+    whose folders the labels are (a merge with ``--prefix-keys`` moved the keys)."""
+    layout = manifest.layout
+    if layout == CLASS_FOLDERS and not manifest.options.get(CLASS_FOLDERS_OPTION):
+        return GENERIC
+    return layout
 
 
 def check_field(name: str) -> str | None:
@@ -138,7 +154,7 @@ def unpack(
     root = Path(dest)
     with open_dataset(path, remote=remote) as reader:
         manifest = reader.manifest
-        layout = manifest.layout
+        layout = unpack_layout(manifest)
         planned = _planned_paths(manifest, reader.keys(), str(path), layout=layout)
         if root.is_dir() and any(root.iterdir()):
             _check_existing(root, planned, overwrite=overwrite, dataset=str(path))

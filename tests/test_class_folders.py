@@ -239,3 +239,24 @@ def test_verify_passes_a_class_folder_pack_and_names_a_label_not_its_folder(
     faults = shardio.verify(out).faults
     assert [f.message for f in faults if "folder 'dog'" in f.message], faults
     assert len(faults) == 1
+
+
+def test_merged_class_folder_packs_verify_and_unpack_without_losing_labels(
+        tmp_path: Path) -> None:
+    one, two = tmp_path / "one", tmp_path / "two"
+    _tree(one / "src", per_class=2)
+    _tree(two / "src", per_class=2)
+    for root in (one, two):
+        shardio.pack(root / "src", root / root.name, class_folders=True, progress=False)
+    # the same keys in both: merged under prefixes, the keys leave their class folders
+    summary = shardio.merge([one / "one", two / "two"], tmp_path / "merged",
+                            prefix_keys=True)
+    assert summary.samples == 12
+    merged = read_manifest(tmp_path / "merged")
+    assert merged.classes == CLASSES and "class_folders" not in merged.options
+    assert shardio.verify(tmp_path / "merged").ok
+    shardio.unpack(tmp_path / "merged", tmp_path / "back")
+    labels = {p.relative_to(tmp_path / "back").as_posix(): json.loads(p.read_text())
+              for p in (tmp_path / "back").rglob("*.label")}
+    assert len(labels) == 12  # written as files: the folders no longer say them
+    assert all(v == _label_of(k.split("/", 1)[1]) for k, v in labels.items())
