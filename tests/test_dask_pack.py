@@ -154,17 +154,21 @@ def sabotage(client: Any, tmp_path: Path) -> Iterator[Any]:
     client.unregister_worker_plugin(Sabotage.name)
 
 
-@pytest.mark.parametrize(("tree", "backend"), [("imagefolder", "records"), ("generic", "lmdb")])
+@pytest.mark.parametrize(("tree", "backend", "class_folders"), [
+    ("imagefolder", "records", False), ("generic", "lmdb", False), ("generic", "records", True)])
 def test_a_dask_pack_is_byte_identical_to_a_local_pack(
-    trees: dict[str, Path], tmp_path: Path, cluster: str, client: Any, tree: str, backend: str
+    trees: dict[str, Path], tmp_path: Path, cluster: str, client: Any, tree: str, backend: str,
+    class_folders: bool
 ) -> None:
     options = WriteOptions(backend=backend, max_shard_samples=5)
-    local = pack(trees[tree], tmp_path / "local", options=options, num_workers=2, seed=4)
+    local = pack(trees[tree], tmp_path / "local", options=options, num_workers=2, seed=4,
+                 class_folders=class_folders)
     with distributed.get_task_stream(client=client) as stream:
         dask = pack(trees[tree], tmp_path / "dask", options=options, seed=4, engine="dask",
-                    scheduler=cluster)
+                    scheduler=cluster, class_folders=class_folders)
     assert _files(tmp_path / "dask") == _files(tmp_path / "local")
     assert _same(dask, local) and local.shards >= 8 and local.imagefolder == (tree == "imagefolder")
+    assert dask.class_folders == class_folders
     ran = [(t["key"].split("-")[1], t["worker"]) for t in stream.data]
     for kind in ("walk", "shard"):  # both kinds of task, spread over both workers
         assert len({worker for k, worker in ran if k == kind}) == 2, ran
