@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import os
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -32,6 +33,33 @@ def imagefolder(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("imagefolder")
     make_imagefolder(root, num_classes=4, per_class=12, seed=1, long_side=(48, 64))
     return root
+
+
+@pytest.fixture(scope="session")
+def imagefolder_pack(imagefolder: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """``imagefolder`` packed into shards of 10 samples, for tests that only read it."""
+    import shardio
+
+    out = tmp_path_factory.mktemp("imagefolder-pack") / "pack"
+    shardio.pack_imagefolder(imagefolder, out, options=shardio.WriteOptions(
+        max_shard_samples=10), num_workers=1, progress=False)
+    return out
+
+
+@pytest.fixture
+def unreadable(monkeypatch: pytest.MonkeyPatch) -> Callable[[str], None]:
+    """``unreadable(path)``: opening ``path`` fails with EACCES in this process (as root,
+    file modes do not stop reads), whatever else ``os.open`` is asked."""
+    real_open = os.open
+    victims: set[str] = set()
+
+    def failing_open(path: str, *args: int, **kwargs: int) -> int:
+        if path in victims:
+            raise PermissionError(13, "Permission denied", path)
+        return real_open(path, *args, **kwargs)
+
+    monkeypatch.setattr(os, "open", failing_open)
+    return victims.add
 
 
 @pytest.fixture(scope="session")

@@ -264,12 +264,9 @@ def test_damaged_bytes_on_the_fast_path_raise_a_decode_error_naming_the_sample()
 # ---------------------------------------------------------------- through the dataset
 
 
-@pytest.fixture(scope="module")
-def pack(imagefolder: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    out = tmp_path_factory.mktemp("crop") / "pack"
-    shardio.pack_imagefolder(imagefolder, out, options=shardio.WriteOptions(
-        max_shard_samples=10), num_workers=1, progress=False)
-    return out
+@pytest.fixture
+def pack(imagefolder_pack: Path) -> Path:
+    return imagefolder_pack
 
 
 def _epochs(pack: Path, num_workers: int, epochs: int = 2, **kw: Any) -> list[Any]:

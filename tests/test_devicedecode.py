@@ -299,12 +299,9 @@ def test_without_cuda_the_decoder_says_it_decodes_on_the_cpu() -> None:
 # ---------------------------------------------------------------- through the loader
 
 
-@pytest.fixture(scope="module")
-def pack(imagefolder: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    out = tmp_path_factory.mktemp("devicedecode") / "pack"
-    shardio.pack_imagefolder(imagefolder, out, options=shardio.WriteOptions(
-        max_shard_samples=10), num_workers=1, progress=False)
-    return out
+@pytest.fixture
+def pack(imagefolder_pack: Path) -> Path:
+    return imagefolder_pack
 
 
 def _by_index(pack: Path, crop: Any, seed: int, epochs: int) -> list[dict[int, Any]]:

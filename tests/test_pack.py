@@ -13,6 +13,7 @@ import subprocess
 import sys
 import textwrap
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -239,17 +240,10 @@ def test_an_image_that_does_not_decode_stops_the_pack(imagefolder: Path, tmp_pat
 
 
 def test_a_file_that_fails_to_read_is_reported(
-    tiny_tree: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tiny_tree: Path, tmp_path: Path, unreadable: Callable[[str], None]
 ) -> None:
     victim = str(sorted(tiny_tree.rglob("*.bin"))[3])
-    real_open = os.open
-
-    def failing_open(path: str, *args: int, **kwargs: int) -> int:
-        if path == victim:
-            raise PermissionError(13, "Permission denied", path)
-        return real_open(path, *args, **kwargs)
-
-    monkeypatch.setattr(os, "open", failing_open)
+    unreadable(victim)
     with pytest.raises(BadInputError, match="Permission denied"):
         pack(tiny_tree, tmp_path / "out", num_workers=1)
     summary = pack(tiny_tree, tmp_path / "out", num_workers=1, skip_bad=True, resume=True)
