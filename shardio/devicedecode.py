@@ -222,12 +222,7 @@ class DeviceDecoder:
         for i, (image, index) in enumerate(zip(decoded, indices.tolist(), strict=True)):
             rng = np.random.default_rng((self.seed, epoch, index))
             box, flip = self.crop.box(int(image.shape[1]), int(image.shape[2]), rng)
-            cut = _cut(image, box)
-            if tuple(cut.shape[1:]) == size:
-                scaled[i] = cut
-            else:
-                scaled[i] = F.interpolate(cut.unsqueeze(0).float(), size=size, mode="bilinear",
-                                          antialias=True, align_corners=False)[0]
+            scaled[i] = _resized(image, box, size)
             if flip:
                 flips.append(i)
         out = scaled.round_().clamp_(0, 255).to(torch.uint8)
@@ -284,12 +279,21 @@ def resize_on_device(image: torch.Tensor, box: tuple[float, float, float, float]
     rounds them; torch's CUDA kernels resize float images, so the result is
     rounded back to uint8.
     """
+    out = _resized(image, box, size)
+    if out.is_floating_point():
+        out = out.round_().clamp_(0, 255).to(torch.uint8)
+    return out.flip(-1) if flip else out
+
+
+def _resized(image: torch.Tensor, box: tuple[float, float, float, float],
+             size: tuple[int, int]) -> torch.Tensor:
+    """``box`` of ``image`` at ``size``: the cut itself where it has that size, else its
+    float resize (not rounded: a batch rounds all its crops at once)."""
     cut = _cut(image, box)
-    if tuple(cut.shape[1:]) != size:
-        scaled = F.interpolate(cut.unsqueeze(0).float(), size=size, mode="bilinear",
-                               antialias=True, align_corners=False)[0]
-        cut = scaled.round_().clamp_(0, 255).to(torch.uint8)
-    return cut.flip(-1) if flip else cut
+    if tuple(cut.shape[1:]) == size:
+        return cut
+    return F.interpolate(cut.unsqueeze(0).float(), size=size, mode="bilinear",
+                         antialias=True, align_corners=False)[0]
 
 
 def _cut(image: torch.Tensor, box: tuple[float, float, float, float]) -> torch.Tensor:
