@@ -22,7 +22,6 @@ import os
 import secrets
 import weakref
 from collections.abc import Callable, Iterator
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -30,7 +29,7 @@ from torch.utils.data import DataLoader, IterableDataset, default_collate
 
 from shardio import pinned, shmring, shmview
 from shardio.batch import RecordBatch
-from shardio.dataset import SampleDecoder, StreamingDataset
+from shardio.dataset import SampleDecoder, StreamingDataset, local_roots
 from shardio.fields import FieldDecoder
 
 GROUP_BATCHES = 4
@@ -88,13 +87,6 @@ def collate_for(dataset: StreamingDataset) -> Callable[[list[Any]], Any]:
 
         return collate_tensor
     return collate_items
-
-
-def _local_roots(dataset: StreamingDataset) -> tuple[str, ...]:
-    """The dataset's local folder (resolved), whose shard files batches may cross as
-    places in (``shmring._MappedFiles``); none for a remote or mixed dataset."""
-    root = getattr(dataset.reader, "root", None)
-    return (str(root.resolve()),) if isinstance(root, Path) else ()
 
 
 def _batch_decoder(
@@ -167,7 +159,7 @@ class ShardLoader:
             shmring.SLOTS_BEYOND_PREFETCH)
         wrapped = collate if workers == 0 or not shmring.ENABLED else shmring.RingCollate(
             collate, self._token, max_slots=max_slots,
-            roots=_local_roots(dataset) if shmring.FILES_ENABLED else (),
+            roots=local_roots(dataset.reader) if shmring.FILES_ENABLED else (),
         )
         # raw bytes may stay views of the blocks read: these collates copy or decode them
         zero_copy = raw or decoder is not None

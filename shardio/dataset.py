@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from pathlib import Path
 from typing import Any, Literal
 
 import numpy as np
@@ -84,6 +85,13 @@ def available_cpus() -> int:
     if hasattr(os, "sched_getaffinity"):
         return len(os.sched_getaffinity(0))
     return os.cpu_count() or 1
+
+
+def local_roots(reader: object) -> tuple[str, ...]:
+    """The dataset's local folder (resolved), whose shard files samples and batches may
+    cross to the main process as places in; none for a remote or mixed dataset."""
+    root = getattr(reader, "root", None)
+    return (str(root.resolve()),) if isinstance(root, Path) else ()
 
 
 def default_window(mean_sample_bytes: float) -> int:
@@ -428,9 +436,16 @@ class StreamingDataset(ClassAttributes, IterableDataset[Any]):
             # the first batch a plain DataLoader(batch_size=) makes is what a remote head
             # reads on its own; without a batch size the stream's default head stands in
             head = {} if self.batch_size is None else {"head": self.batch_size}
+            # a worker's samples cross to the main process pickled: their bytes values as
+            # places in the shard files, not their contents (``shardio.filebytes``)
+            roots = local_roots(self.reader) if info is not None else ()
+            if roots and not self.zero_copy:
+                from shardio import shmring
+
+                shmring.place_file_bytes(roots)
             samples = iter_samples(reader, stage.order, window=window, max_run=block,
                                    skip=stage.skip, zero_copy=self.zero_copy,
-                                   check_ahead=ahead, **head)
+                                   check_ahead=ahead, placed=bool(roots), **head)
             if isinstance(reader, MixtureReader):
                 samples = reader.tagged(samples)
             if identity:

@@ -21,6 +21,7 @@ import numpy as np
 import numpy.typing as npt
 
 from shardio.batch import RecordBatch
+from shardio.filebytes import file_bytes
 from shardio.flatmap import ViewedSample
 from shardio.record import INDEX_FIELD, KEY_FIELD
 from shardio.runfields import BYTES, INT
@@ -100,6 +101,9 @@ class WindowColumns:
         self.fields: dict[str, _Column] = {}
         self.dicts: list[dict[str, Any] | None] = [None] * len(unique)
         """Samples filed as dicts (``put``), handed out as they are."""
+        self.placed = False
+        """Owned bytes values of mapped runs as ``FileBytes`` (a DataLoader worker's samples,
+        which then cross to the main process as places in the shard files)."""
 
     def put(self, lo: int, samples: Sequence[dict[str, Any]]) -> None:
         """File the decoded samples of ranks ``lo..lo+len(samples)``."""
@@ -135,10 +139,15 @@ class WindowColumns:
             return filed.owned() if owned and type(filed) is ViewedSample else filed
         out: dict[str, Any] = {} if owned else ViewedSample()
         out[KEY_FIELD] = self.keys[rank]
+        placed = owned and self.placed
         for name, column in self.fields.items():
             if column.present[rank]:
                 value = column.values[rank]
-                out[name] = bytes(value) if owned and type(value) is memoryview else value
+                if owned and type(value) is memoryview:
+                    source = column.maps[rank] if placed else None
+                    value = bytes(value) if source is None else file_bytes(
+                        value, source, int(column.starts[rank]))
+                out[name] = value
         out[INDEX_FIELD] = int(self.indices[rank])
         return out
 

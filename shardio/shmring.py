@@ -51,7 +51,8 @@ import torch
 from torch.utils.data import get_worker_info
 
 from shardio.batch import RecordBatch
-from shardio.shmview import HEADER_BYTES, NO_SLOT, RingBatch
+from shardio.filebytes import FileBytes
+from shardio.shmview import HEADER_BYTES, NO_SLOT, RingBatch, file_bytes
 
 ALIGN = 64
 TAIL_BYTES = 64 << 10
@@ -386,6 +387,46 @@ class _MappedFiles:
             starts.append(frombuffer(piece, uint8).ctypes.data - known[0])
             sizes.append(piece.nbytes)
         return files, where, starts, sizes
+
+
+_PLACED: list[_MappedFiles] = []
+"""This worker's files that ``FileBytes`` values may cross as places in (``place_file_bytes``)."""
+
+
+def place_file_bytes(roots: tuple[str, ...]) -> None:
+    """Let this process's ``FileBytes`` of shard files under ``roots`` cross to another
+    process as places (a DataLoader worker of a local dataset, through a plain DataLoader).
+
+    Kept while the roots stay the same, so a persistent worker sends each file's
+    descriptor once over all its epochs.
+    """
+    if not FILES_ENABLED or not roots:
+        _PLACED.clear()
+        return
+    wanted = tuple(r.rstrip(os.sep) + os.sep for r in roots)
+    if not _PLACED or _PLACED[0].roots != wanted:
+        _PLACED[:] = [_MappedFiles(roots)]
+
+
+def _reduce_file_bytes(value: FileBytes) -> tuple[Callable[..., Any], tuple[Any, ...]]:
+    """A ``FileBytes`` pickled by ``multiprocessing`` (a DataLoader's queue): its file,
+    offset and length where its map is a shard file under the registered roots (the
+    first value naming a file brings the file's descriptor), else its bytes."""
+    source = getattr(value, "source", None)
+    if _PLACED and type(source) is mmap.mmap:
+        files = _PLACED[0]
+        try:
+            _base, found = files.locate(source)
+        except ValueError:  # the map was closed meanwhile (its reader's iteration ended)
+            found = None
+        if found is not None:
+            handles = files._handles({found: 0})
+            return file_bytes, (found, value.offset, len(value),
+                                None if handles is None else handles[0])
+    return bytes, (bytes(value),)
+
+
+reduction.ForkingPickler.register(FileBytes, _reduce_file_bytes)
 
 
 FileId = tuple[str, int, int]

@@ -128,6 +128,7 @@ def iter_samples(
     zero_copy: bool = False,
     check_ahead: bool = True,
     head: int = HEAD_SAMPLES,
+    placed: bool = False,
 ) -> Iterator[dict[str, Any]]:
     """Yield the decoded samples of ``order[skip:]``, each with its ``__index__``.
 
@@ -145,11 +146,15 @@ def iter_samples(
             (``shardio.checkahead``); worth it where a core is free for it.
         head: samples at the start that a remote reader may read record by record
             instead of waiting for their whole ranges (see ``HEAD_SAMPLES``).
+        placed: copied bytes values of mapped local shards as ``FileBytes``, which
+            cross to another process as their places in the files (a DataLoader worker).
     """
     for open_window in _windows(reader, order, window, max_run, skip,
                                 check_ahead=check_ahead, head=head):
         samples, load = open_window.samples, open_window.load_rank
         columns = open_window.columns
+        if columns is not None:
+            columns.placed = placed and not zero_copy
         for rank in open_window.ranks.tolist():
             sample = samples[rank]
             if sample is None:
