@@ -51,6 +51,7 @@ BLOCKS: dict[str, str] = {
     "bench-checksum": "benchmarks.bench_checksum:checksum_block",
     "bench-stages": "benchmarks.bench_stages:stages_block",
     "bench-warm": "benchmarks.warm_report:warm_block",
+    "bench-dataloader-workers": "benchmarks.warm_report:dataloader_block",
     "bench-first-sample": "benchmarks.first_sample:first_sample_block",
     "bench-memory": "benchmarks.bench_memory:memory_block",
     "bench-gpu": "benchmarks.bench_gpu:gpu_block",

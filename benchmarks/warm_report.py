@@ -31,6 +31,8 @@ def _run(path: Path) -> dict[str, Any]:
 def _describe(label: str, results: dict[str, Any]) -> str:
     src = results.get("shardio_source") or {}
     load = results.get("load_avg_1min")
+    if isinstance(load, dict):  # newer runs: start, end, median and max of the samples
+        load = [load["start"], load["end"]]
     loads = f", 1-minute load average {load[0]:.1f} at the start, {load[1]:.1f} at the end" if (
         load) else ""
     return (f"*{label}*: {results['date']}, shardio at git {src.get('git_head') or '2a934e5'}, "
@@ -67,6 +69,40 @@ def warm_block(before: Path | None = None, after: Path | None = None) -> str:
             met = "-" if ratio_after is None else ("met" if ratio_after >= TARGET else
                                                    f"**missed** by {TARGET / ratio_after:.2f}x")
             lines.append(f"| {kind} | {how} | {' | '.join(cells)} | {gain} | {met} |")
+    return "\n".join(lines) + "\n"
+
+
+WORKERS_METRIC = "raw-w2-warm"
+"""The epoch ``dataloader_block`` compares with ``METRIC``, in the same run."""
+
+
+def dataloader_block(before: Path | None = None, after: Path | None = None) -> str:
+    """The README block ``bench-dataloader-workers``: a plain ``DataLoader`` with 2 workers
+    against one process, before and after samples crossed as places in their files."""
+    runs = {"before": _run(before or RESULTS / "dataloader-workers-before.json"),
+            "after": _run(after or RESULTS / "dataloader-workers-after.json")}
+    system = "shardio-records-dataloader"
+    lines = [_describe(label, res) for label, res in runs.items()]
+    lines += ["", "| tree | before: 2 workers, samples/s | x 1 process | x best peer | "
+              "after: 2 workers, samples/s | x 1 process | x best peer | "
+              "target: 2 workers >= 1.0x 1 process |", "|---|---|---|---|---|---|---|---|"]
+    for kind in ("images", "tiny"):
+        cells: list[str] = []
+        own = None
+        for res in runs.values():
+            ratios = res["datasets"].get(kind, {}).get("ratios", {})
+            two, one = (ratios.get(m, {}).get(system) for m in (WORKERS_METRIC, METRIC))
+            if two is None or one is None:
+                cells += ["-", "-", "-"]
+                own = None
+                continue
+            own = two["value"] / one["value"]
+            peer = two["best_peer"]
+            rate = ratios[WORKERS_METRIC][peer]["value"]
+            cells += [f"{two['value']:,.0f}", f"{own:.2f}",
+                      f"{two['vs_best_peer']:.2f} ({peer} {rate:,.0f})"]
+        met = "-" if own is None else ("met" if own >= 1.0 else f"**missed** by {1.0 / own:.2f}x")
+        lines.append(f"| {kind} | {' | '.join(cells)} | {met} |")
     return "\n".join(lines) + "\n"
 
 
