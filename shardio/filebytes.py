@@ -9,8 +9,8 @@ shares. That made 2 workers about a fifth as fast as one process on the images
 collate and to user code; only when ``multiprocessing`` pickles it for another
 process on this machine (its ``ForkingPickler``, which DataLoader queues use) does
 it cross as the shard file, offset and length it was read from, and the main
-process copies it out of its own map of that file (``shardio.shmring`` registers
-the reduction, ``shardio.shmview`` rebuilds it). Any other pickling (``pickle``,
+process reads it from that file (``shardio.shmring`` registers the reduction,
+``shardio.shmview`` rebuilds it). Any other pickling (``pickle``,
 ``copy``) gives a plain ``bytes``. Torch-free.
 """
 
