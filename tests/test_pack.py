@@ -390,6 +390,9 @@ STALLER = textwrap.dedent("""
             raise KeyboardInterrupt
 
     RecordsShardWriter.append = stalling
+    # Ctrl-C as in a terminal: a suite started in the background by a shell without job
+    # control inherits SIGINT ignored, and Python then installs no KeyboardInterrupt handler
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     out.mkdir()
     if interrupt_after_sending is None:
         threading.Thread(target=stop_when_ready, daemon=True).start()
