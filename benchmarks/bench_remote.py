@@ -41,6 +41,7 @@ from benchmarks import SNAPSHOT_ENV
 from benchmarks.adapters import get_adapter
 from benchmarks.adapters.remote import READERS, get_reader
 from benchmarks.datagen import DATA_ROOT, Tree, ensure_tree
+from benchmarks.fetch_ceiling import PARALLEL, fetch_ceiling
 from benchmarks.machine import describe_machine, library_versions, source_id
 from benchmarks.remote_servers import (
     BUCKET,
@@ -95,8 +96,9 @@ def pack_and_upload(tree: Tree, name: str, work: Path, runner: Runner, client: A
         marker.write_text(json.dumps(res), encoding="utf-8")
     prefix = f"{tree.root.name}/{name}"
     stored = upload_folder(client, folder, prefix)
-    files = sorted(p.relative_to(folder).as_posix() for p in folder.rglob("*") if p.is_file())
-    return {"prefix": prefix, "files": files, "stored_bytes": stored}
+    sizes = {p.relative_to(folder).as_posix(): p.stat().st_size
+             for p in sorted(folder.rglob("*")) if p.is_file()}
+    return {"prefix": prefix, "files": sorted(sizes), "sizes": sizes, "stored_bytes": stored}
 
 
 def tree_spec(tree: Tree) -> dict[str, Any]:
@@ -166,6 +168,29 @@ def measure(spec: dict[str, Any], *, cache: Path, env: dict[str, str], logs: Pat
     return out
 
 
+def measure_ceiling(base_url: str, sizes: dict[str, int], server: S3rver) -> list[dict[str, Any]]:
+    """``fetch_ceiling`` at each of its parallelisms, with the CPU the server, the proxy
+    (this process) and curl spent and the 1-minute load average before."""
+    import psutil
+
+    out = []
+    for parallel in PARALLEL:
+        server_cpu = sum(psutil.Process(server.pid).cpu_times()[:2])
+        own = resource.getrusage(resource.RUSAGE_SELF)
+        kids = resource.getrusage(resource.RUSAGE_CHILDREN)
+        load = os.getloadavg()[0]
+        res = fetch_ceiling(base_url, sizes, parallel)
+        own2 = resource.getrusage(resource.RUSAGE_SELF)
+        kids2 = resource.getrusage(resource.RUSAGE_CHILDREN)
+        res["load_1min"] = round(load, 2)
+        res["cpu_s"] = {
+            "curl": round(kids2.ru_utime + kids2.ru_stime - kids.ru_utime - kids.ru_stime, 2),
+            "proxy": round(own2.ru_utime + own2.ru_stime - own.ru_utime - own.ru_stime, 2),
+            "server": round(sum(psutil.Process(server.pid).cpu_times()[:2]) - server_cpu, 2)}
+        out.append(res)
+    return out
+
+
 def measure_tree(tree: Tree, args: argparse.Namespace, runner: Runner, server: S3rver,
                  proxy: FaultProxy, env: dict[str, str]) -> dict[str, Any]:
     """Pack, upload, then every (budget, workers) x system, ``args.repeats`` times."""
@@ -197,6 +222,11 @@ def measure_tree(tree: Tree, args: argparse.Namespace, runner: Runner, server: S
     timeout_s = args.timeout or run_timeout(out, args.bandwidth_mbs)
     timed_out: set[tuple[str, str]] = set()
     for rep in range(args.repeats):
+        for name in rotate(ready, rep):  # what the link and server allow each copy, no reader
+            upload = out["systems"][name]["upload"]
+            print(f"[{tree.kind}] fetch ceiling of {name}, repeat {rep + 1}", flush=True)
+            out["systems"][name].setdefault("ceiling", []).extend(measure_ceiling(
+                f"{proxy.url}/{BUCKET}/{upload['prefix']}", upload["sizes"], server))
         for budget in args.budgets:
             for workers in args.workers:
                 config = f"{budget}-w{workers}"

@@ -16,6 +16,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from benchmarks.fetch_ceiling import PARALLEL, RANGE_BYTES
+
 RESULTS = Path(__file__).resolve().parent / "results"
 SHARDIO = "shardio-records"
 PEERS = ("mosaicml", "litdata", "webdataset")
@@ -129,6 +131,36 @@ def link_rate(tree: dict[str, Any], name: str, link: dict[str, Any]) -> float | 
     return float(link["bandwidth_mbs"]) * 1e6 * tree["num_files"] / stored
 
 
+def ceiling_rate(tree: dict[str, Any], name: str) -> tuple[float, int] | None:
+    """Samples/s at which the server and the proxy deliver ``name``'s stored copy to curl,
+    with no reader (``fetch_ceiling``): the median over repeats of each repeat's faster
+    parallelism, and that parallelism's most frequent value; ``None`` where not measured
+    (runs before the probe existed)."""
+    runs = tree["systems"].get(name, {}).get("ceiling") or []
+    per_repeat = [runs[i:i + len(PARALLEL)] for i in range(0, len(runs), len(PARALLEL))]
+    best = [min(group, key=lambda r: r["wall_s"]) for group in per_repeat if group]
+    if not best:
+        return None
+    wall = statistics.median(r["wall_s"] for r in best)
+    parallel = statistics.mode(r["parallel"] for r in best)
+    return tree["num_files"] / wall, parallel
+
+
+def ceiling_line(tree: dict[str, Any], systems: dict[str, Any]) -> str | None:
+    """One sentence: each copy's fetch ceiling, the most any reader of it can reach here."""
+    parts = []
+    for name in systems:
+        rate = ceiling_rate(tree, name)
+        if rate is not None:
+            parts.append(f"{name} {rate[0]:,.0f} samples/s ({rate[1]} ranges at once)")
+    if not parts:
+        return None
+    counts = " and ".join(map(str, PARALLEL))
+    return ("Fetch ceiling (each copy fetched by `curl` through the same link in ranges of "
+            f"{RANGE_BYTES >> 20} MiB, nothing reading it; the faster of {counts} ranges at "
+            "once, median over repeats): " + "; ".join(parts) + ".")
+
+
 def link_share(tree: dict[str, Any], name: str, link: dict[str, Any],
                rate: float | None) -> str:
     """How much of the link's cap ``rate`` samples/s of ``name``'s stored bytes use."""
@@ -141,8 +173,9 @@ def target_rows(systems: dict[str, dict[str, Any]], tree: dict[str, Any] | None 
     """Issue 8's targets for shardio-records: ``[target, config, value, needs, met, note]``.
 
     The note of a first-epoch ratio says the most the link's cap allows shardio's copy
-    (``link_rate``) as a ratio to the same peer: a target above it is out of any reader's
-    reach on this link, and the share of the link used says how close shardio came."""
+    (``link_rate``) and the most the server and proxy deliver of it with no reader
+    (``ceiling_rate``), each as a ratio to the same peer: a target above either is out of
+    any reader's reach here, and the share reached says how close shardio came."""
     rows: list[list[str]] = []
     own = systems.get(SHARDIO, {})
     for config in ("fits-w0", "fits-w2"):
@@ -153,9 +186,15 @@ def target_rows(systems: dict[str, dict[str, Any]], tree: dict[str, Any] | None 
         if best and s["epoch1"]:
             ratio = s["epoch1"] / best[1]
             bound = None if tree is None or link is None else link_rate(tree, SHARDIO, link)
-            note = "" if bound is None else (
+            notes = [] if bound is None else [
                 f"the link allows at most {bound / best[1]:.2f}x ({bound:,.0f} samples/s); "
-                f"shardio used {s['epoch1'] / bound:.0%} of it")
+                f"shardio used {s['epoch1'] / bound:.0%} of it"]
+            ceiling = None if tree is None else ceiling_rate(tree, SHARDIO)
+            if ceiling is not None:
+                notes.append(f"its fetch ceiling allows at most {ceiling[0] / best[1]:.2f}x "
+                             f"({ceiling[0]:,.0f} samples/s); shardio reached "
+                             f"{s['epoch1'] / ceiling[0]:.0%} of it")
+            note = "; ".join(notes)
             rows.append([f"first epoch x best peer ({best[0]})", config, f"{ratio:.2f}",
                          ">= 1.5", "yes" if ratio >= 1.5 else "**NO**", note])
         if s["first_batch_s"] is not None:
@@ -234,6 +273,9 @@ def render(path: Path, results: dict[str, Any]) -> str:
                     f"{_mb(s['cache_peak'])}{budget} | {'yes' if s['exactly_once'] else 'NO'} | "
                     f"{_failure(s)} |")
         lines.append("")
+        ceiling = ceiling_line(tree, systems)
+        if ceiling:
+            lines += [ceiling, ""]
         rows = target_rows(systems, tree, link)
         if rows:
             lines += [f"Issue 8's targets for {SHARDIO} ({kind}):", "",
