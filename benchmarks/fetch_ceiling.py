@@ -20,7 +20,8 @@ from typing import Any
 
 RANGE_BYTES = 16 * 1024 * 1024
 PARALLEL = (4, 8)
-"""Ranges in flight; the report keeps the faster (shardio keeps 2-4 per worker in flight)."""
+"""Ranges in flight; the report keeps the faster (a shardio reading process keeps up to
+64 MiB of ranges in flight: 4 of these)."""
 
 
 def ranges(sizes: dict[str, int], range_bytes: int = RANGE_BYTES) -> list[tuple[str, int, int]]:
