@@ -18,8 +18,10 @@ its first sample: queued any later, they were all due at once).
 
 The thread pays only where a core is free for it (``StreamingDataset`` uses it
 while its reading processes are fewer than the CPUs). Only runs that are already
-in memory are handed over (views of a mapped local shard); a remote range is
-checked where it arrives. The thread belongs to the process that started it: a
+in memory are handed over: views of a mapped local shard, and of a remote range
+that the node cache holds when the window is planned (a later epoch's, or a later
+window's once its range has come; where the budget holds the dataset); any other
+remote range is checked where it arrives. The thread belongs to the process that started it: a
 forked child (a DataLoader worker) starts its own and never touches the one it
 inherited. Torch-free.
 """

@@ -1,9 +1,10 @@
-"""Runs of one local shard decoded together, field by field: checked, inflated, parsed at once.
+"""Runs of one shard decoded together, field by field: checked, inflated, parsed at once.
 
 ``record.decode_run`` decodes one run record by record. A window of a local
 ``.rec`` shard is read whole anyway (its runs are views of one map, checked on
-the checker thread), so the stream decodes all of a shard's runs in a window in
-one pass here: frame headers checked per run, payloads inflated where their
+the checker thread), and so is one whose remote ranges the node cache held when it
+was planned (views of each range's map), so the stream decodes all of a shard's runs
+in a window in one pass here: frame headers checked per run, payloads inflated where their
 codec says so, and every record's map parsed by ``shardio.runfields`` in a few
 numpy operations per field, with each record's ``__key__`` compared with the
 shard's key block in one comparison. What comes back is one list of values per
@@ -75,21 +76,22 @@ def decode_columns(parts: Sequence[RunPart], *, path: str, keys: Sequence[str], 
         if verify and not part.checked:
             check_frames(part.run, path=path, first_record=part.start, offset_of=offset_of)
     base = parts[0].run.buffer.obj
-    codecs = _frame_codecs(parts, base)
-    if codecs is None:  # a damaged header: found and named run by run
+    at = _positions(parts, base)
+    codecs = None if at is None else _frame_codecs(parts, base, at)
+    if codecs is None:  # a damaged header, or not one map: found and named run by run
         codecs = [np.asarray(check_frames(part.run, path=path, first_record=part.start,
                                           verify=False, offset_of=offset_of), np.uint8)
                   for part in parts]
     positions = [np.arange(len(part.run.bounds) - 1) if part.only is None
                  else np.asarray(part.only, np.int64) for part in parts]
-    mapped = all(part.run.buffer.obj is base and part.run.offset >= 0 for part in parts) and (
-        not any(bool(c.any()) for c in codecs))
+    mapped = at is not None and not any(bool(c.any()) for c in codecs)
     if mapped:  # every payload is a slice of one map: parse it in place
+        assert at is not None
         data: Any = memoryview(base)
-        starts = np.concatenate([part.run.offset + part.run.bounds[pos] + FRAME_SIZE
-                                 for part, pos in zip(parts, positions, strict=True)])
-        ends = np.concatenate([part.run.offset + part.run.bounds[pos + 1]
-                               for part, pos in zip(parts, positions, strict=True)])
+        starts = np.concatenate([a + part.run.bounds[pos] + FRAME_SIZE
+                                 for a, part, pos in zip(at, parts, positions, strict=True)])
+        ends = np.concatenate([a + part.run.bounds[pos + 1]
+                               for a, part, pos in zip(at, parts, positions, strict=True)])
     else:
         data, starts, ends = _inflated(parts)
         if data is None:
@@ -112,15 +114,25 @@ def decode_columns(parts: Sequence[RunPart], *, path: str, keys: Sequence[str], 
     return out
 
 
-def _frame_codecs(parts: Sequence[RunPart], base: object
-                  ) -> list[npt.NDArray[np.uint8]] | None:
-    """Every frame header of the parts checked in one pass over their map (None: one
-    failed, or the runs are not views of one map)."""
+def _positions(parts: Sequence[RunPart], base: object) -> list[int] | None:
+    """Where each part's buffer starts in ``base``, the map they are all views of (None:
+    they are not). Measured from the buffers' addresses, not taken from ``run.offset``
+    (the offset in the shard file): a remote run is a view of a cached range's map, which
+    starts where the range does."""
     if not all(part.run.buffer.obj is base and part.run.offset >= 0 for part in parts):
         return None
+    origin = np.frombuffer(base, np.uint8).ctypes.data  # type: ignore[call-overload]
+    at = [np.frombuffer(part.run.buffer, np.uint8).ctypes.data - origin for part in parts]
+    return at
+
+
+def _frame_codecs(parts: Sequence[RunPart], base: object, at: list[int]
+                  ) -> list[npt.NDArray[np.uint8]] | None:
+    """Every frame header of the parts checked in one pass over their map, the parts
+    starting at ``at`` in it (None: one failed)."""
     if len({part.run.checksum for part in parts}) != 1:
         return None
-    starts = np.concatenate([part.run.offset + part.run.bounds[:-1] for part in parts])
+    starts = np.concatenate([a + part.run.bounds[:-1] for a, part in zip(at, parts, strict=True)])
     sizes = np.concatenate([np.diff(part.run.bounds) for part in parts])
     data = np.frombuffer(base, np.uint8)  # type: ignore[call-overload]
     codecs = frame_codecs(data, starts, sizes, parts[0].run.checksum)

@@ -28,6 +28,7 @@ import numpy as np
 
 from shardio.backends import ShardFileReader
 from shardio.backends.records import RecordsShardReader
+from shardio.backends.remoterecords import RemoteRecordsReader
 from shardio.checkahead import PASSED as _PASSED
 from shardio.checkahead import Check, checker
 from shardio.columnar import RunPart, decode_columns
@@ -235,14 +236,17 @@ class _OpenWindow:
         self.samples: list[dict[str, Any] | None] = [None] * self._base[-1]
         self._loaded: list[bool] = [False] * len(plan.counts)
         self._due = plan.due
+        self._checks: dict[Run, tuple[RunBytes, Check]] = checks if checks is not None else {}
+        """The runs' checks handed to the checker thread (``_plan_checks``), until taken."""
+        # decoded field by field when every due run is in memory: a local shard's, or a
+        # remote one's whose range was cached when the window was planned (its check queued)
         self._local = bool(plan.due) and all(
-            type(reader.shard(shard)) is RecordsShardReader for shard, _a, _b in plan.due)
+            type(reader.shard(run[0])) is RecordsShardReader or run in self._checks
+            for run in plan.due)
         self.columns = WindowColumns(plan.unique) if columns or self._local else None
         self._complete = False
         self._drop_decoded = drop_decoded
         number = {run: r for r, run in enumerate(self._runs)}
-        self._checks: dict[Run, tuple[RunBytes, Check]] = checks if checks is not None else {}
-        """The runs' checks handed to the checker thread (``_plan_checks``), until taken."""
         self._head_of: dict[int, Run] = {}
         """The head run read on its own (``advise_first``) of each rank it holds, until loaded."""
         for run in head or ():
@@ -564,22 +568,30 @@ def _check_ahead(reader: RunReader, due: list[Run],
     """Hand the checksums of a window's runs to this process's checker thread, in due order
     (``only(run)``: the positions of the run's wanted records, whose payloads it inflates).
 
-    Only runs of mapped local shards: reading them is taking a view, while a remote
-    run's bytes are downloaded when it is read, and an LMDB run is copied out of its map.
+    Only runs already in memory, where reading them is taking a view: those of mapped
+    local shards, and those of remote ``.rec`` shards whose range is in the node cache now
+    (``cached_runs``; a later epoch's, or a later window's once its ranges have come).
+    Other remote runs are downloaded when read, and an LMDB run is copied out of its map.
     """
     if not reader.verify or not due:
         return {}
-    out: dict[Run, tuple[RunBytes, Check]] = {}
-    thread = None
+    found: dict[Run, RunBytes] = {}
+    remote: dict[int, list[Run]] = {}
     for run in due:
         shard, start, stop = run
         shard_reader = reader.shard(shard)
-        if type(shard_reader) is not RecordsShardReader:
-            continue
-        thread = thread or checker()
-        run_bytes = shard_reader.read_run(start, stop)
-        out[run] = run_bytes, thread.submit(run_bytes, only(run))
-    return out
+        if type(shard_reader) is RecordsShardReader:
+            found[run] = shard_reader.read_run(start, stop)
+        elif type(shard_reader) is RemoteRecordsReader:
+            remote.setdefault(shard, []).append(run)
+    for shard, runs in remote.items():
+        shard_reader = cast(RemoteRecordsReader, reader.shard(shard))
+        got = shard_reader.cached_runs([(start, stop) for _s, start, stop in runs])
+        found.update((run, b) for run, b in zip(runs, got, strict=True) if b is not None)
+    if not found:
+        return {}
+    thread = checker()  # submitted in due order, the order the thread works through them
+    return {run: (found[run], thread.submit(found[run], only(run))) for run in due if run in found}
 
 
 def read_run(

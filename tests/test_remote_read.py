@@ -26,8 +26,14 @@ from click.testing import CliRunner
 from storage_servers import FAST_RETRY, HttpEndpoint, S3Endpoint
 
 import shardio
-from shardio import CacheBudgetError, IndexedDataset, ManifestNotFoundError, StreamingDataset
-from shardio.backends.remoterecords import tail_guess
+from shardio import (
+    CacheBudgetError,
+    ChecksumError,
+    IndexedDataset,
+    ManifestNotFoundError,
+    StreamingDataset,
+)
+from shardio.backends.remoterecords import RemoteRecordsReader, tail_guess
 from shardio.cli import main
 from shardio.storage import open_store
 from shardio.storage.options import MIN_RANGE_BYTES, RemoteOptions
@@ -221,6 +227,70 @@ def test_each_range_is_downloaded_once_per_node_with_two_workers(
     s3.plan.reset()
     check_exactly_once(stream(ds, 2), source)  # a second epoch reads the node cache only
     assert s3.plan.ranged_gets == 0
+
+
+def _looking_ahead(monkeypatch: pytest.MonkeyPatch) -> tuple[list[bool], list[int]]:
+    """Spy on remote runs: whether each run the stream looked ahead at was cached (and
+    so handed to the checker thread and decoded by field), and the runs read through the
+    read-ahead queue instead (``read_run``). A core is declared free for the checker."""
+    monkeypatch.setattr(shardio.dataset, "available_cpus", lambda: 4)
+    looked: list[bool] = []
+    read: list[int] = []
+    cached_runs, read_run = RemoteRecordsReader.cached_runs, RemoteRecordsReader.read_run
+
+    def spy_cached(self: RemoteRecordsReader, runs: Any) -> Any:
+        got = cached_runs(self, runs)
+        looked.extend(run is not None for run in got)
+        return got
+
+    def spy_read(self: RemoteRecordsReader, start: int, stop: int) -> Any:
+        read.append(start)
+        return read_run(self, start, stop)
+
+    monkeypatch.setattr(RemoteRecordsReader, "cached_runs", spy_cached)
+    monkeypatch.setattr(RemoteRecordsReader, "read_run", spy_read)
+    return looked, read
+
+
+def test_a_cached_epoch_is_checked_ahead_and_decoded_by_field(
+        packed: Path, source: Path, s3: S3Endpoint, tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    if shardio.read_manifest(packed).backend != "records":
+        pytest.skip("LMDB shards are cached whole and read by their local reader")
+    url = upload(packed, s3.url)
+    # 64 KiB ranges: most runs lie in a range that starts mid-shard, not at its byte 0
+    ds = StreamingDataset(url, decode="raw", shuffle_buffer=32, remote=options(tmp_path))
+    looked, read = _looking_ahead(monkeypatch)
+    check_exactly_once(stream(ds, 0), source)
+    assert read, "epoch 1: the ranges come as the runs are read"
+    looked.clear(), read.clear()
+    s3.plan.reset()
+    check_exactly_once(stream(ds, 0), source)
+    assert s3.plan.ranged_gets == 0
+    assert looked and all(looked), "every run of a cached epoch was looked ahead at"
+    assert not read, "and none was read through the read-ahead queue"
+
+
+def test_a_cached_range_damaged_on_disk_is_found_when_checked_ahead(
+        packed: Path, source: Path, s3: S3Endpoint, tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    if shardio.read_manifest(packed).backend != "records":
+        pytest.skip("LMDB shards are cached whole and checked whole")
+    url = upload(packed, s3.url)
+    ds = StreamingDataset(url, decode="raw", shuffle_buffer=32, remote=options(tmp_path))
+    looked, _read = _looking_ahead(monkeypatch)
+    check_exactly_once(stream(ds, 0), source)
+    # the first range of a shard (``...@0-<stop>``): its header and records, not a tail
+    damaged = next(p for p in sorted((tmp_path / "cache" / "ranges").iterdir())
+                   if "@0-" in p.name)
+    data = bytearray(damaged.read_bytes())
+    data[len(data) // 2] ^= 0x10  # inside a JPEG payload: the frame still parses
+    damaged.write_bytes(bytes(data))
+    looked.clear()
+    with pytest.raises(ChecksumError, match=rf"{s3.url}/shard-\d+\.rec: record \d+ at byte \d+ "
+                                            "fails its checksum"):
+        stream(ds, 0)
+    assert looked and all(looked), "the damaged range was read from a look-ahead view"
 
 
 @pytest.mark.parametrize("method", ["fork", "spawn", "forkserver"])

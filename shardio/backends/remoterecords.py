@@ -337,6 +337,35 @@ class RemoteRecordsReader:
             return self._run(b"", self._offsets[start], start, stop)
         return self._read_parts(start, stop, [self._request(j) for j in self._ranges(start, stop)])
 
+    def cached_runs(self, runs: Sequence[tuple[int, int]]) -> list[RunBytes | None]:
+        """Records ``start..stop`` of each of ``runs`` as ``read_run`` gives them, where their
+        range is in the node cache now; None for the others (not cached, spanning two
+        ranges, or a budget below the dataset). Each range is opened once, so the runs of
+        one range are views of one map (``columnar`` parses them in place); nothing is
+        downloaded and the read-ahead plan is untouched (a stream looking at a window
+        before its turn)."""
+        out: list[RunBytes | None] = [None] * len(runs)
+        if not self._ahead.skip_cached:
+            # under a budget below the dataset the queue holds each planned range in its
+            # slot until it is taken: a run decoded from a look-ahead view never takes it
+            return out
+        by_range: dict[int, list[int]] = {}
+        for i, (start, stop) in enumerate(runs):
+            ranges = self._ranges(start, stop) if start < stop else range(0)
+            if len(ranges) == 1:
+                by_range.setdefault(ranges[0], []).append(i)
+        for j, members in by_range.items():
+            cached = self._ahead.open_cached(self._request(j))
+            if cached is None:
+                continue
+            with cached:  # the views keep the map's pages, not the hold (as read_run)
+                view = cached.view()
+                at = self._byte_span(j)[0]
+                for i in members:
+                    start, stop = runs[i]
+                    out[i] = self._run(view, at, start, stop)
+        return out
+
     def read_run_exact(self, start: int, stop: int) -> RunBytes:
         """Records ``start..stop`` as ``read_run`` gives them, through the requests that
         ``will_need_exact`` queued for them (worked out afresh if it was not called)."""

@@ -241,6 +241,16 @@ class RangeCache:
         self.stats.hits += 1
         return hit
 
+    def open_cached(self, store: Store, name: str, start: int, stop: int, *,
+                    version: str) -> CachedRange | None:
+        """Bytes ``start..stop`` of ``name`` if the cache holds them complete now, else None:
+        ``open_range`` without the download (a reader looking ahead, which must not wait)."""
+        key = range_key(dataset_namespace(store.url, version), name, start, stop)
+        hit = self._open_complete(key, name, start, stop)
+        if hit is not None:
+            self.stats.hits += 1
+        return hit
+
     def holds(self, store: Store, name: str, start: int, stop: int, *, version: str) -> bool:
         """Whether bytes ``start..stop`` of ``name`` are in the cache now, complete (they may
         still be evicted before they are opened: a hint, never a hold)."""

@@ -84,11 +84,9 @@ class ReadAhead:
         self.max_in_flight_bytes = max_in_flight_bytes
         self.skip_cached = skip_cached
         self._planned: deque[RangeRequest] = deque()
-        self._pending: deque[tuple[_Slot, Future[CachedRange] | None]] = deque()
-        """Planned ranges in the reader's order: downloading or downloaded (a future), or
-        found in the cache when planned (``None``: opened when taken)."""
-        self._pending_count = 0
-        """Entries of ``_pending`` with a future: what ``max_in_flight`` counts."""
+        self._pending: deque[tuple[_Slot, Future[CachedRange]]] = deque()
+        """Planned ranges in the reader's order, downloading or downloaded: what
+        ``max_in_flight`` counts (a range found in the cache when planned has no entry)."""
         self._pending_bytes = 0
         self._pool: ThreadPoolExecutor | None = None
         self._first: dict[_Slot, Future[CachedRange]] = {}
@@ -123,13 +121,19 @@ class ReadAhead:
         return self.cache.holds(self.store, request.name, request.start, request.stop,
                                 version=self.version)
 
+    def open_cached(self, request: RangeRequest) -> CachedRange | None:
+        """The range of ``request`` if the node cache holds it now (held for the caller, who
+        closes it), else None; the plan is left as it is and nothing is downloaded."""
+        return self.cache.open_cached(self.store, request.name, request.start, request.stop,
+                                      version=self.version)
+
     def limit(self, *, max_in_flight: int, max_in_flight_bytes: int) -> None:
         """Lower the limits (never raise them): a shard with larger ranges was opened."""
         self.max_in_flight = max(1, min(self.max_in_flight, max_in_flight))
         self.max_in_flight_bytes = min(self.max_in_flight_bytes, max_in_flight_bytes)
 
     def _room_for(self, request: RangeRequest) -> bool:
-        count = self._pending_count
+        count = len(self._pending)
         held = self._pending_bytes + self._first_bytes + request.stop - request.start
         return count < self.max_in_flight and (
             count < MIN_IN_FLIGHT or held <= self.max_in_flight_bytes)
@@ -159,11 +163,9 @@ class ReadAhead:
         self._first_bytes += size
         return True
 
-    def _pop(self) -> Future[CachedRange] | None:
+    def _pop(self) -> Future[CachedRange]:
         (_name, start, stop), future = self._pending.popleft()
-        if future is not None:
-            self._pending_count -= 1
-            self._pending_bytes -= stop - start
+        self._pending_bytes -= stop - start
         return future
 
     def _fill(self) -> None:
@@ -171,12 +173,14 @@ class ReadAhead:
             request = self._planned[0]
             if self.skip_cached and self.cache.mark_used(
                     self.store, request.name, request.start, request.stop, version=self.version):
-                self._pending.append((_slot(self._planned.popleft()), None))
+                # no entry: ``take`` opens it from the cache as it would an unplanned range,
+                # and a reader that decodes it from a look-ahead view (``cached_runs``)
+                # never takes it, so an entry would stay for as long as this queue lives
+                self._planned.popleft()
                 continue
             if not self._room_for(request):
                 break
             self._planned.popleft()
-            self._pending_count += 1
             self._pending_bytes += request.stop - request.start
             if self._pool is None:
                 self._pool = ThreadPoolExecutor(self.max_in_flight,
@@ -204,8 +208,9 @@ class ReadAhead:
                     self._discard(self._pop())
                 future = self._pop()
                 self._fill()
-                # in the cache when planned: opened now (downloaded if evicted since)
-                return self._open(request) if future is None else self._taken(future)
+                return self._taken(future)
+        # in the cache when planned (no entry), unplanned, or planned and not started:
+        # opened now (downloaded if evicted since it was planned)
         planned = [_slot(r) for r in self._planned]
         if slot in planned:  # the reader jumped ahead of everything downloading
             self._drop_pending()
@@ -218,9 +223,9 @@ class ReadAhead:
         while self._pending:
             self._discard(self._pop())
 
-    def _discard(self, future: Future[CachedRange] | None) -> None:
+    def _discard(self, future: Future[CachedRange]) -> None:
         """Release a range fetched ahead and never taken (its error, if any, matters no more)."""
-        if future is None or future.cancel():
+        if future.cancel():
             return
         with contextlib.suppress(Exception):  # a skipped range's failure is nobody's to report
             self._taken(future).close()
@@ -234,14 +239,13 @@ class ReadAhead:
     @property
     def num_pending(self) -> int:
         """Planned ranges downloading or downloaded and not yet taken."""
-        return self._pending_count
+        return len(self._pending)
 
     def close(self) -> None:
         """Forget the plan, release what was fetched ahead, stop the download threads."""
         self._planned.clear()
         for _pending_slot, future in self._pending:
-            if future is not None:
-                future.cancel()
+            future.cancel()
         firsts, self._first, self._first_bytes = list(self._first.values()), {}, 0
         for future in firsts:
             future.cancel()
