@@ -122,8 +122,25 @@ class ReadAhead:
                                 version=self.version)
 
     def open_cached(self, request: RangeRequest) -> CachedRange | None:
-        """The range of ``request`` if the node cache holds it now (held for the caller, who
-        closes it), else None; the plan is left as it is and nothing is downloaded."""
+        """The range of ``request`` if it is in the node cache now (held for the caller, who
+        closes it), else None; nothing is downloaded.
+
+        A look-ahead: the reader uses the range now instead of taking it in turn. So a
+        planned download of it that has finished is taken here, out of turn, freeing its
+        slot for the next planned range (left in the queue, it would count as in flight
+        until a later ``take`` passed it); one still downloading, or failed, stays queued
+        for ``take``, and None is returned.
+        """
+        slot = _slot(request)
+        for position, (pending, future) in enumerate(self._pending):
+            if pending == slot:
+                if not future.done() or future.cancelled() or future.exception() is not None:
+                    return None
+                del self._pending[position]
+                self._pending_bytes -= request.stop - request.start
+                cached = self._taken(future)
+                self._fill()
+                return cached
         return self.cache.open_cached(self.store, request.name, request.start, request.stop,
                                       version=self.version)
 
