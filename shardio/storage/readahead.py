@@ -34,7 +34,7 @@ with the GIL released. Imports only the storage modules.
 from __future__ import annotations
 
 import contextlib
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Iterable
 from concurrent.futures import Future, ThreadPoolExecutor
 from types import TracebackType
@@ -84,9 +84,18 @@ class ReadAhead:
         self.max_in_flight_bytes = max_in_flight_bytes
         self.skip_cached = skip_cached
         self._planned: deque[RangeRequest] = deque()
-        self._pending: deque[tuple[_Slot, Future[CachedRange]]] = deque()
-        """Planned ranges in the reader's order, downloading or downloaded: what
-        ``max_in_flight`` counts (a range found in the cache when planned has no entry)."""
+        self._planned_slots: Counter[_Slot] = Counter()
+        """How often each slot is in ``_planned``, so that ``take`` knows in one step whether
+        the reader jumped ahead (a list of a window's planned slots per take was quadratic
+        once cached ranges at the queue's head stopped being kept, below)."""
+        self._pending: deque[tuple[_Slot, Future[CachedRange] | None]] = deque()
+        """Planned ranges in the reader's order: downloading or downloaded (a future), or
+        found in the cache when planned (``None``: opened when taken). ``None`` entries at
+        the head are dropped (``_fill``): ``take`` opens such a range all the same, and a
+        reader that decodes runs from look-ahead views (``open_cached``) never takes them,
+        so in an epoch read from the cache they would pile up for the queue's life."""
+        self._pending_count = 0
+        """Entries of ``_pending`` with a future: what ``max_in_flight`` counts."""
         self._pending_bytes = 0
         self._pool: ThreadPoolExecutor | None = None
         self._first: dict[_Slot, Future[CachedRange]] = {}
@@ -99,7 +108,9 @@ class ReadAhead:
 
     def plan(self, requests: Iterable[RangeRequest]) -> None:
         """Append ``requests`` to the order in which the reader will ``take`` them."""
+        requests = list(requests)
         self._planned.extend(requests)
+        self._planned_slots.update(map(_slot, requests))
         self._fill()
 
     def _open(self, request: RangeRequest) -> CachedRange:
@@ -122,25 +133,10 @@ class ReadAhead:
                                 version=self.version)
 
     def open_cached(self, request: RangeRequest) -> CachedRange | None:
-        """The range of ``request`` if it is in the node cache now (held for the caller, who
-        closes it), else None; nothing is downloaded.
-
-        A look-ahead: the reader uses the range now instead of taking it in turn. So a
-        planned download of it that has finished is taken here, out of turn, freeing its
-        slot for the next planned range (left in the queue, it would count as in flight
-        until a later ``take`` passed it); one still downloading, or failed, stays queued
-        for ``take``, and None is returned.
-        """
-        slot = _slot(request)
-        for position, (pending, future) in enumerate(self._pending):
-            if pending == slot:
-                if not future.done() or future.cancelled() or future.exception() is not None:
-                    return None
-                del self._pending[position]
-                self._pending_bytes -= request.stop - request.start
-                cached = self._taken(future)
-                self._fill()
-                return cached
+        """The range of ``request`` if the node cache holds it now (held for the caller, who
+        closes it), else None; nothing is downloaded and the plan is left as it is (a reader
+        looking ahead of its turn: a planned download of the range, if any, is taken or
+        passed over in turn as before)."""
         return self.cache.open_cached(self.store, request.name, request.start, request.stop,
                                       version=self.version)
 
@@ -150,7 +146,7 @@ class ReadAhead:
         self.max_in_flight_bytes = min(self.max_in_flight_bytes, max_in_flight_bytes)
 
     def _room_for(self, request: RangeRequest) -> bool:
-        count = len(self._pending)
+        count = self._pending_count
         held = self._pending_bytes + self._first_bytes + request.stop - request.start
         return count < self.max_in_flight and (
             count < MIN_IN_FLIGHT or held <= self.max_in_flight_bytes)
@@ -180,9 +176,20 @@ class ReadAhead:
         self._first_bytes += size
         return True
 
-    def _pop(self) -> Future[CachedRange]:
+    def _unplan(self) -> RangeRequest:
+        """Take the first planned request off the plan."""
+        request = self._planned.popleft()
+        slot = _slot(request)
+        self._planned_slots[slot] -= 1
+        if not self._planned_slots[slot]:
+            del self._planned_slots[slot]
+        return request
+
+    def _pop(self) -> Future[CachedRange] | None:
         (_name, start, stop), future = self._pending.popleft()
-        self._pending_bytes -= stop - start
+        if future is not None:
+            self._pending_count -= 1
+            self._pending_bytes -= stop - start
         return future
 
     def _fill(self) -> None:
@@ -190,19 +197,19 @@ class ReadAhead:
             request = self._planned[0]
             if self.skip_cached and self.cache.mark_used(
                     self.store, request.name, request.start, request.stop, version=self.version):
-                # no entry: ``take`` opens it from the cache as it would an unplanned range,
-                # and a reader that decodes it from a look-ahead view (``cached_runs``)
-                # never takes it, so an entry would stay for as long as this queue lives
-                self._planned.popleft()
+                self._pending.append((_slot(self._unplan()), None))
                 continue
             if not self._room_for(request):
                 break
-            self._planned.popleft()
+            self._unplan()
+            self._pending_count += 1
             self._pending_bytes += request.stop - request.start
             if self._pool is None:
                 self._pool = ThreadPoolExecutor(self.max_in_flight,
                                                 thread_name_prefix="shardio-readahead")
             self._pending.append((_slot(request), self._pool.submit(self._open_ahead, request)))
+        while self._pending and self._pending[0][1] is None:
+            self._pending.popleft()  # nothing before it to pass over: take opens it anyway
 
     def take(self, request: RangeRequest) -> CachedRange:
         """The range of ``request``, held for the caller, who closes it when done.
@@ -225,14 +232,12 @@ class ReadAhead:
                     self._discard(self._pop())
                 future = self._pop()
                 self._fill()
-                return self._taken(future)
-        # in the cache when planned (no entry), unplanned, or planned and not started:
-        # opened now (downloaded if evicted since it was planned)
-        planned = [_slot(r) for r in self._planned]
-        if slot in planned:  # the reader jumped ahead of everything downloading
+                # in the cache when planned: opened now (downloaded if evicted since)
+                return self._open(request) if future is None else self._taken(future)
+        if self._planned_slots[slot]:  # the reader jumped ahead of everything downloading
             self._drop_pending()
-            for _ in range(planned.index(slot) + 1):
-                self._planned.popleft()
+            while _slot(self._unplan()) != slot:
+                pass
             self._fill()
         return self._open(request)
 
@@ -240,9 +245,9 @@ class ReadAhead:
         while self._pending:
             self._discard(self._pop())
 
-    def _discard(self, future: Future[CachedRange]) -> None:
+    def _discard(self, future: Future[CachedRange] | None) -> None:
         """Release a range fetched ahead and never taken (its error, if any, matters no more)."""
-        if future.cancel():
+        if future is None or future.cancel():
             return
         with contextlib.suppress(Exception):  # a skipped range's failure is nobody's to report
             self._taken(future).close()
@@ -256,13 +261,15 @@ class ReadAhead:
     @property
     def num_pending(self) -> int:
         """Planned ranges downloading or downloaded and not yet taken."""
-        return len(self._pending)
+        return self._pending_count
 
     def close(self) -> None:
         """Forget the plan, release what was fetched ahead, stop the download threads."""
         self._planned.clear()
+        self._planned_slots.clear()
         for _pending_slot, future in self._pending:
-            future.cancel()
+            if future is not None:
+                future.cancel()
         firsts, self._first, self._first_bytes = list(self._first.values()), {}, 0
         for future in firsts:
             future.cancel()
