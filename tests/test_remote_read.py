@@ -252,9 +252,11 @@ def _looking_ahead(monkeypatch: pytest.MonkeyPatch) -> tuple[list[bool], list[in
     return looked, read
 
 
-def test_a_cached_epoch_is_checked_ahead_and_decoded_by_field(
-        packed: Path, source: Path, s3: S3Endpoint, tmp_path: Path,
-        monkeypatch: pytest.MonkeyPatch) -> None:
+def _first_epoch(packed: Path, source: Path, s3: S3Endpoint, tmp_path: Path,
+                 monkeypatch: pytest.MonkeyPatch,
+                 ) -> tuple[StreamingDataset, list[bool], list[int]]:
+    """A ``.rec`` dataset on S3 read once through the look-ahead spies (``_looking_ahead``),
+    so its ranges are in the node cache; the dataset and the spies' lists, emptied."""
     if shardio.read_manifest(packed).backend != "records":
         pytest.skip("LMDB shards are cached whole and read by their local reader")
     url = upload(packed, s3.url)
@@ -263,7 +265,15 @@ def test_a_cached_epoch_is_checked_ahead_and_decoded_by_field(
     looked, read = _looking_ahead(monkeypatch)
     check_exactly_once(stream(ds, 0), source)
     assert read, "epoch 1: the ranges come as the runs are read"
-    looked.clear(), read.clear()
+    looked.clear()
+    read.clear()
+    return ds, looked, read
+
+
+def test_a_cached_epoch_is_checked_ahead_and_decoded_by_field(
+        packed: Path, source: Path, s3: S3Endpoint, tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    ds, looked, read = _first_epoch(packed, source, s3, tmp_path, monkeypatch)
     s3.plan.reset()
     check_exactly_once(stream(ds, 0), source)
     assert s3.plan.ranged_gets == 0
@@ -274,19 +284,13 @@ def test_a_cached_epoch_is_checked_ahead_and_decoded_by_field(
 def test_a_cached_range_damaged_on_disk_is_found_when_checked_ahead(
         packed: Path, source: Path, s3: S3Endpoint, tmp_path: Path,
         monkeypatch: pytest.MonkeyPatch) -> None:
-    if shardio.read_manifest(packed).backend != "records":
-        pytest.skip("LMDB shards are cached whole and checked whole")
-    url = upload(packed, s3.url)
-    ds = StreamingDataset(url, decode="raw", shuffle_buffer=32, remote=options(tmp_path))
-    looked, _read = _looking_ahead(monkeypatch)
-    check_exactly_once(stream(ds, 0), source)
+    ds, looked, _read = _first_epoch(packed, source, s3, tmp_path, monkeypatch)
     # the first range of a shard (``...@0-<stop>``): its header and records, not a tail
     damaged = next(p for p in sorted((tmp_path / "cache" / "ranges").iterdir())
                    if "@0-" in p.name)
     data = bytearray(damaged.read_bytes())
     data[len(data) // 2] ^= 0x10  # inside a JPEG payload: the frame still parses
     damaged.write_bytes(bytes(data))
-    looked.clear()
     with pytest.raises(ChecksumError, match=rf"{s3.url}/shard-\d+\.rec: record \d+ at byte \d+ "
                                             "fails its checksum"):
         stream(ds, 0)
