@@ -121,3 +121,35 @@ def test_cached_ranges_a_reader_never_takes_leave_nothing_queued(
         with ahead.take(_requests([2])[0]) as cached:  # a take still finds it
             assert cached.read() == DATA[2 * RANGE : 3 * RANGE]
     assert s3.plan.ranged_gets == 0 and cache.held_bytes == 0
+
+
+@pytest.mark.parametrize(("order", "max_in_flight"), [
+    ([4, 0, 5, 6, 0], 1),  # the later entry of range 0 not queued yet when it is taken
+    ([4, 0, 5, 0], 2),  # queued, behind the download of range 5
+])
+def test_a_range_planned_twice_and_cached_leaves_the_downloads_between_alone(
+        order: list[int], max_in_flight: int, store: Store, s3: S3Endpoint,
+        tmp_path: Path) -> None:
+    """A stream plans a range once a run, so several times a window; cached when planned,
+    its first entry leaves the queue's head unqueued. Taken in its turn, it must not read
+    as a jump ahead to its later entry: that dropped the downloads planned between and
+    fetched each on the spot, one at a time (the images' first remote epoch)."""
+    cache = RangeCache(tmp_path / "cache", max_cache_bytes=16 * RANGE)
+    cache.open_range(store, "shard-00000.rec", 0, RANGE, version="v1").close()
+    s3.plan.reset()
+    plan = _requests(order)
+    downloads = len(set(order)) - 1
+    with ReadAhead(cache, store, version="v1", max_in_flight=max_in_flight,
+                   max_in_flight_bytes=max_in_flight * RANGE, skip_cached=True) as ahead:
+        ahead.plan(plan)
+        got = []
+        for request in plan:
+            pending = ahead.num_pending
+            with ahead.take(request) as cached:
+                got.append(cached.read())
+            if request.start == 0 and pending:  # range 0: the queue is as it was
+                assert ahead.num_pending == pending
+        _settle(s3, downloads)
+    assert got == [DATA[i * RANGE : (i + 1) * RANGE] for i in order]
+    assert s3.plan.ranged_gets == downloads
+    assert cache.held_bytes == 0

@@ -26,7 +26,10 @@ again (2 workers at half a budget, ``tests/test_remote_head.py``).
 
 ``take`` tolerates a reader that leaves the plan: planned ranges it skips
 (an exact resume starts mid-window) are released, and a range it never
-planned (random access) is opened on the spot, next to the queue. One thread
+planned (random access) is opened on the spot, next to the queue. A range
+planned again later (a stream plans one a run) and in the cache when taken is
+opened from there, the queue left as it is: read as a jump to its later
+entry, it dropped the downloads in between. One thread
 reads; downloads run in ``max_in_flight`` threads that wait on the network
 with the GIL released. Imports only the storage modules.
 """
@@ -226,15 +229,24 @@ class ReadAhead:
             self._first_bytes -= request.stop - request.start
             self._fill()
             return self._taken(first)
-        for position, (pending, _future) in enumerate(self._pending):
+        for position, (pending, future) in enumerate(self._pending):
             if pending == slot:
+                if position and future is None:
+                    # a later plan entry of a range cached when planned: this take is an
+                    # earlier entry's, dropped at the queue's head (a range planned once a
+                    # run, several times a window); the downloads before it stay
+                    return self._open(request)
                 for _ in range(position):
                     self._discard(self._pop())
                 future = self._pop()
                 self._fill()
                 # in the cache when planned: opened now (downloaded if evicted since)
                 return self._open(request) if future is None else self._taken(future)
-        if self._planned_slots[slot]:  # the reader jumped ahead of everything downloading
+        if self._planned_slots[slot]:
+            cached = self.open_cached(request)
+            if cached is not None:  # as above, its later entry not queued yet
+                return cached
+            # the reader jumped ahead of everything downloading
             self._drop_pending()
             while _slot(self._unplan()) != slot:
                 pass
