@@ -77,6 +77,8 @@ FOOTER_SIZE: Final = FOOTER.size
 """The v1 footer, also the shortest; a v2 footer is ``FOOTER_SIZES[2]``."""
 INDEX_ENTRY_BYTES: Final = {1: 8, 2: 12}
 """Index bytes per offset: a u64 offset, and in v2 a u32 chain value too."""
+TAIL_GUESS_KEY_BYTES: Final = 64
+"""Key block bytes per record ``tail_guess`` allows for (paths of ~60 characters)."""
 
 if TYPE_CHECKING:  # numpy is imported where runs are checked: `import shardio` stays light
     import numpy as np
@@ -342,6 +344,16 @@ def _refuse(run: RunBytes, path: str, first: int, where: Callable[[int], int], k
         f"is id {IDS[run.checksum]}; the shard is corrupt: restore it from a copy or re-pack",
         path=path, record=record, offset=offset,
     )
+
+
+def tail_guess(size: int, num_records: int, minimum: int = 0) -> int:
+    """Bytes at the end of a ``.rec`` shard of ``size`` bytes and ``num_records`` records
+    that hold its footer, index and keys, usually (the key block's length is known only
+    from the footer): what a reader asks for before it has the footer. At least
+    ``minimum``, at most ``size``."""
+    want = FOOTER_SIZES[2] + INDEX_ENTRY_BYTES[2] * (num_records + 1) \
+        + TAIL_GUESS_KEY_BYTES * num_records
+    return min(size, max(minimum, want))
 
 
 def pack_header(version: int = FORMAT_VERSION, checksum: str | None = None) -> bytes:

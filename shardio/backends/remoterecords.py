@@ -30,21 +30,20 @@ import numpy.typing as npt
 
 from shardio.errors import ShardCorruptError
 from shardio.format import (
-    FOOTER_SIZES,
     HEADER_SIZES,
     RunBytes,
     check_frames,
     check_header,
     parse_index,
+    tail_guess,
     unpack_footer,
 )
 from shardio.storage.cachedrange import CachedRange
 from shardio.storage.fetch import RangeRequest
 from shardio.storage.readahead import ReadAhead
 
-TAIL_GUESS_KEY_BYTES = 64
-"""Key block bytes per record the first tail GET allows for (paths of ~60 characters)."""
 MIN_TAIL_BYTES = 64 << 10
+"""The least the first GET of a shard's tail asks for (a round trip costs more than bytes)."""
 JOIN_RANGE_BYTES = 16 << 20
 """Where the budget holds the dataset, plan blocks are joined into one range until it holds
 this much (and at most ``range_bytes``): every GET costs a round trip and the server's and
@@ -130,12 +129,6 @@ def partition(offsets: npt.NDArray[np.uint64], range_bytes: int,
     return cuts
 
 
-def tail_guess(size: int, num_records: int) -> int:
-    """Bytes at the end of a shard the first GET asks for: footer, index and keys, usually."""
-    want = FOOTER_SIZES[2] + 12 * (num_records + 1) + TAIL_GUESS_KEY_BYTES * num_records
-    return min(size, max(MIN_TAIL_BYTES, want))
-
-
 @dataclass(frozen=True)
 class ShardTail:
     """What a reader needs of a shard before reading records: its index and key block."""
@@ -161,7 +154,7 @@ def read_tail(fetch: Callable[[RangeRequest], bytes], name: str, *, url: str, si
             fail their CRC-32 (the local reader's check).
         StorageError, FileNotFoundError: the store could not deliver.
     """
-    guess = tail_guess(size, num_records)
+    guess = tail_guess(size, num_records, MIN_TAIL_BYTES)
 
     def check_footer(view: memoryview) -> None:
         unpack_footer(view, path=url, size=size)

@@ -1,0 +1,133 @@
+"""What a local ``.rec`` dataset asks the kernel to read ahead, and when.
+
+On a cold page cache, opening a shard faults in its header and its tail through the map,
+and each such fault reads the device's whole read-ahead window before it returns; a
+window's shards are therefore hinted (``advise_open``) before they are opened. The next
+window's runs are hinted once the current one is decoded, so its reads do not get in
+front of the reads the first batch waits for. Neither changes what is read: the epochs
+here are checked sample by sample.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import shardio
+import shardio.backends.records as records
+import shardio.columnar as columnar
+from shardio.backends.records import PAGE, RecordsShardReader, advise_open
+from shardio.columnar import RunPart
+from shardio.format import unpack_footer
+from shardio.synth import make_tiny_tree
+
+NUM_FILES = 600
+WINDOW = 100
+
+
+@pytest.fixture(scope="module")
+def packed(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """600 small files in 12 shards of 50 records."""
+    src = tmp_path_factory.mktemp("src")
+    make_tiny_tree(src, num_files=NUM_FILES)
+    out = tmp_path_factory.mktemp("packed") / "ds"
+    shardio.pack(src, out, options=shardio.WriteOptions(max_shard_samples=50), seed=3)
+    return out
+
+
+def _fadvise_calls(monkeypatch: pytest.MonkeyPatch) -> list[tuple[int, int, int]]:
+    calls: list[tuple[int, int, int]] = []
+    real = os.posix_fadvise
+
+    def spy(fd: int, offset: int, length: int, advice: int) -> None:
+        calls.append((offset, length, advice))
+        real(fd, offset, length, advice)
+
+    monkeypatch.setattr(os, "posix_fadvise", spy)
+    return calls
+
+
+@pytest.mark.skipif(not hasattr(os, "posix_fadvise"), reason="posix_fadvise only")
+def test_advise_open_asks_for_the_header_page_and_the_whole_tail(
+    packed: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    manifest = shardio.read_manifest(packed)
+    calls = _fadvise_calls(monkeypatch)
+    for info in manifest.shards:
+        calls.clear()
+        path = packed / info.name
+        advise_open(path, info.num_bytes, info.num_samples)
+        footer = unpack_footer(path.read_bytes(), path=str(path))
+        assert all(advice == os.POSIX_FADV_WILLNEED for _o, _n, advice in calls)
+        (head, head_len, _), (tail, tail_len, _) = calls
+        assert (head, head_len) == (0, PAGE)
+        # footer, index and keys: everything opening the shard reads at its end
+        assert tail <= footer.index_offset
+        assert tail + tail_len == info.num_bytes
+
+
+def test_advise_open_leaves_a_missing_file_to_the_open(tmp_path: Path) -> None:
+    advise_open(tmp_path / "gone.rec", 1 << 20, 100)  # no error: the open names it
+    with pytest.raises(shardio.ShardMissingError, match=r"gone\.rec"):
+        RecordsShardReader(tmp_path / "gone.rec")
+
+
+def test_every_local_shard_is_hinted_before_it_is_opened(
+    packed: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    events: list[tuple[str, str]] = []
+    real_advise, real_init = records.advise_open, RecordsShardReader.__init__
+
+    def advise(path: str | Path, size: int, num_records: int) -> None:
+        events.append(("hint", Path(path).name))
+        real_advise(path, size, num_records)
+
+    def init(self: RecordsShardReader, path: str | Path) -> None:
+        events.append(("open", Path(path).name))
+        real_init(self, path)
+
+    monkeypatch.setattr("shardio.shardsource.advise_open", advise)
+    monkeypatch.setattr(RecordsShardReader, "__init__", init)
+    dataset = shardio.StreamingDataset(packed, decode="raw", shuffle_buffer=WINDOW, seed=1)
+    keys = [sample["__key__"] for sample in dataset]
+    assert sorted(keys) == sorted({*keys}) and len(keys) == NUM_FILES
+    opened = [name for kind, name in events if kind == "open"]
+    assert len(opened) == len(shardio.read_manifest(packed).shards)
+    for name in opened:
+        assert events.index(("hint", name)) < events.index(("open", name))
+
+
+def test_the_next_window_is_hinted_once_this_one_is_decoded(
+    packed: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    events: list[tuple[str, str, int, int]] = []
+    real_hint, real_decode = RecordsShardReader.will_need, columnar.decode_columns
+
+    def will_need(self: RecordsShardReader, start: int, stop: int) -> None:
+        events.append(("hint", Path(self.path).name, start, stop))
+        real_hint(self, start, stop)
+
+    def decode_columns(parts: list[RunPart], *, path: str, **kwargs: Any) -> Any:
+        for part in parts:
+            events.append(("decode", Path(path).name, part.start,
+                           part.start + len(part.run.bounds) - 1))
+        return real_decode(parts, path=path, **kwargs)
+
+    monkeypatch.setattr(RecordsShardReader, "will_need", will_need)
+    monkeypatch.setattr("shardio.stream.decode_columns", decode_columns)
+    dataset = shardio.StreamingDataset(packed, decode="raw", shuffle_buffer=WINDOW, seed=2,
+                                       block_size=10)
+    keys = [sample["__key__"] for sample in dataset]
+    assert len(keys) == len(set(keys)) == NUM_FILES
+    first = next(i for i, event in enumerate(events) if event[0] == "decode")
+    hinted_first = [event for event in events[:first] if event[0] == "hint"]
+    # before the first window is decoded, its runs alone are hinted: the next window's
+    # reads would have been sorted in front of those it waits for
+    assert WINDOW <= sum(stop - start for _k, _n, start, stop in hinted_first) < 2 * WINDOW
+    # every run decoded was hinted before it was decoded
+    for i, (kind, *run) in enumerate(events):
+        if kind == "decode":
+            assert ("hint", *run) in events[:i]
