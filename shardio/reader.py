@@ -6,7 +6,7 @@ checked as records are read. It is the one place where manifest, backend and
 record codec meet, and everything above it (the torch datasets, the CLI)
 reads through it. A dataset given as a URL is read through
 ``shardio.shardsource`` (a store and the node cache); a local one is opened
-here in place, exactly as before.
+here in place.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from types import TracebackType
 from typing import Any
 
 from shardio.backends import ShardFileReader, keys_crc32, open_shard
+from shardio.backends.records import RecordsShardReader, advise_open
 from shardio.errors import ShardCorruptError, ShardMissingError, TruncatedShardError
 from shardio.manifest import Manifest, ShardInfo
 from shardio.record import INDEX_FIELD, decode_record
@@ -41,6 +42,9 @@ def _forget_inherited_shards() -> None:
     """
     for reader in list(_LIVE):
         reader._open = {}
+        hinted, reader._hinted = reader._hinted, {}
+        for fd in hinted.values():  # this process's copies; the parent's stay open
+            os.close(fd)
 
 
 if hasattr(os, "register_at_fork"):
@@ -72,6 +76,9 @@ class DatasetReader:
         self.verify = verify
         self._firsts = [s.first_index for s in self.manifest.shards]
         self._open: dict[int, ShardFileReader] = {}
+        self._hinted: dict[int, int] = {}
+        """Local ``.rec`` shards asked of the kernel ahead (``prefetch``), not opened yet:
+        their descriptors, which the open takes."""
         _LIVE.add(self)
 
     def __len__(self) -> int:
@@ -85,6 +92,7 @@ class DatasetReader:
         """
         state = dict(self.__dict__)
         state["_open"] = {}
+        state["_hinted"] = {}
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
@@ -134,8 +142,20 @@ class DatasetReader:
         return self._source.shard_file(shard)
 
     def prefetch(self, shards: Iterable[int]) -> None:
-        """Start opening ``shards`` in the background where an open is a round trip (remote)."""
-        self._source.prefetch(s for s in shards if s not in self._open)
+        """Start reading what opening ``shards`` reads: their tails, fetched in the background
+        (remote), or asked of the kernel with their files opened (local ``.rec`` shards,
+        ``advise_open``), so that a window's cold shards are read together, not one open
+        after another."""
+        todo = [s for s in shards if s not in self._open]
+        if isinstance(self.root, str) or self.manifest.backend != "records":
+            self._source.prefetch(todo)
+            return
+        for shard in todo:
+            if shard not in self._hinted:
+                info = self.manifest.shards[shard]
+                fd = advise_open(self.root / info.name, info.num_bytes, info.num_samples)
+                if fd is not None:
+                    self._hinted[shard] = fd
 
     def shard(self, shard: int) -> ShardFileReader:
         """The open reader of shard number ``shard``, opening and checking it once."""
@@ -165,7 +185,9 @@ class DatasetReader:
                     "was truncated or replaced: restore it from a copy or re-pack",
                     path=path,
                 )
-            reader = open_shard(self.manifest.backend, path)
+            hinted = self._hinted.pop(shard, None)
+            reader = (open_shard(self.manifest.backend, path) if hinted is None
+                      else RecordsShardReader(path, hinted))
         try:
             if reader.num_records != info.num_samples:
                 raise TruncatedShardError(
@@ -192,11 +214,14 @@ class DatasetReader:
         reader = self._open.pop(shard, None)
         if reader is not None:
             reader.close()
+        hinted = self._hinted.pop(shard, None)
+        if hinted is not None:
+            os.close(hinted)
         self._source.release(shard)
 
     def close(self) -> None:
         """Release every open shard (and a remote dataset's downloads ahead and threads)."""
-        for shard in list(self._open):
+        for shard in [*self._open, *self._hinted]:
             self.close_shard(shard)
         self._source.close()
 

@@ -1,8 +1,8 @@
 """Where a dataset's manifest and shards come from: a local folder, read in place, or a URL.
 
 ``ShardSource`` is what ``DatasetReader`` asks for its manifest and for
-remote shards; local shards it still opens itself (no copy, no cache; ``prefetch``
-only asks the kernel to read their tails ahead). For a URL it holds the store, the manifest
+remote shards; local shards it still opens itself, exactly as before (no
+copy, no cache, no extra call). For a URL it holds the store, the manifest
 and its version, and, per process, the node cache (``RangeCache``), the
 read-ahead queue shared by all shards (``ReadAhead``) and a few threads that
 fetch shard tails in parallel (``prefetch``: a window of the stream touches
@@ -29,7 +29,6 @@ from typing import Any
 
 from shardio.backends import ShardFileReader
 from shardio.backends.cachedshard import CachedShardReader
-from shardio.backends.records import advise_open
 from shardio.backends.remoterecords import RemoteRecordsReader, ShardTail, join_bytes, read_tail
 from shardio.checksum import compute, digest, name_of
 from shardio.errors import (
@@ -204,15 +203,8 @@ class ShardSource:
                          size=info.num_bytes, num_records=info.num_samples)
 
     def prefetch(self, numbers: Iterable[int]) -> None:
-        """Start reading the tails of ``.rec`` shards ``numbers`` in the background: fetched
-        by threads (remote), or asked of the kernel (local, ``advise_open``)."""
-        if self.manifest.backend != "records":
-            return
-        if self.remote is None:
-            shards = self.manifest.shards
-            for number in numbers:
-                info = shards[number]
-                advise_open(Path(self.root) / info.name, info.num_bytes, info.num_samples)
+        """Start fetching the tails of remote ``.rec`` shards ``numbers`` in the background."""
+        if self.remote is None or self.manifest.backend != "records":
             return
         self.cache()  # after a fork: reset before looking at our own futures
         for number in numbers:

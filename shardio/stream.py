@@ -463,11 +463,12 @@ def _windows(reader: RunReader, order: IndexArray, window: int, max_run: int, sk
                                     max_run, gap)
             open_window = _OpenWindow(reader, current, firsts, columns, checks, drop_decoded,
                                       first_runs)
-            if open_window.decodes_whole:
+            if open_window.decodes_whole and not getattr(reader, "is_remote", False):
                 # advised at once, the next window's reads were sorted by the block layer
                 # among this one's, which the first batch waits for whole: on a cold page
                 # cache that batch came 0.37-0.45 s into the epoch instead of 0.27-0.32 s
-                # (8,000 images); once this window is in, they overlap its use
+                # (8,000 images); once this window is in, they overlap its use. A remote
+                # window's advice starts downloads, which should start as early as they can
                 open_window.after_load = partial(advise, reader, upcoming.due)
             else:
                 advise(reader, upcoming.due)

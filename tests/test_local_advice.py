@@ -59,7 +59,9 @@ def test_advise_open_asks_for_the_header_page_and_the_whole_tail(
     for info in manifest.shards:
         calls.clear()
         path = packed / info.name
-        advise_open(path, info.num_bytes, info.num_samples)
+        fd = advise_open(path, info.num_bytes, info.num_samples)
+        assert fd is not None
+        os.close(fd)
         footer = unpack_footer(path.read_bytes(), path=str(path))
         assert all(advice == os.POSIX_FADV_WILLNEED for _o, _n, advice in calls)
         (head, head_len, _), (tail, tail_len, _) = calls
@@ -70,27 +72,33 @@ def test_advise_open_asks_for_the_header_page_and_the_whole_tail(
 
 
 def test_advise_open_leaves_a_missing_file_to_the_open(tmp_path: Path) -> None:
-    advise_open(tmp_path / "gone.rec", 1 << 20, 100)  # no error: the open names it
+    assert advise_open(tmp_path / "gone.rec", 1 << 20, 100) is None  # the open names it
     with pytest.raises(shardio.ShardMissingError, match=r"gone\.rec"):
         RecordsShardReader(tmp_path / "gone.rec")
 
 
-def test_every_local_shard_is_hinted_before_it_is_opened(
+def test_every_local_shard_is_hinted_before_it_is_opened_and_its_file_opened_once(
     packed: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     events: list[tuple[str, str]] = []
-    real_advise, real_init = records.advise_open, RecordsShardReader.__init__
+    real_advise, real_init, real_open = records.advise_open, RecordsShardReader.__init__, os.open
 
-    def advise(path: str | Path, size: int, num_records: int) -> None:
+    def advise(path: str | Path, size: int, num_records: int) -> int | None:
         events.append(("hint", Path(path).name))
-        real_advise(path, size, num_records)
+        return real_advise(path, size, num_records)
 
-    def init(self: RecordsShardReader, path: str | Path) -> None:
+    def init(self: RecordsShardReader, path: str | Path, fd: int | None = None) -> None:
         events.append(("open", Path(path).name))
-        real_init(self, path)
+        real_init(self, path, fd)
 
-    monkeypatch.setattr("shardio.shardsource.advise_open", advise)
+    def os_open(path: Any, flags: int, *args: Any, **kwargs: Any) -> int:
+        if str(path).endswith(".rec"):
+            events.append(("os.open", Path(path).name))
+        return real_open(path, flags, *args, **kwargs)
+
+    monkeypatch.setattr("shardio.reader.advise_open", advise)
     monkeypatch.setattr(RecordsShardReader, "__init__", init)
+    monkeypatch.setattr(os, "open", os_open)
     dataset = shardio.StreamingDataset(packed, decode="raw", shuffle_buffer=WINDOW, seed=1)
     keys = [sample["__key__"] for sample in dataset]
     assert sorted(keys) == sorted({*keys}) and len(keys) == NUM_FILES
@@ -98,6 +106,9 @@ def test_every_local_shard_is_hinted_before_it_is_opened(
     assert len(opened) == len(shardio.read_manifest(packed).shards)
     for name in opened:
         assert events.index(("hint", name)) < events.index(("open", name))
+    # the hint's descriptor is the reader's: one open of each file, as without hints
+    files = [name for kind, name in events if kind == "os.open"]
+    assert sorted(files) == sorted(opened)
 
 
 def test_the_next_window_is_hinted_once_this_one_is_decoded(

@@ -54,30 +54,28 @@ epoch (peak RSS of 2 workers on the 8,000-image tree: 1,310 -> 1,143 MB with dro
 widened to this; tests/test_memory_pages.py)."""
 
 
-def advise_open(path: str | Path, size: int, num_records: int) -> None:
-    """Ask the kernel to start reading what opening a ``.rec`` shard reads: its header
-    page and its tail (footer, index and keys; ``size`` and ``num_records`` from the
-    manifest).
+def advise_open(path: str | Path, size: int, num_records: int) -> int | None:
+    """Open a ``.rec`` shard's file and ask the kernel to start reading what opening the
+    shard reads: its header page and its tail (footer, index and keys; ``size`` and
+    ``num_records`` from the manifest). Returns the descriptor, for ``RecordsShardReader``
+    to take (one open per shard, as before), or None where the file cannot be opened
+    (the reader's own open then names what is wrong).
 
     Opening reads both through the map, and a fault on a page not cached reads the
     device's whole read-ahead window around it (often 8 MiB) before it returns, holding
     the GIL: a window's first use of 40 cold shards of 16 MB took 0.4-0.5 s that way, one
-    shard after another, the whole first epoch on a cold page cache waiting on it. Asked
-    for a whole window's shards at once, the reads run together and each open finds its
-    pages cached. A hint only: a missing file or a short guess is found by the open.
+    shard after another, most of a cold epoch. Asked for a whole window's shards at
+    once, the reads run together and each open finds its pages cached.
     """
-    if not hasattr(os, "posix_fadvise"):
-        return
     try:
         fd = os.open(path, os.O_RDONLY)
     except OSError:
-        return  # the open that follows names what is wrong
-    try:
+        return None
+    if hasattr(os, "posix_fadvise"):
         os.posix_fadvise(fd, 0, PAGE, os.POSIX_FADV_WILLNEED)
         tail = tail_guess(size, num_records, PAGE)
         os.posix_fadvise(fd, size - tail, tail, os.POSIX_FADV_WILLNEED)
-    finally:
-        os.close(fd)
+    return fd
 
 
 def drop_view_pages(views: Sequence[memoryview]) -> int:
@@ -196,10 +194,13 @@ class RecordsShardWriter:
 class RecordsShardReader:
     """Maps one ``.rec`` shard and serves its records as views of the map."""
 
-    def __init__(self, path: str | Path) -> None:
+    def __init__(self, path: str | Path, fd: int | None = None) -> None:
+        """Map shard ``path`` and check its header, footer and index; ``fd``: the file,
+        already open (``advise_open``), which the reader then owns."""
         self.path = str(path)
         try:
-            fd = os.open(self.path, os.O_RDONLY)
+            if fd is None:
+                fd = os.open(self.path, os.O_RDONLY)
         except FileNotFoundError as exc:
             raise ShardMissingError(
                 f"{self.path}: shard file is missing; the dataset is incomplete. Restore the "
