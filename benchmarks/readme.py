@@ -50,6 +50,7 @@ BLOCKS: dict[str, str] = {
     "lmdb-check": "benchmarks.bench_lmdbcheck:lmdbcheck_block",
     "bench-checksum": "benchmarks.bench_checksum:checksum_block",
     "bench-stages": "benchmarks.bench_stages:stages_block",
+    "bench-cold": "benchmarks.bench_cold:cold_block",
     "bench-warm": "benchmarks.warm_report:warm_block",
     "bench-dataloader-workers": "benchmarks.warm_report:dataloader_block",
     "bench-first-sample": "benchmarks.first_sample:first_sample_block",
