@@ -78,7 +78,7 @@ FOOTER_SIZE: Final = FOOTER.size
 INDEX_ENTRY_BYTES: Final = {1: 8, 2: 12}
 """Index bytes per offset: a u64 offset, and in v2 a u32 chain value too."""
 TAIL_GUESS_KEY_BYTES: Final = 64
-"""Key block bytes per record ``tail_guess`` allows for (paths of ~60 characters)."""
+"""Key block bytes per record ``tail_bytes`` allows for (paths of ~60 characters)."""
 
 if TYPE_CHECKING:  # numpy is imported where runs are checked: `import shardio` stays light
     import numpy as np
@@ -346,7 +346,7 @@ def _refuse(run: RunBytes, path: str, first: int, where: Callable[[int], int], k
     )
 
 
-def tail_guess(size: int, num_records: int, minimum: int = 0) -> int:
+def tail_bytes(size: int, num_records: int, minimum: int = 0) -> int:
     """Bytes at the end of a ``.rec`` shard of ``size`` bytes and ``num_records`` records
     that hold its footer, index and keys, usually (the key block's length is known only
     from the footer): what a reader asks for before it has the footer. At least

@@ -19,9 +19,8 @@ from click.testing import CliRunner
 from storage_servers import FAST_RETRY, S3Endpoint
 
 import shardio
-from shardio.backends.remoterecords import MIN_TAIL_BYTES
+from shardio.backends.remoterecords import tail_guess
 from shardio.cli import main
-from shardio.format import tail_guess
 from shardio.storage import open_store
 from shardio.synth import make_imagefolder
 
@@ -44,7 +43,7 @@ def _ls(*args: str) -> list[dict[str, object]]:
 
 def _tails(packed: Path) -> int:
     manifest = shardio.read_manifest(packed)
-    return sum(tail_guess(s.num_bytes, s.num_samples, MIN_TAIL_BYTES) for s in manifest.shards)
+    return sum(tail_guess(s.num_bytes, s.num_samples) for s in manifest.shards)
 
 
 def test_ls_of_a_url_reads_sizes_from_the_index_not_the_records(

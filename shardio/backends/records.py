@@ -35,7 +35,7 @@ from shardio.format import (
     pack_footer,
     pack_header,
     parse_index,
-    tail_guess,
+    tail_bytes,
     unpack_footer,
 )
 
@@ -73,7 +73,7 @@ def advise_open(path: str | Path, size: int, num_records: int) -> int | None:
         return None
     if hasattr(os, "posix_fadvise"):
         os.posix_fadvise(fd, 0, PAGE, os.POSIX_FADV_WILLNEED)
-        tail = tail_guess(size, num_records, PAGE)
+        tail = tail_bytes(size, num_records, PAGE)
         os.posix_fadvise(fd, size - tail, tail, os.POSIX_FADV_WILLNEED)
     return fd
 

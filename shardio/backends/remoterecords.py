@@ -35,7 +35,7 @@ from shardio.format import (
     check_frames,
     check_header,
     parse_index,
-    tail_guess,
+    tail_bytes,
     unpack_footer,
 )
 from shardio.storage.cachedrange import CachedRange
@@ -129,6 +129,11 @@ def partition(offsets: npt.NDArray[np.uint64], range_bytes: int,
     return cuts
 
 
+def tail_guess(size: int, num_records: int) -> int:
+    """Bytes at the end of a shard the first GET asks for: footer, index and keys, usually."""
+    return tail_bytes(size, num_records, MIN_TAIL_BYTES)
+
+
 @dataclass(frozen=True)
 class ShardTail:
     """What a reader needs of a shard before reading records: its index and key block."""
@@ -154,7 +159,7 @@ def read_tail(fetch: Callable[[RangeRequest], bytes], name: str, *, url: str, si
             fail their CRC-32 (the local reader's check).
         StorageError, FileNotFoundError: the store could not deliver.
     """
-    guess = tail_guess(size, num_records, MIN_TAIL_BYTES)
+    guess = tail_guess(size, num_records)
 
     def check_footer(view: memoryview) -> None:
         unpack_footer(view, path=url, size=size)
