@@ -168,6 +168,8 @@ def measure_packed(root: Path, field: str, rounds: int, seed: int = 0,
 
 def main(argv: list[str] | None = None) -> Path:
     """Measure both trees; returns the results file."""
+    from benchmarks.machine import source_id
+
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--quick", action="store_true", help="small trees, 2 rounds")
     p.add_argument("--rounds", type=int, default=5)
@@ -181,21 +183,12 @@ def main(argv: list[str] | None = None) -> Path:
     command = "python -m benchmarks.bench_cold" + (" --quick" if args.quick
                                                     else f" --rounds {rounds}")
     results = {"date": time.strftime("%Y-%m-%d %H:%M"), "command": command,
-               "git": _git_commit(), "load_avg_1min": load, "trees": trees}
+               "git": source_id(RESULTS.parent.parent / "shardio")["git_head"],
+               "load_avg_1min": load, "trees": trees}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(results, indent=1) + "\n", encoding="utf-8")
     print(cold_block(args.out))
     return args.out
-
-
-def _git_commit() -> str | None:
-    import subprocess
-
-    try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
-                              text=True, check=True, cwd=RESULTS.parent).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return None
 
 
 def cold_block(path: Path | None = None) -> str:

@@ -142,3 +142,26 @@ def test_the_next_window_is_hinted_once_this_one_is_decoded(
     for i, (kind, *run) in enumerate(events):
         if kind == "decode":
             assert ("hint", *run) in events[:i]
+
+
+@pytest.mark.skipif(not Path("/proc/self/fd").is_dir(), reason="counts /proc/self/fd")
+def test_a_truncated_shard_hinted_before_its_open_fails_by_name_and_leaks_no_descriptor(
+    packed: Path, tmp_path: Path
+) -> None:
+    copy = tmp_path / "ds"
+    copy.mkdir()
+    for path in packed.iterdir():
+        (copy / path.name).write_bytes(path.read_bytes())
+    victim = sorted(copy.glob("*.rec"))[3]
+    victim.write_bytes(victim.read_bytes()[:-100])  # the manifest says 100 bytes more
+    before = len(os.listdir("/proc/self/fd"))
+    dataset = shardio.StreamingDataset(copy, decode="raw", shuffle_buffer=WINDOW, seed=0)
+    with pytest.raises(shardio.TruncatedShardError, match=victim.name):
+        for _sample in dataset:
+            pass
+    del dataset
+    import gc
+
+    gc.collect()
+    # the hinted shards' descriptors, the truncated one's among them, are all closed
+    assert len(os.listdir("/proc/self/fd")) == before
