@@ -397,3 +397,19 @@ def test_lmdb_truncated_below_last_page_names_size(lmdb_shard: Path) -> None:
     said = re.escape(f"{lmdb_shard}: shard is {len(data) - 4096} bytes")
     with pytest.raises(TruncatedShardError, match=said):
         LmdbShardReader(lmdb_shard)
+
+
+@pytest.mark.skipif(not Path("/proc/self/fd").is_dir(), reason="counts /proc/self/fd")
+@pytest.mark.parametrize("damage", ["header", "footer", "index"])
+def test_a_records_shard_refused_on_open_leaves_no_descriptor(tmp_path: Path, damage: str) -> None:
+    path = tmp_path / shard_name("records", 0)
+    write_shard("records", path, make_frames())
+    data = bytearray(path.read_bytes())
+    at = {"header": 0, "footer": len(data) - 1, "index": len(data) - 60}[damage]
+    data[at] ^= 0xFF
+    path.write_bytes(bytes(data))
+    before = len(os.listdir("/proc/self/fd"))
+    for _ in range(20):  # a reader that skips damaged shards and goes on opens many
+        with pytest.raises(ShardioError, match=re.escape(path.name)):
+            open_shard("records", path)
+    assert len(os.listdir("/proc/self/fd")) == before

@@ -219,6 +219,15 @@ class RecordsShardReader:
         self.size = size
         view = memoryview(self._mmap)
         self._view = view
+        try:
+            self._check_layout(view, size)
+        except BaseException:  # a damaged shard: its descriptor must not outlive the error
+            self._fd = -1
+            os.close(fd)
+            raise
+
+    def _check_layout(self, view: memoryview, size: int) -> None:
+        """Check header, footer and index, and keep what reading records needs of them."""
         header = check_header(view[: HEADER_SIZES[2]], path=self.path)
         footer = unpack_footer(view, path=self.path)
         if (footer.version, footer.checksum) != (header.version, header.checksum):
