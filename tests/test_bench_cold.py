@@ -46,7 +46,9 @@ def test_the_replayed_spans_cover_every_record_and_nothing_else(packed: Path) ->
 def test_the_table_renders_from_the_measurements(packed: Path, tmp_path: Path) -> None:
     tree = measure_packed(packed, "bin", rounds=1, kind="tiny")
     assert tree["num_files"] == 400
-    assert {name: len(v) for name, v in tree["seconds"].items()} == dict.fromkeys(
+    # one measurement of each kind a round (their values are timings: not asserted)
+    rounds_measured = {name: len(v) for name, v in tree["seconds"].items()}
+    assert rounds_measured == dict.fromkeys(
         ("cat", "blocks", "epoch", "first batch", "warm epoch"), 1)
     results = tmp_path / "cold.json"
     results.write_text(json.dumps({"date": "d", "command": "c", "git": "g",
