@@ -205,6 +205,15 @@ def _take(values: list[Any], ranks: list[int]) -> list[Any]:
 
 def batch_from_columns(parts: list[tuple[WindowColumns, list[int]]]) -> RecordBatch:
     """One batch of the samples at ``ranks`` of each window's columns, in order."""
+    if len(parts) == 1:
+        batch = _one_window_batch(*parts[0])
+        if batch is not None:
+            return batch
+    return _batch_by_field(parts)
+
+
+def _batch_by_field(parts: list[tuple[WindowColumns, list[int]]]) -> RecordBatch:
+    """``batch_from_columns`` for any samples: fields missing from some, kinds that differ."""
     keys = [k for columns, ranks in parts for k in _take(columns.keys, ranks)]
     indices = np.concatenate([columns.indices[ranks] for columns, ranks in parts])
     names = dict.fromkeys(name for columns, _ranks in parts for name in columns.fields)
@@ -244,6 +253,45 @@ def batch_from_columns(parts: list[tuple[WindowColumns, list[int]]]) -> RecordBa
     batch = RecordBatch(keys, indices, out.pieces, out.offsets, out.values, missing=out.missing)
     if out.places is not None and out.places[0]:
         maps, starts = out.places
+        batch.places = (maps, np.concatenate(starts))
+    return batch
+
+
+def _one_window_batch(columns: WindowColumns, ranks: list[int]) -> RecordBatch | None:
+    """``batch_from_columns`` of one window's samples whose every field is bytes or int in
+    all of them (None otherwise): what nearly every batch is, built with a third of the
+    general path's calls (about 40 us a batch there, a tenth of a tiny-record epoch)."""
+    at = np.asarray(ranks, np.int64)
+    fields = columns.fields
+    if not all(c.kind in ("bytes", "int") and bool(c.present[at].all())
+               for c in fields.values()):
+        return None
+    keys = _take(columns.keys, ranks)
+    pieces: list[bytes | memoryview] = []
+    offsets: dict[str, IndexArray] = {}
+    values: dict[str, IndexArray | list[Any]] = {}
+    maps: list[object] = []
+    starts: list[IndexArray] = []
+    mapped = True
+    start = 0
+    for name, column in fields.items():
+        if column.kind == "int":
+            values[name] = column.ints[at]
+            continue
+        field_offsets = np.empty(len(at) + 1, np.int64)
+        field_offsets[0] = start
+        np.cumsum(column.lengths[at], out=field_offsets[1:])
+        field_offsets[1:] += start
+        offsets[name] = field_offsets
+        start = int(field_offsets[-1])
+        pieces += _take(column.values, ranks)
+        if mapped and column.mapped:
+            maps += _take(column.maps, ranks)
+            starts.append(column.starts[at])
+        else:
+            mapped = False
+    batch = RecordBatch(keys, columns.indices[at], pieces, offsets, values)
+    if mapped and maps:
         batch.places = (maps, np.concatenate(starts))
     return batch
 

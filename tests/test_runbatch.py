@@ -17,7 +17,7 @@ import pytest
 from shardio import ShardWriter, WriteOptions
 from shardio.batch import RecordBatch
 from shardio.reader import DatasetReader
-from shardio.runbatch import Chunk
+from shardio.runbatch import Chunk, _batch_by_field, _one_window_batch
 from shardio.stream import iter_chunks
 
 
@@ -85,3 +85,44 @@ def test_a_field_no_sample_of_the_batch_has_is_left_out(generic: Path) -> None:
     assert "big" not in batch.fields and "arr" not in batch.fields and "flag" not in batch.fields
     assert batch.values["n"].tolist() == [1, 2]
     assert [bytes(v) for v in batch.bytes("txt")] == [b"text 1", b"text 2"]
+
+
+def uniform(i: int) -> dict[str, Any]:
+    return {"__key__": f"u/{i:04d}", "image": bytes([i % 251]) * (9_000 + i), "label": i % 5,
+            "txt": f"t{i}".encode()}
+
+
+@pytest.mark.parametrize("kind", ["generic", "uniform", "compressed"])
+def test_the_one_window_path_builds_what_the_general_path_builds(
+        generic: Path, tmp_path: Path, kind: str) -> None:
+    if kind == "generic":
+        root = generic
+    else:  # large bytes mapped in place, or every record inflated
+        root = tmp_path / kind
+        codec = "zstd" if kind == "compressed" else "none"
+        with ShardWriter(root, WriteOptions(max_shard_samples=40, codec=codec)) as writer:
+            for i in range(200):
+                writer.write(uniform(i) if kind == "uniform" else
+                             {**uniform(i), "image": bytes(3_000)})
+    order = np.random.default_rng(4).permutation(200)
+    fast = placed = 0
+    with DatasetReader(root) as reader:
+        for chunk in iter_chunks(reader, order, window=64, max_run=8, size=16, zero_copy=True):
+            assert isinstance(chunk, Chunk)
+            general = _batch_by_field(chunk.parts)
+            batch = chunk.record_batch()
+            same(batch, general)
+            assert {k: v.tolist() for k, v in batch.offsets.items()} == {
+                k: v.tolist() for k, v in general.offsets.items()}
+            assert (batch.places is None) == (general.places is None)
+            if general.places is not None:
+                assert batch.places is not None
+                assert all(a is b for a, b in zip(batch.places[0], general.places[0], strict=True))
+                assert batch.places[1].tolist() == general.places[1].tolist()
+            if len(chunk.parts) == 1 and _one_window_batch(*chunk.parts[0]) is not None:
+                fast += 1
+                placed += batch.places is not None
+    if kind != "generic":  # every field is bytes or int in every sample: most batches
+        assert fast >= 10
+        # views of the map know their places; inflated payloads do not
+        assert placed == (fast if kind == "uniform" else 0)
