@@ -101,6 +101,7 @@ class WindowColumns:
         self.fields: dict[str, _Column] = {}
         self.dicts: list[dict[str, Any] | None] = [None] * len(unique)
         """Samples filed as dicts (``put``), handed out as they are."""
+        self._index_list: list[int] | None = None
         self.placed = False
         """Owned bytes values of mapped runs as ``FileBytes`` (a DataLoader worker's samples,
         which then cross to the main process as places in the shard files)."""
@@ -141,14 +142,16 @@ class WindowColumns:
         out[KEY_FIELD] = self.keys[rank]
         placed = owned and self.placed
         for name, column in self.fields.items():
-            if column.present[rank]:
-                value = column.values[rank]
+            value = column.values[rank]
+            if value is not None:  # filed values are never None: None is a field absent
                 if owned and type(value) is memoryview:
                     source = column.maps[rank] if placed else None
                     value = bytes(value) if source is None else file_bytes(
                         value, source, int(column.starts[rank]))
                 out[name] = value
-        out[INDEX_FIELD] = int(self.indices[rank])
+        if self._index_list is None:  # one conversion a window, not a numpy scalar a sample
+            self._index_list = self.indices.tolist()
+        out[INDEX_FIELD] = self._index_list[rank]
         return out
 
 

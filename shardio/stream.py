@@ -153,10 +153,22 @@ def iter_samples(
     """
     for open_window in _windows(reader, order, window, max_run, skip,
                                 check_ahead=check_ahead, head=head):
-        samples, load = open_window.samples, open_window.load_rank
         columns = open_window.columns
         if columns is not None:
             columns.placed = placed and not zero_copy
+        if open_window.decodes_whole:
+            # every run is decoded when the first sample is due: a few dozen samples at a
+            # time are made by one ``gather``, not by half a dozen calls a sample. Not a
+            # window's worth: copies all alive at once took fresh pages for each (up to
+            # 256 MB, 20+ us an 80 KB image), where a copy the consumer freed is reused
+            ranks = open_window.ranks
+            for at in range(0, len(ranks), _SAMPLES_GATHERED):
+                yield from open_window.gather(ranks[at : at + _SAMPLES_GATHERED].tolist(),
+                                              owned=not zero_copy)
+            continue
+        # runs decoded one at a time (remote, LMDB): each when its first sample is due,
+        # so that a sample never waits for a later sample's download
+        samples, load = open_window.samples, open_window.load_rank
         for rank in open_window.ranks.tolist():
             sample = samples[rank]
             if sample is None:
@@ -165,9 +177,11 @@ def iter_samples(
                 if sample is None:  # filed field by field
                     assert columns is not None
                     sample = columns.sample(rank, owned=not zero_copy)
-            # a window's worth of copies alive at once took fresh pages for each (up to
-            # 256 MB): 20+ us an 80 KB image; a copy freed by the consumer is reused
             yield sample.owned() if not zero_copy and type(sample) is ViewedSample else sample
+
+
+_SAMPLES_GATHERED = 32
+"""Samples ``iter_samples`` makes per call of ``_OpenWindow.gather``."""
 
 
 def iter_chunks(

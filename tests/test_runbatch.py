@@ -18,7 +18,7 @@ from shardio import ShardWriter, WriteOptions
 from shardio.batch import RecordBatch
 from shardio.reader import DatasetReader
 from shardio.runbatch import Chunk, _batch_by_field, _one_window_batch
-from shardio.stream import iter_chunks
+from shardio.stream import iter_chunks, iter_samples
 
 
 def sample(i: int) -> dict[str, Any]:
@@ -87,23 +87,34 @@ def test_a_field_no_sample_of_the_batch_has_is_left_out(generic: Path) -> None:
     assert [bytes(v) for v in batch.bytes("txt")] == [b"text 1", b"text 2"]
 
 
-def uniform(i: int) -> dict[str, Any]:
-    return {"__key__": f"u/{i:04d}", "image": bytes([i % 251]) * (9_000 + i), "label": i % 5,
-            "txt": f"t{i}".encode()}
+def written(kind: str, i: int) -> dict[str, Any]:
+    """Sample ``i`` of a pack of ``kind`` as written."""
+    if kind == "generic":
+        return sample(i)
+    out = {"__key__": f"u/{i:04d}", "image": bytes([i % 251]) * (9_000 + i), "label": i % 5,
+           "txt": f"t{i}".encode()}
+    if kind == "compressed":  # every record inflated
+        out["image"] = bytes([i % 7]) * 3_000
+    return out
+
+
+def build(kind: str, generic: Path, tmp_path: Path) -> Path:
+    """The generic pack, or one whose records share one shape (decoded field by field):
+    its large bytes mapped in place (``uniform``), or every record compressed."""
+    if kind == "generic":
+        return generic
+    root = tmp_path / kind
+    codec = "zstd" if kind == "compressed" else "none"
+    with ShardWriter(root, WriteOptions(max_shard_samples=40, codec=codec)) as writer:
+        for i in range(200):
+            writer.write(written(kind, i))
+    return root
 
 
 @pytest.mark.parametrize("kind", ["generic", "uniform", "compressed"])
 def test_the_one_window_path_builds_what_the_general_path_builds(
         generic: Path, tmp_path: Path, kind: str) -> None:
-    if kind == "generic":
-        root = generic
-    else:  # large bytes mapped in place, or every record inflated
-        root = tmp_path / kind
-        codec = "zstd" if kind == "compressed" else "none"
-        with ShardWriter(root, WriteOptions(max_shard_samples=40, codec=codec)) as writer:
-            for i in range(200):
-                writer.write(uniform(i) if kind == "uniform" else
-                             {**uniform(i), "image": bytes(3_000)})
+    root = build(kind, generic, tmp_path)
     order = np.random.default_rng(4).permutation(200)
     fast = placed = 0
     with DatasetReader(root) as reader:
@@ -126,3 +137,27 @@ def test_the_one_window_path_builds_what_the_general_path_builds(
         assert fast >= 10
         # views of the map know their places; inflated payloads do not
         assert placed == (fast if kind == "uniform" else 0)
+
+
+@pytest.mark.parametrize("zero_copy", [False, True])
+@pytest.mark.parametrize("kind", ["generic", "uniform", "compressed"])
+def test_samples_handed_out_one_by_one_are_the_samples_written(
+        generic: Path, tmp_path: Path, kind: str, zero_copy: bool) -> None:
+    root = build(kind, generic, tmp_path)
+    order = np.random.default_rng(9).permutation(200)
+    with DatasetReader(root) as reader:
+        got = list(iter_samples(reader, order, window=70, max_run=8, zero_copy=zero_copy))
+    assert [s["__index__"] for s in got] == order.tolist()
+    for s in got:
+        assert type(s["__index__"]) is int
+        want = written(kind, s["__index__"])
+        assert set(s) == {*want, "__index__"}  # a field a sample lacks stays absent
+        for name, value in want.items():
+            if isinstance(value, np.ndarray):
+                assert np.array_equal(s[name], value)
+            elif isinstance(value, bytes):
+                assert bytes(s[name]) == value
+                # owned samples hold bytes; zero-copy ones may hold views of the runs read
+                assert type(s[name]) is bytes or zero_copy
+            else:
+                assert s[name] == value and type(s[name]) is type(value)
