@@ -31,6 +31,8 @@ from __future__ import annotations
 import os
 import queue
 import threading
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -58,9 +60,9 @@ class Check:
         self.failing: int | None = None
         """The first record (position in the run) whose checksum fails; None: all pass."""
         self.error: BaseException | None = None
-        self.inflated: tuple[bytes, npt.NDArray[np.int64]] | None = None
+        self.inflated: tuple[Sequence[Any], npt.NDArray[np.int64]] | None = None
         """Where the run holds compressed records and passed: the wanted records' payloads,
-        inflated where their codec byte says so, back to back, and their lengths."""
+        inflated where their codec byte says so, as buffers, and their lengths."""
         self._state = _PENDING
         self._done = threading.Event()
 

@@ -17,6 +17,7 @@ with ``decode_run``, which names what is wrong. Torch-free.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -42,9 +43,9 @@ class RunPart:
     start: int
     only: list[int] | None
     checked: bool
-    inflated: tuple[bytes, IndexArray] | None = None
-    """The wanted records' payloads inflated, back to back, with their lengths (the
-    checker thread's)."""
+    inflated: tuple[Sequence[Any], IndexArray] | None = None
+    """The wanted records' payloads inflated, as buffers, with their lengths (the checker
+    thread's ``inflate_payloads``)."""
 
 
 @dataclass
@@ -143,24 +144,21 @@ def _frame_codecs(parts: Sequence[RunPart], base: object, at: list[int]
 
 
 def _inflated(parts: Sequence[RunPart]) -> tuple[bytes | None, IndexArray, IndexArray]:
-    """The wanted payloads, inflated where compressed, back to back in one ``bytes``."""
-    blobs: list[bytes] = []
-    firsts: list[IndexArray] = []
-    lasts: list[IndexArray] = []
-    at = 0
+    """The wanted payloads, inflated where compressed, back to back in one ``bytes`` (one
+    copy of every part's buffers)."""
+    pieces: list[Sequence[Any]] = []
+    sizes: list[IndexArray] = []
     for part in parts:
         # the checker thread's, or inflated here
         got = part.inflated or inflate_payloads(part.run, part.only)
         if got is None:  # a frame that does not inflate: decode_run names it
             empty = np.empty(0, np.int64)
             return None, empty, empty
-        blob, lengths = got
-        stops = np.cumsum(lengths) + at
-        firsts.append(stops - lengths)
-        lasts.append(stops)
-        blobs.append(blob)
-        at += len(blob)
-    return b"".join(blobs), np.concatenate(firsts), np.concatenate(lasts)
+        pieces.append(got[0])
+        sizes.append(got[1])
+    lengths = np.concatenate(sizes)
+    stops = np.cumsum(lengths)
+    return b"".join(itertools.chain.from_iterable(pieces)), stops - lengths, stops
 
 
 def compressed(run: RunBytes, only: list[int] | None) -> bool:
@@ -170,12 +168,14 @@ def compressed(run: RunBytes, only: list[int] | None) -> bool:
 
 
 def inflate_payloads(run: RunBytes, only: list[int] | None
-                     ) -> tuple[bytes, IndexArray] | None:
+                     ) -> tuple[Sequence[Any], IndexArray] | None:
     """The run's payloads (of them, those at positions ``only``), inflated where their codec
-    byte says so, back to back, and their lengths; None if one does not inflate.
+    byte says so, as a sequence of buffers, and their lengths; None if one does not inflate.
 
     A run of compressed records is inflated by one zstd call (in C, without the GIL, so
-    the checker thread runs it beside the reader); record by record otherwise.
+    the checker thread runs it beside the reader); record by record otherwise. The
+    buffers are joined once, with every other run of the shard's window (``_inflated``):
+    joined here, on the checker thread, the copy held the GIL the reader waits for.
     """
     bounds = run.bounds
     wanted = None if only is None else np.asarray(only, np.int64)
@@ -190,7 +190,7 @@ def inflate_payloads(run: RunBytes, only: list[int] | None
             segments = np.column_stack((lo, hi - lo)).astype(np.uint64)
             out: Any = dctx.multi_decompress_to_buffer(  # iterates its segments (buffers)
                 zstandard.BufferWithSegments(buf, segments.tobytes()), threads=0)
-            return b"".join(out), np.fromiter(map(len, out), np.int64, len(lo))
+            return out, np.fromiter(map(len, out), np.int64, len(lo))
         except Exception:  # a frame without its size, or a bad one: record by record below
             pass
     inflate = dctx.decompress
@@ -199,7 +199,7 @@ def inflate_payloads(run: RunBytes, only: list[int] | None
                   for a, b, c in zip(lo.tolist(), hi.tolist(), heads.tolist(), strict=True)]
     except Exception:  # zstd raises several types on a bad frame
         return None
-    return b"".join(pieces), np.fromiter(map(len, pieces), np.int64, len(pieces))
+    return pieces, np.fromiter(map(len, pieces), np.int64, len(pieces))
 
 
 def _expected_keys(keys: Sequence[str], parts: Sequence[RunPart],
