@@ -48,7 +48,8 @@ class Check:
     there first: a reader waiting for a check not yet started runs it itself, so on two
     cores the two share the checking whichever is ahead)."""
 
-    __slots__ = ("_claim_lock", "_done", "_state", "error", "failing", "inflated", "only", "run")
+    __slots__ = ("_claim_lock", "_done", "_finished", "_state", "error", "failing", "inflated",
+                 "only", "run")
 
     def __init__(self, run: RunBytes | None, claim_lock: threading.Lock,
                  only: list[int] | None = None) -> None:
@@ -64,14 +65,19 @@ class Check:
         """Where the run holds compressed records and passed: the wanted records' payloads,
         inflated where their codec byte says so, as buffers, and their lengths."""
         self._state = _PENDING
-        self._done = threading.Event()
+        # held until the result is in: a lock costs a tenth of an Event (a Condition and a
+        # lock) to make, and a window makes one check a run
+        self._done = threading.Lock()
+        self._done.acquire()
+        self._finished = False
 
     def passed(self) -> bool:
         """The result (computed here if the thread has not started it): True when every
         record of the run passed its checksum."""
-        if not self._done.is_set():
+        if not self._finished:
             self._work()
-            self._done.wait()
+            with self._done:  # until the thread that runs it is through
+                pass
         return self._state == _DONE and self.error is None and self.failing is None
 
     def cancel(self) -> None:
@@ -80,7 +86,7 @@ class Check:
             if self._state == _PENDING:
                 self._state = _CANCELLED
                 self.run = None
-                self._done.set()
+                self._finish()
 
     def _claim(self) -> RunBytes | None:
         with self._claim_lock:
@@ -103,14 +109,18 @@ class Check:
         finally:
             self._state = _DONE
             self.run = None
-            self._done.set()
+            self._finish()
         return True
+
+    def _finish(self) -> None:
+        self._finished = True
+        self._done.release()
 
 
 PASSED = Check(None, threading.Lock())
 """A check already made where the run was read (its frames checked there)."""
 PASSED._state = _DONE
-PASSED._done.set()
+PASSED._finish()
 
 
 class Checker:

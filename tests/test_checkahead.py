@@ -146,7 +146,9 @@ def test_a_reader_ahead_of_the_thread_checks_runs_itself(tmp_path: Path) -> None
         thread = checkahead.checker()
         before = thread.checked
         probe = thread.submit(reader.read_run(40, 60))  # left to the thread alone
-        assert probe._done.wait(60) and thread.checked == before + 1 and probe.passed()
+        assert probe._done.acquire(timeout=60)  # released once the thread has run it
+        probe._done.release()
+        assert thread.checked == before + 1 and probe.passed()
         before = thread.checked
         runs = [(a, min(a + 3, 200)) for a in range(0, 200, 3)] * 5
         checks = [thread.submit(reader.read_run(a, b)) for a, b in runs]
