@@ -11,7 +11,9 @@ a position in it is all ``state_dict()`` needs; raw batches cross a few per
 DataLoader item (``GROUP_BATCHES``), which the main process puts back in turn.
 Workers are persistent (and replaced when one dies), ``pin_memory`` is on only
 when CUDA is present, and epochs advance by themselves unless ``set_epoch``
-chose one.
+chose one. Without workers (and without pinning) the batches are taken from the
+dataset here, converted as the DataLoader converts them: its per-item machinery is
+all it would add.
 """
 
 from __future__ import annotations
