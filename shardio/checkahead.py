@@ -28,10 +28,12 @@ inherited. Torch-free.
 
 from __future__ import annotations
 
+import collections
+import contextlib
 import os
 import queue
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -131,7 +133,9 @@ class Checker:
         self._claim_lock = threading.Lock()
         self.checked = 0
         """Runs whose checksums this thread computed (not those the reader took over)."""
-        self._jobs: queue.SimpleQueue[Check] = queue.SimpleQueue()
+        self._jobs: queue.SimpleQueue[Check | _Later] = queue.SimpleQueue()
+        self._first: collections.deque[_Later] = collections.deque()
+        """Jobs of ``later``, run before the next queued check."""
         # a daemon: a reader that stops mid-window must not keep the interpreter alive
         threading.Thread(target=self._loop, name="shardio-check", daemon=True).start()
 
@@ -142,10 +146,46 @@ class Checker:
         self._jobs.put(check)
         return check
 
-    def _loop(self) -> None:
-        while True:
-            self.checked += self._jobs.get()._work()
+    def later(self, job: Callable[[], None]) -> None:
+        """Run ``job`` on this thread before the checks still queued (a window's page drop,
+        ``RecordsShardReader.drop_pages``: behind the next window's checks, the closed
+        window stayed mapped beside the next one, a window more of resident memory); an
+        error it raises is dropped with it."""
+        self._first.append(_Later(job))
+        self._jobs.put(_WAKE)
 
+    def flush(self, timeout: float | None = None) -> bool:
+        """Wait until the jobs of ``later`` queued so far have run; whether they did within
+        ``timeout`` seconds."""
+        done = threading.Event()
+        self.later(done.set)
+        return done.wait(timeout)
+
+    def _loop(self) -> None:
+        first = self._first
+        while True:
+            job = self._jobs.get()
+            while first:
+                first.popleft()._work()
+            self.checked += job._work()
+
+
+class _Later:
+    """A job of ``Checker.later`` (``_WAKE``: none, it wakes the thread for those)."""
+
+    __slots__ = ("job",)
+
+    def __init__(self, job: Callable[[], None]) -> None:
+        self.job = job
+
+    def _work(self) -> bool:
+        # nothing waits for it: an error must not stop the thread's checks
+        with contextlib.suppress(Exception):
+            self.job()
+        return False
+
+
+_WAKE = _Later(lambda: None)
 
 _CHECKER: Checker | None = None
 _LOCK = threading.Lock()

@@ -242,7 +242,8 @@ class _OpenWindow:
 
     def __init__(self, reader: RunReader, plan: _Window, firsts: IndexArray,
                  columns: bool = False, checks: dict[Run, tuple[RunBytes, Check]] | None = None,
-                 drop_decoded: bool = False, head: list[Run] | None = None) -> None:
+                 drop_decoded: bool = False, head: list[Run] | None = None,
+                 defer_drops: bool = False) -> None:
         self.ranks = plan.ranks
         self._reader, self._runs, self._firsts = reader, plan.runs, firsts
         self._unique = plan.unique
@@ -264,6 +265,8 @@ class _OpenWindow:
         self.columns = WindowColumns(plan.unique) if columns or self._local else None
         self._complete = False
         self._drop_decoded = drop_decoded
+        self._defer_drops = defer_drops
+        """Drop the window's pages on the checker thread when it closes (a core is free)."""
         number = {run: r for r, run in enumerate(self._runs)}
         self._head_of: dict[int, Run] = {}
         """The head run read on its own (``advise_first``) of each rank it holds, until loaded."""
@@ -433,18 +436,15 @@ class _OpenWindow:
         keep: dict[int, list[tuple[int, int]]] = {}
         for shard, start, stop in self.keep:
             keep.setdefault(shard, []).append((start, stop))
+        # behind the next window's checks on the checker thread, which the reader does not
+        # wait for: unmapping a window took about a fifth of a warm image epoch here
+        later = checker().later if self._defer_drops and spans else None
         for shard, (start, stop) in spans.items():
             drop = getattr(self._reader.shard(shard), "drop_pages", None)
             if drop is None:
                 continue
-            # on this thread: mmap.madvise holds the GIL, so on the checker thread it took
-            # the drop off this thread's CPU account but not off its wall time (55.3k against
-            # 55.6k images/s, epochs alternating in one process)
-            kept = keep.get(shard)  # only a records shard's runs are checked ahead
-            if kept:
-                drop(start, stop, kept)
-            else:
-                drop(start, stop)
+            # only a records shard's runs are checked ahead
+            drop(start, stop, keep.get(shard, ()), later=later)
 
 
 def _windows(reader: RunReader, order: IndexArray, window: int, max_run: int, skip: int,
@@ -476,7 +476,7 @@ def _windows(reader: RunReader, order: IndexArray, window: int, max_run: int, sk
             upcoming = _plan_window(order, w_lo + window, w_lo + window, window, firsts,
                                     max_run, gap)
             open_window = _OpenWindow(reader, current, firsts, columns, checks, drop_decoded,
-                                      first_runs)
+                                      first_runs, defer_drops=check_ahead)
             if open_window.decodes_whole and not getattr(reader, "is_remote", False):
                 # advised at once, the next window's reads were sorted by the block layer
                 # among this one's, which the first batch waits for whole: on a cold page

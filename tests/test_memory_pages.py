@@ -13,12 +13,15 @@ from __future__ import annotations
 
 import mmap
 import sys
+import threading
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
 from shardio import ShardWriter, WriteOptions
 from shardio.backends.records import RecordsShardReader, drop_view_pages
+from shardio.checkahead import checker
 from shardio.dataloader import loader
 from shardio.dataset import StreamingDataset
 
@@ -183,7 +186,63 @@ def test_windows_read_with_checks_a_window_ahead_give_their_pages_back(pack: Pat
             assert sample["bin"] == payload(sample["__index__"])
             seen.append(sample["__index__"])
         assert seen == order.tolist()
+        # each window's pages are dropped on the checker thread, before its queued checks
+        assert checker().flush(60)
         assert sum(resident_kb(p) for p in paths) <= opened
+
+
+@linux_only
+def test_a_drop_run_later_holds_the_map_until_it_runs(pack: Path) -> None:
+    # the drop the checker thread runs later: nothing goes before it runs, the pages go
+    # when it does, and a reader closed meanwhile leaves its map until then (no other
+    # mapping can take its addresses and lose pages to the drop)
+    path = first_shard(pack)
+    reader = RecordsShardReader(path)
+    jobs: list[Callable[[], None]] = []
+    opened = resident_kb(path)
+    frame = reader.frame(10)
+    assert sum(frame[::4096]) >= 0
+    mapped = resident_kb(path)
+    assert mapped > opened
+    reader.drop_pages(0, 48, later=jobs.append)
+    assert len(jobs) == 1 and resident_kb(path) == mapped  # queued, not run
+    del frame
+    reader.close()
+    assert resident_kb(path) == mapped  # the job's view keeps the map
+    jobs.pop()()
+    assert resident_kb(path) == 0  # dropped, and the map let go with the job's view
+    again = RecordsShardReader(path)
+    try:
+        assert payload(10) in again.frame(10).tobytes()
+    finally:
+        again.close()
+
+
+def test_later_jobs_run_before_queued_checks_and_errors_stop_nothing(pack: Path) -> None:
+    path = first_shard(pack)
+    reader = RecordsShardReader(path)
+    try:
+        thread = checker()
+        ran: list[str] = []
+        release = threading.Lock()
+        release.acquire()
+        thread.later(release.acquire)  # holds the thread while the rest is queued
+        before = thread.checked
+        checks = [thread.submit(reader.read_run(a, a + 4)) for a in range(0, 40, 4)]
+
+        def fail() -> None:
+            ran.append("fail")
+            raise RuntimeError("a job that fails")
+
+        thread.later(fail)
+        # run before the checks queued ahead of it: none of them has started yet
+        thread.later(lambda: ran.append(f"after, checks started: {thread.checked - before}"))
+        release.release()
+        assert thread.flush(60)
+        assert ran == ["fail", "after, checks started: 0"]
+        assert all(check.passed() for check in checks)  # the thread goes on checking
+    finally:
+        reader.close()
 
 
 @linux_only

@@ -15,7 +15,8 @@ from __future__ import annotations
 
 import mmap
 import os
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from functools import partial
 from pathlib import Path
 from typing import BinaryIO
 
@@ -294,7 +295,8 @@ class RecordsShardReader:
         view = self._view
         return [view[offs[i] : offs[i + 1]] for i in range(start, stop)]
 
-    def drop_pages(self, start: int, stop: int, keep: Sequence[tuple[int, int]] = ()) -> None:
+    def drop_pages(self, start: int, stop: int, keep: Sequence[tuple[int, int]] = (),
+                   *, later: Callable[[Callable[[], None]], None] | None = None) -> None:
         """Drop the pages of records ``start..stop`` from this process (not from the page cache).
 
         The map is shared and read-only, so a view still held re-reads its bytes from
@@ -304,22 +306,33 @@ class RecordsShardReader:
         window closes, so what goes beyond the span is either never read by this
         process or mapped again on its next touch. ``keep``: record spans
         ``(start, stop)`` whose pages stay (the next window's runs, already mapped by
-        the checker thread: dropped, the reader would fault them in again).
+        the checker thread: dropped, the reader would fault them in again). ``later``:
+        run the drop through it (``Checker.later``) instead of here. Unmapping a
+        window's pages costs the kernel about a fifth of a warm image epoch, and
+        ``mmap.madvise`` holds the GIL meanwhile; a later drop calls ``madvise``
+        through ctypes, which lets the GIL go, and holds a view of the map until it
+        is done, so the mapping cannot go (or its addresses be reused) before.
         """
         if not hasattr(mmap, "MADV_DONTNEED"):
             return
         offs = self._offsets_list
         lo = offs[start] // FAULT_AROUND * FAULT_AROUND
         hi = min(self.size, -(-offs[stop] // FAULT_AROUND) * FAULT_AROUND)
+        spans: list[tuple[int, int]] = []
         for a, b in sorted((offs[a] // PAGE * PAGE, -(-offs[b] // PAGE) * PAGE)
                            for a, b in keep if b > a):
             if b <= lo or a >= hi:
                 continue
             if a > lo:
-                self._mmap.madvise(mmap.MADV_DONTNEED, lo, a - lo)
+                spans.append((lo, a - lo))
             lo = max(lo, b)
         if hi > lo:
-            self._mmap.madvise(mmap.MADV_DONTNEED, lo, hi - lo)
+            spans.append((lo, hi - lo))
+        if later is not None and spans and _libc_madvise() is not None:
+            later(partial(_drop_spans, memoryview(self._mmap), spans))
+            return
+        for at, length in spans:
+            self._mmap.madvise(mmap.MADV_DONTNEED, at, length)
 
     def keys(self) -> Sequence[str]:
         """Every record's ``__key__``, read from the key block on first use."""
@@ -354,3 +367,38 @@ class RecordsShardReader:
             self._mmap.close()
         except BufferError:
             pass
+
+
+_MADVISE: list[Callable[[int, int, int], int] | None] = []
+
+
+def _libc_madvise() -> Callable[[int, int, int], int] | None:
+    """libc's ``madvise(addr, length, advice)`` through ctypes (None where there is none)."""
+    if not _MADVISE:
+        found = None
+        try:
+            import ctypes
+
+            function = ctypes.CDLL(None, use_errno=True).madvise
+            function.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+            function.restype = ctypes.c_int
+            found = function
+        except (OSError, AttributeError):  # no C library to load, or no madvise in it
+            pass
+        _MADVISE.append(found)
+    return _MADVISE[0]
+
+
+def _drop_spans(view: memoryview, spans: list[tuple[int, int]]) -> None:
+    """``MADV_DONTNEED`` the ``(offset, length)`` spans of the map ``view`` is of, without the
+    GIL; then let the view (and with it the mapping) go."""
+    try:
+        madvise = _libc_madvise()
+        assert madvise is not None  # drop_pages queues this only where there is one
+        whole = np.frombuffer(view, np.uint8)
+        base = int(whole.ctypes.data)
+        del whole  # its hold on the view, which is released below
+        for at, length in spans:
+            madvise(base + at, length, mmap.MADV_DONTNEED)  # a failure leaves pages mapped
+    finally:
+        view.release()
