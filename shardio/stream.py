@@ -436,14 +436,15 @@ class _OpenWindow:
         keep: dict[int, list[tuple[int, int]]] = {}
         for shard, start, stop in self.keep:
             keep.setdefault(shard, []).append((start, stop))
-        # behind the next window's checks on the checker thread, which the reader does not
-        # wait for: unmapping a window took about a fifth of a warm image epoch here
+        # on the checker thread, before the checks queued there, so the reader does not
+        # wait for it: unmapping a window took about a fifth of a warm image epoch here
         later = checker().later if self._defer_drops and spans else None
         for shard, (start, stop) in spans.items():
             drop = getattr(self._reader.shard(shard), "drop_pages", None)
             if drop is None:
                 continue
-            # only a records shard's runs are checked ahead
+            # kept: the next window's runs of this shard (only a records shard's are checked
+            # ahead, so only it has any)
             drop(start, stop, keep.get(shard, ()), later=later)
 
 
