@@ -12,7 +12,9 @@ field (views of the map for uncompressed bytes, ``bytes`` cut from the inflated
 payloads otherwise), the samples' keys, and lengths or ints as arrays: what
 ``runbatch.WindowColumns`` files. Anything ``runfields`` leaves alone, or any
 key that does not match, makes it return None and the caller decodes those runs
-with ``decode_run``, which names what is wrong. Torch-free.
+with ``decode_run``, which names what is wrong. Where a window holds several shards,
+``shardio.windowdecode`` first tries all of them in one pass, and leaves to this module
+the shards it cannot read so. Torch-free.
 """
 
 from __future__ import annotations
@@ -77,7 +79,7 @@ def decode_columns(parts: Sequence[RunPart], *, path: str, keys: Sequence[str], 
         if verify and not part.checked:
             check_frames(part.run, path=path, first_record=part.start, offset_of=offset_of)
     base = parts[0].run.buffer.obj
-    at = _positions(parts, base)
+    at = buffer_positions(parts, base)
     codecs = None if at is None else _frame_codecs(parts, base, at)
     if codecs is None:  # a damaged header, or not one map: found and named run by run
         codecs = [np.asarray(check_frames(part.run, path=path, first_record=part.start,
@@ -94,7 +96,7 @@ def decode_columns(parts: Sequence[RunPart], *, path: str, keys: Sequence[str], 
         ends = np.concatenate([a + part.run.bounds[pos + 1]
                                for a, part, pos in zip(at, parts, positions, strict=True)])
     else:
-        data, starts, ends = _inflated(parts)
+        data, starts, ends = inflated_payloads(parts)
         if data is None:
             return None
     arr = np.frombuffer(data, np.uint8)
@@ -102,20 +104,20 @@ def decode_columns(parts: Sequence[RunPart], *, path: str, keys: Sequence[str], 
     if maps is None or KEY_FIELD not in maps.names or INDEX_FIELD in maps.names:
         return None
     key_column = maps.columns[maps.names.index(KEY_FIELD)]
-    expected = _expected_keys(keys, parts, positions)
+    expected = expected_keys(keys, parts, positions)
     if key_column.kind != STR or not _same_keys(arr, key_column, expected):
         return None
     out = Columns(expected, [], [], [], [], source=base if mapped else None)
     try:
         for name, column in zip(maps.names, maps.columns, strict=True):
             if name != KEY_FIELD:
-                _file(out, name, column, data)
+                file_column(out, name, column, data)
     except UnicodeDecodeError:  # a str field that is not UTF-8: decode_run names the record
         return None
     return out
 
 
-def _positions(parts: Sequence[RunPart], base: object) -> list[int] | None:
+def buffer_positions(parts: Sequence[RunPart], base: object) -> list[int] | None:
     """Where each part's buffer starts in ``base``, the map they are all views of (None:
     they are not). Measured from the buffers' addresses, not taken from ``run.offset``
     (the offset in the shard file): a remote run is a view of a cached range's map, which
@@ -143,9 +145,11 @@ def _frame_codecs(parts: Sequence[RunPart], base: object, at: list[int]
     return list(np.split(codecs, cuts))
 
 
-def _inflated(parts: Sequence[RunPart]) -> tuple[bytes | None, IndexArray, IndexArray]:
+def inflated_payloads(parts: Sequence[RunPart], pad: int = 0
+                      ) -> tuple[bytes | None, IndexArray, IndexArray]:
     """The wanted payloads, inflated where compressed, back to back in one ``bytes`` (one
-    copy of every part's buffers)."""
+    copy of every part's buffers), with ``pad`` zero bytes before and after them, and
+    where each starts and ends in it."""
     pieces: list[Sequence[Any]] = []
     sizes: list[IndexArray] = []
     for part in parts:
@@ -157,8 +161,10 @@ def _inflated(parts: Sequence[RunPart]) -> tuple[bytes | None, IndexArray, Index
         pieces.append(got[0])
         sizes.append(got[1])
     lengths = np.concatenate(sizes)
-    stops = np.cumsum(lengths)
-    return b"".join(itertools.chain.from_iterable(pieces)), stops - lengths, stops
+    stops = np.cumsum(lengths) + pad
+    padding = [bytes(pad)] if pad else []
+    joined = b"".join(itertools.chain(padding, itertools.chain.from_iterable(pieces), padding))
+    return joined, stops - lengths, stops
 
 
 def compressed(run: RunBytes, only: list[int] | None) -> bool:
@@ -174,8 +180,9 @@ def inflate_payloads(run: RunBytes, only: list[int] | None
 
     A run of compressed records is inflated by one zstd call (in C, without the GIL, so
     the checker thread runs it beside the reader); record by record otherwise. The
-    buffers are joined once, with every other run of the shard's window (``_inflated``):
-    joined here, on the checker thread, the copy held the GIL the reader waits for.
+    buffers are joined once, with every other run of the shard's window
+    (``inflated_payloads``): joined here, on the checker thread, the copy held the GIL
+    the reader waits for.
     """
     bounds = run.bounds
     wanted = None if only is None else np.asarray(only, np.int64)
@@ -202,7 +209,7 @@ def inflate_payloads(run: RunBytes, only: list[int] | None
     return pieces, np.fromiter(map(len, pieces), np.int64, len(pieces))
 
 
-def _expected_keys(keys: Sequence[str], parts: Sequence[RunPart],
+def expected_keys(keys: Sequence[str], parts: Sequence[RunPart],
                    positions: list[IndexArray]) -> list[str]:
     out: list[str] = []
     for part, pos in zip(parts, positions, strict=True):
@@ -228,7 +235,9 @@ def _same_keys(arr: npt.NDArray[np.uint8], column: Column, expected: list[str]) 
     return bool(np.array_equal(arr[where], np.frombuffer(joined.encode("ascii"), np.uint8)))
 
 
-def _file(out: Columns, name: str, column: Column, data: Any) -> None:
+def file_column(out: Columns, name: str, column: Column, data: Any) -> None:
+    """Append one field of the records to ``out``: values cut from ``data`` (views of a map,
+    copies of inflated payloads), their lengths or ints, and where they start in a map."""
     out.names.append(name)
     out.kinds.append(column.kind)
     out.starts.append(column.starts if column.kind == BYTES and out.source is not None

@@ -284,11 +284,21 @@ def frame_codecs(data: npt.NDArray[np.uint8], starts: Bounds, sizes: Bounds, che
 
     if len(starts) == 0:
         return np.empty(0, np.uint8)
-    ident = IDS.get(checksum)
-    if ident is None or bool((sizes < FRAME_SIZE).any()) or int(
-            (starts + sizes).max()) > len(data):
+    if bool((sizes < FRAME_SIZE).any()) or int((starts + sizes).max()) > len(data):
         return None
-    heads = data[starts[:, None] + np.arange(FRAME_SIZE)].view("<u4")
+    return header_codecs(data[starts[:, None] + np.arange(FRAME_SIZE)], sizes, checksum)
+
+
+def header_codecs(headers: npt.NDArray[np.uint8], sizes: Bounds, checksum: str
+                  ) -> npt.NDArray[np.uint8] | None:
+    """``frame_codecs`` of frame headers already gathered: row ``i`` holds (at least) the
+    first ``FRAME_SIZE`` bytes of a frame of ``sizes[i]`` bytes."""
+    import numpy as np
+
+    ident = IDS.get(checksum)
+    if ident is None or bool((sizes < FRAME_SIZE).any()):
+        return None
+    heads = headers[:, :FRAME_SIZE].view("<u4")
     words = heads[:, 2]  # codec | checksum id << 8 | reserved << 16
     if not bool((heads[:, 0] + FRAME_SIZE == sizes).all()) or not bool(
             ((words == ident << 8) | (words == (ident << 8 | CODEC_ZSTD))).all()):

@@ -67,6 +67,77 @@ class FlatMaps:
     columns: list[Column]
 
 
+class _Flat:
+    """Records that lie in one buffer: their bytes are read where they are."""
+
+    __slots__ = ("data",)
+
+    def __init__(self, data: UInt8Array) -> None:
+        self.data = data
+
+    def take(self, pos: IndexArray, width: int, rows: IndexArray | None = None
+             ) -> UInt8Array | None:
+        """Each record's ``width`` bytes from ``pos`` (``rows``: of those records only)."""
+        got: UInt8Array = self.data[pos[:, None] + np.arange(width)]
+        return got
+
+    def at(self, pos: IndexArray) -> UInt8Array | None:
+        return self.data[pos]
+
+
+class Edges:
+    """The first and last bytes of many records, which may lie in different buffers.
+
+    What a window's records of many shards are parsed from in one pass: only their
+    small fields are read, and those are near either end of a record (a key and a
+    label before or after an 80 KB image), so each record's first ``heads.shape[1]``
+    and last ``tails.shape[1]`` bytes are gathered shard by shard, and the parse
+    reads positions counted from each record's start. A value that lies in neither
+    part makes the parse return None (the caller then parses shard by shard).
+    ``heads`` rows of a record shorter than their width go on past its end, and the
+    ``tails`` of one shorter than theirs start before it: the parse never reads past a
+    record's end, and a byte before its start never lies in neither part.
+    """
+
+    __slots__ = ("_rows", "heads", "lengths", "tails")
+
+    def __init__(self, heads: UInt8Array, tails: UInt8Array, lengths: IndexArray) -> None:
+        self.heads, self.tails, self.lengths = heads, tails, lengths
+        self._rows = np.arange(len(lengths))[:, None]
+
+    def take(self, pos: IndexArray, width: int, rows: IndexArray | None = None
+             ) -> UInt8Array | None:
+        """Each record's ``width`` bytes from ``pos`` (``rows``: of those records only), or
+        None where one lies in neither part."""
+        heads, tails = self.heads, self.tails
+        lengths = self.lengths if rows is None else self.lengths[rows]
+        index = self._rows if rows is None else rows[:, None]
+        span = np.arange(width)
+        in_head = pos + width <= heads.shape[1]
+        got: UInt8Array
+        if bool(in_head.all()):
+            got = heads[index, pos[:, None] + span]
+            return got
+        at_tail = pos + (tails.shape[1] - lengths)
+        in_tail = at_tail >= 0
+        if not bool((in_head | in_tail).all()):
+            return None
+        if bool(in_tail.all()):
+            got = tails[index, at_tail[:, None] + span]
+            return got
+        front = heads[index, np.minimum(pos, heads.shape[1] - width)[:, None] + span]
+        back = tails[index, np.maximum(at_tail, 0)[:, None] + span]
+        out: UInt8Array = np.where(in_head[:, None], front, back)
+        return out
+
+    def at(self, pos: IndexArray) -> UInt8Array | None:
+        got = self.take(pos, 1)
+        return None if got is None else got[:, 0]
+
+
+_Source = _Flat | Edges
+
+
 def parse_flat_maps(data: UInt8Array, starts: IndexArray, ends: IndexArray) -> FlatMaps | None:
     """Parse the msgpack maps at ``data[starts[i]:ends[i]]``, all of one shape, by field.
 
@@ -79,7 +150,22 @@ def parse_flat_maps(data: UInt8Array, starts: IndexArray, ends: IndexArray) -> F
         return None
     if int(ends.max()) > len(data) or int(starts.min()) < 0:
         return None
-    tags = data[starts]
+    return _parse(_Flat(data), starts, ends)
+
+
+def parse_edges(edges: Edges) -> FlatMaps | None:
+    """``parse_flat_maps`` of records given by their ``Edges``: positions in what comes back
+    count from each record's start. None also where a value lies in neither edge."""
+    lengths = edges.lengths
+    if len(lengths) == 0 or not bool((lengths > 0).all()):
+        return None
+    return _parse(edges, np.zeros(len(lengths), np.int64), lengths)
+
+
+def _parse(src: _Source, starts: IndexArray, ends: IndexArray) -> FlatMaps | None:
+    tags = src.at(starts)
+    if tags is None:
+        return None
     first = int(tags[0])
     if not 0x80 <= first <= 0x8F or not bool((tags == first).all()):
         return None
@@ -87,10 +173,10 @@ def parse_flat_maps(data: UInt8Array, starts: IndexArray, ends: IndexArray) -> F
     names: list[str] = []
     columns: list[Column] = []
     for _ in range(first & 0x0F):
-        named = _field_name(data, pos, ends)
+        named = _field_name(src, pos, ends)
         if named is None or named[0] in names:
             return None
-        valued = _values(data, named[1], ends)
+        valued = _values(src, named[1], ends)
         if valued is None:
             return None
         names.append(named[0])
@@ -101,12 +187,14 @@ def parse_flat_maps(data: UInt8Array, starts: IndexArray, ends: IndexArray) -> F
     return FlatMaps(names, columns)
 
 
-def _field_name(data: UInt8Array, pos: IndexArray, ends: IndexArray
+def _field_name(src: _Source, pos: IndexArray, ends: IndexArray
                 ) -> tuple[str, IndexArray] | None:
     """The fixstr at ``pos`` if it is one name in every record, and where its values start."""
     if not bool((pos < ends).all()):
         return None
-    tags = data[pos]
+    tags = src.at(pos)
+    if tags is None:
+        return None
     tag = int(tags[0])
     if not 0xA0 <= tag <= 0xBF or not bool((tags == tag).all()):
         return None
@@ -114,7 +202,9 @@ def _field_name(data: UInt8Array, pos: IndexArray, ends: IndexArray
     after = pos + 1 + size
     if not bool((after < ends).all()):  # a value must follow
         return None
-    rows = data[pos[:, None] + np.arange(1, size + 1)]
+    rows = src.take(pos + 1, size)
+    if rows is None:
+        return None
     if size and not bool((rows == rows[0]).all()):
         return None
     try:
@@ -123,12 +213,14 @@ def _field_name(data: UInt8Array, pos: IndexArray, ends: IndexArray
         return None
 
 
-def _values(data: UInt8Array, pos: IndexArray, ends: IndexArray
+def _values(src: _Source, pos: IndexArray, ends: IndexArray
             ) -> tuple[Column, IndexArray] | None:
     """The column of values at ``pos`` (one kind in every record) and where each ends."""
-    tags = data[pos]
+    tags = src.at(pos)
+    if tags is None:
+        return None
     if bool((tags == tags[0]).all()):
-        return _one_tag_values(data, int(tags[0]), pos, ends)
+        return _one_tag_values(src, int(tags[0]), pos, ends)
     kinds = _KIND[tags]
     kind = int(kinds[0])
     if kind == 0 or not bool((kinds == kind).all()):
@@ -140,7 +232,9 @@ def _values(data: UInt8Array, pos: IndexArray, ends: IndexArray
     if kind == INT and not bool(widths.any()):  # fixints (labels): the values are the tags
         values = tags.astype(np.int64)
         return Column(INT, ints=np.where(values >= 0xE0, values - 0x100, values)), body
-    raw = _big_endian(data, body, widths)
+    raw = _big_endian(src, body, widths)
+    if raw is None:
+        return None
     if kind == INT and bool((raw >= np.uint64(1 << 63)).any()) and bool(
             (tags[raw >= np.uint64(1 << 63)] != 0xD3).any()):  # (a length is 32 bits at most)
         return None  # a uint64 above int64's range: msgpack gives a Python int, left to it
@@ -165,7 +259,7 @@ def _values(data: UInt8Array, pos: IndexArray, ends: IndexArray
     return Column(kind, starts=start, ends=stop), stop
 
 
-def _one_tag_values(data: UInt8Array, tag: int, pos: IndexArray, ends: IndexArray
+def _one_tag_values(src: _Source, tag: int, pos: IndexArray, ends: IndexArray
                     ) -> tuple[Column, IndexArray] | None:
     """``_values`` where every record's value has the same tag (``bin 32`` for every image,
     ``fixstr`` keys of one length): the same checks and results with about a third of the
@@ -180,7 +274,10 @@ def _one_tag_values(data: UInt8Array, tag: int, pos: IndexArray, ends: IndexArra
     if not bool((after <= ends).all()):
         return None
     if width:
-        raw = data[body[:, None] + np.arange(width)].view(f">u{width}").reshape(-1)
+        got = src.take(body, width)
+        if got is None:
+            return None
+        raw = got.view(f">u{width}").reshape(-1)
         if tag == 0xCF and bool((raw >= np.uint64(1 << 63)).any()):
             return None  # a uint64 above int64's range: msgpack gives a Python int, left to it
         values = raw.astype(np.int64)  # an int64's two's complement wraps to its value
@@ -199,7 +296,8 @@ def _one_tag_values(data: UInt8Array, tag: int, pos: IndexArray, ends: IndexArra
     return Column(kind, starts=after, ends=stop), stop
 
 
-def _big_endian(data: UInt8Array, at: IndexArray, widths: IndexArray) -> npt.NDArray[np.uint64]:
+def _big_endian(src: _Source, at: IndexArray, widths: IndexArray
+                ) -> npt.NDArray[np.uint64] | None:
     """Unsigned big-endian numbers of ``widths`` bytes at ``at`` (width 0: 0)."""
     out = np.zeros(len(at), np.uint64)
     present = np.bincount(widths, minlength=9).tolist()  # one call, not one per width
@@ -207,5 +305,8 @@ def _big_endian(data: UInt8Array, at: IndexArray, widths: IndexArray) -> npt.NDA
         if not present[width]:
             continue
         which = np.flatnonzero(widths == width)
-        out[which] = data[at[which, None] + np.arange(width)].view(f">u{width}").reshape(-1)
+        got = src.take(at[which], width, which)
+        if got is None:
+            return None
+        out[which] = got.view(f">u{width}").reshape(-1)
     return out

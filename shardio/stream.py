@@ -32,13 +32,14 @@ from shardio.backends.records import RecordsShardReader
 from shardio.backends.remoterecords import RemoteRecordsReader
 from shardio.checkahead import PASSED as _PASSED
 from shardio.checkahead import Check, checker
-from shardio.columnar import RunPart, decode_columns
+from shardio.columnar import Columns, RunPart, decode_columns
 from shardio.flatmap import ViewedSample
-from shardio.format import RunBytes
+from shardio.format import RunBytes, check_frames
 from shardio.manifest import Manifest
 from shardio.plan import IndexArray
 from shardio.record import decode_run
 from shardio.runbatch import Chunk, WindowColumns
+from shardio.windowdecode import ShardRuns, decode_window
 
 Run = tuple[int, int, int]
 """``(shard, first record, stop record)``."""
@@ -347,7 +348,8 @@ class _OpenWindow:
                        self._firsts)
 
     def _load_local(self) -> None:
-        """Decode the due runs of each shard together, field by field, into ``columns``."""
+        """Decode the due runs of each shard together, field by field, into ``columns``: every
+        shard's at once where they parse so (``decode_window``), else shard by shard."""
         number = {run: r for r, run in enumerate(self._runs)}
         groups: list[list[int]] = []
         for r in sorted(number[run] for run in self._due):
@@ -355,15 +357,20 @@ class _OpenWindow:
                 groups[-1].append(r)  # runs next to each other in one shard: ranks follow on
             else:
                 groups.append([r])
-        for group in groups:
-            self._load_group(group)
+        gathered = [self._group_parts(group) for group in groups]
+        decoded: list[Columns] | None = None
+        if len(gathered) > 1:
+            decoded = decode_window([ShardRuns(parts, shard_reader.keys())
+                                     for shard_reader, parts in gathered])
+        for k, (group, (shard_reader, parts)) in enumerate(zip(groups, gathered, strict=True)):
+            self._file_group(group, shard_reader, parts, None if decoded is None else decoded[k])
         self._complete = True  # every run a sample of the window is yielded from
         if self.after_load is not None:
             self.after_load()
 
-    def _load_group(self, group: list[int]) -> None:
-        shard = self._runs[group[0]][0]
-        shard_reader = self._reader.shard(shard)
+    def _group_parts(self, group: list[int]) -> tuple[ShardFileReader, list[RunPart]]:
+        """The runs of ``group`` (one shard's, next to each other), their checksums checked."""
+        shard_reader = self._reader.shard(self._runs[group[0]][0])
         parts = []
         for r in group:
             _shard, start, stop = run = self._runs[r]
@@ -371,9 +378,19 @@ class _OpenWindow:
             run_bytes = ahead[0] if ahead is not None else shard_reader.read_run(start, stop)
             checked = ahead is not None and ahead[1].passed()
             inflated = ahead[1].inflated if checked and ahead is not None else None
+            if self._reader.verify and not checked:  # not on the checker thread: here
+                check_frames(run_bytes, path=shard_reader.path, first_record=start,
+                             offset_of=shard_reader.offset)
+                checked = True
             parts.append(RunPart(run_bytes, start, self._only(r), checked, inflated))
-        decoded = decode_columns(parts, path=shard_reader.path, keys=shard_reader.keys(),
-                                 verify=self._reader.verify, offset_of=shard_reader.offset)
+        return shard_reader, parts
+
+    def _file_group(self, group: list[int], shard_reader: ShardFileReader,
+                    parts: list[RunPart], decoded: Columns | None) -> None:
+        """File one shard's runs (``decoded``: already decoded with the window's others)."""
+        if decoded is None:
+            decoded = decode_columns(parts, path=shard_reader.path, keys=shard_reader.keys(),
+                                     verify=self._reader.verify, offset_of=shard_reader.offset)
         if decoded is None:  # record by record, where what is wrong gets its name
             for r, part in zip(group, parts, strict=True):
                 self._checks[self._runs[r]] = part.run, _PASSED

@@ -53,7 +53,17 @@ def test_scattered_samples_come_back_exactly_decoded_through_gap_runs(
                        for p in parts if p.only is not None)
         return out
 
+    real_window = shardio.stream.decode_window
+
+    def window_spy(shards: Any) -> Any:
+        out = real_window(shards)
+        assert out is not None  # the window's shards at once, here
+        partial.extend(len(p.run.bounds) - 1 - len(p.only)
+                       for s in shards for p in s.parts if p.only is not None)
+        return out
+
     monkeypatch.setattr(shardio.stream, "decode_columns", spy)
+    monkeypatch.setattr(shardio.stream, "decode_window", window_spy)
     reader = DatasetReader(pack)
     assert gap_records(reader.manifest, 16) == 15  # small records: gaps up to the block
     order = np.random.default_rng(0).permutation(100)[:37].astype(np.int64)  # a scattered part

@@ -18,7 +18,7 @@ import pytest
 
 import shardio
 import shardio.backends.records as records
-import shardio.columnar as columnar
+import shardio.stream as stream
 from shardio.backends.records import PAGE, RecordsShardReader, advise_open
 from shardio.columnar import RunPart
 from shardio.format import unpack_footer
@@ -115,20 +115,22 @@ def test_the_next_window_is_hinted_once_this_one_is_decoded(
     packed: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     events: list[tuple[str, str, int, int]] = []
-    real_hint, real_decode = RecordsShardReader.will_need, columnar.decode_columns
+    real_hint, real_file = RecordsShardReader.will_need, stream._OpenWindow._file_group
 
     def will_need(self: RecordsShardReader, start: int, stop: int) -> None:
         events.append(("hint", Path(self.path).name, start, stop))
         real_hint(self, start, stop)
 
-    def decode_columns(parts: list[RunPart], *, path: str, **kwargs: Any) -> Any:
+    def file_group(window: Any, group: Any, shard_reader: Any, parts: list[RunPart],
+                   decoded: Any) -> Any:
+        # each shard's runs as they are filed, decoded with the window's others or alone
         for part in parts:
-            events.append(("decode", Path(path).name, part.start,
+            events.append(("decode", Path(shard_reader.path).name, part.start,
                            part.start + len(part.run.bounds) - 1))
-        return real_decode(parts, path=path, **kwargs)
+        return real_file(window, group, shard_reader, parts, decoded)
 
     monkeypatch.setattr(RecordsShardReader, "will_need", will_need)
-    monkeypatch.setattr("shardio.stream.decode_columns", decode_columns)
+    monkeypatch.setattr(stream._OpenWindow, "_file_group", file_group)
     dataset = shardio.StreamingDataset(packed, decode="raw", shuffle_buffer=WINDOW, seed=2,
                                        block_size=10)
     keys = [sample["__key__"] for sample in dataset]

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from shardio.runfields import BYTES, INT, STR, parse_flat_maps
+from shardio.runfields import BYTES, INT, STR, Edges, parse_edges, parse_flat_maps
 
 INTS = st.integers(min_value=-(2**63), max_value=2**64 - 1)
 VALUES = st.one_of(INTS, st.binary(max_size=300), st.text(max_size=40))
@@ -129,3 +129,59 @@ def test_a_column_of_bin16_and_bin32_with_fixint_labels_is_parsed_like_msgpack()
     maps = parse_flat_maps(arr, starts, ends)
     assert maps is not None
     assert decoded(maps, blob, len(records)) == records
+
+
+def edges_of(arr: np.ndarray, starts: np.ndarray, ends: np.ndarray, head: int, tail: int
+             ) -> Edges:
+    """Each record's first ``head`` and last ``tail`` bytes, as ``windowdecode`` gathers them."""
+    padded = np.concatenate([np.zeros(tail, np.uint8), arr, np.zeros(head, np.uint8)])
+    heads = padded[(starts + tail)[:, None] + np.arange(head)]
+    tails = padded[ends[:, None] + np.arange(tail)]
+    return Edges(heads, tails, ends - starts)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.data())
+def test_edges_parse_like_the_whole_records_or_refuse(data: st.DataObject) -> None:
+    names = data.draw(st.lists(NAMES, min_size=0, max_size=6, unique=True))
+    kinds = [data.draw(st.sampled_from([INTS, st.binary(max_size=300),
+                                        st.text(max_size=40), VALUES])) for _ in names]
+    count = data.draw(st.integers(1, 12))
+    records = [{n: data.draw(k) for n, k in zip(names, kinds, strict=True)}
+               for _ in range(count)]
+    arr, starts, ends, _blob = pack(records)
+    head, tail = data.draw(st.integers(1, 80)), data.draw(st.integers(1, 80))
+    whole = parse_flat_maps(arr, starts, ends)
+    got = parse_edges(edges_of(arr, starts, ends, head, tail))
+    if head >= int((ends - starts).max()):  # every byte in reach: refused only as a whole is
+        assert (got is None) == (whole is None)
+    if got is None:
+        return
+    assert whole is not None and got.names == whole.names
+    for mine, theirs in zip(got.columns, whole.columns, strict=True):
+        assert mine.kind == theirs.kind
+        if mine.kind == INT:
+            assert np.array_equal(mine.ints, theirs.ints)
+        else:
+            assert np.array_equal(mine.starts + starts, theirs.starts)
+            assert np.array_equal(mine.ends + starts, theirs.ends)
+
+
+def test_edges_reach_a_label_after_a_large_value_and_refuse_a_field_between() -> None:
+    images = [{"__key__": f"c/{i}.jpg", "image": bytes([i]) * (5000 + i), "label": i}
+              for i in range(20)]
+    arr, starts, ends, blob = pack(images)
+    got = parse_edges(edges_of(arr, starts, ends, 64, 16))
+    assert got is not None
+    assert decoded_edges(got, blob, starts) == images
+    between = [{**r, "n": 5, "tail": b"t" * 40} for r in images]  # "n" in neither edge
+    arr, starts, ends, _blob = pack(between)
+    assert parse_edges(edges_of(arr, starts, ends, 64, 16)) is None
+    assert parse_flat_maps(arr, starts, ends) is not None
+
+
+def decoded_edges(maps: Any, blob: bytes, starts: np.ndarray) -> list[dict[str, Any]]:
+    for column in maps.columns:
+        if column.kind != INT:
+            column.starts, column.ends = column.starts + starts, column.ends + starts
+    return decoded(maps, blob, len(starts))
