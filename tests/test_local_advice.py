@@ -167,3 +167,31 @@ def test_a_truncated_shard_hinted_before_its_open_fails_by_name_and_leaks_no_des
     gc.collect()
     # the hinted shards' descriptors, the truncated one's among them, are all closed
     assert len(os.listdir("/proc/self/fd")) == before
+
+
+@pytest.mark.skipif(not hasattr(os, "posix_fadvise"), reason="posix_fadvise only")
+def test_a_large_run_is_hinted_only_where_its_pages_are_not_cached(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    out = tmp_path / "ds"
+    with shardio.ShardWriter(out, shardio.WriteOptions(codec="none")) as writer:
+        for i in range(16):
+            writer.write({"__key__": f"k/{i}", "bin": bytes([i]) * (256 << 10)})
+    path = next(out.glob("*.rec"))
+    path.read_bytes()  # every page cached
+    reader = RecordsShardReader(path)
+    calls = _fadvise_calls(monkeypatch)
+    reader.will_need(0, 8)  # 2 MB, cached: nothing to read ahead
+    reader.will_need(3, 4)  # 256 KB: hinted without asking where its pages are
+    assert [(offset, length) for offset, length, _advice in calls] == [
+        (reader.offset(3), reader.offset(4) - reader.offset(3))]
+    fd = os.open(path, os.O_RDONLY)  # out of the page cache (nothing of it is mapped yet)
+    os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    os.close(fd)
+    calls.clear()
+    if records.RecordsShardReader._cached(reader, reader.offset(8)):
+        pytest.skip("this file system kept the pages cached")
+    reader.will_need(8, 16)
+    assert [(offset, length, advice) for offset, length, advice in calls] == [
+        (reader.offset(8), reader.offset(16) - reader.offset(8), os.POSIX_FADV_WILLNEED)]
+    reader.close()
