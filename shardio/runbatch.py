@@ -47,12 +47,17 @@ class _Column:
         """Whether every value filed so far is a view of a map with its place known."""
         self.starts = np.zeros(size, np.int64)
         """Per rank, where in its map the bytes value starts."""
+        self.views: list[memoryview | None] | None = None
+        """Per rank, the view of its map a bytes value not cut yet (``values`` None) is cut
+        from (None: every value is cut)."""
         self.kind: str | None = None
         """``bytes``, ``int`` or ``other`` over every run filed so far (None: none yet)."""
 
     def put(self, lo: int, column: list[Any]) -> None:
         hi = lo + len(column)
         self.values[lo:hi] = column
+        if self.views is not None:
+            self.views[lo:hi] = [None] * (hi - lo)
         self.mapped = False
         kinds = set(map(type, column))
         whole = type(None) not in kinds
@@ -69,12 +74,23 @@ class _Column:
             kind = "other" if kinds else self.kind or "other"
         self.kind = kind if self.kind in (None, kind) else "other"
 
-    def put_typed(self, lo: int, values: list[Any], kind: int, array: IndexArray,
-                  source: object = None, starts: IndexArray | None = None) -> None:
+    def put_typed(self, lo: int, values: list[Any] | None, kind: int, array: IndexArray,
+                  source: object = None, starts: IndexArray | None = None,
+                  view: memoryview | None = None) -> None:
         """File values of one kind with their lengths (bytes, str) or themselves (int),
-        and for bytes values that are views of the map ``source``, where they start."""
-        hi = lo + len(values)
-        self.values[lo:hi] = values
+        and for bytes values that are views of the map ``source``, where they start;
+        ``values`` None: views of ``view`` (of ``source``), cut when they are wanted."""
+        hi = lo + len(array)
+        if values is None:
+            assert view is not None and starts is not None
+            if self.views is None:
+                self.views = [None] * len(self.values)
+            self.views[lo:hi] = [view] * (hi - lo)
+            self.values[lo:hi] = [None] * (hi - lo)
+        else:
+            self.values[lo:hi] = values
+            if self.views is not None:
+                self.views[lo:hi] = [None] * (hi - lo)
         self.present[lo:hi] = True
         if starts is None:
             self.mapped = False
@@ -90,6 +106,29 @@ class _Column:
         else:
             name = "other"
         self.kind = name if self.kind in (None, name) else "other"
+
+    def value(self, rank: int) -> Any:
+        """The value at ``rank`` (None: absent), cut from its map's view if not cut yet."""
+        value = self.values[rank]
+        if value is None and self.views is not None:
+            view = self.views[rank]
+            if view is not None:
+                at = int(self.starts[rank])
+                value = view[at : at + int(self.lengths[rank])]
+        return value
+
+    def take(self, ranks: list[int]) -> list[Any]:
+        """The values at ``ranks`` (None where absent), views cut as ``value`` cuts them."""
+        got = _take(self.values, ranks)
+        views = self.views
+        if views is None:
+            return got
+        cut = _take(views, ranks)
+        at = np.asarray(ranks, np.int64)
+        pairs = zip(self.starts[at].tolist(), (self.starts[at] + self.lengths[at]).tolist(),
+                    strict=True)
+        return [v if view is None else view[a:b]
+                for v, view, (a, b) in zip(got, cut, pairs, strict=True)]
 
 
 class WindowColumns:
@@ -125,12 +164,14 @@ class WindowColumns:
         hi = lo + len(decoded.keys)
         self.keys[lo:hi] = decoded.keys
         starts = decoded.starts or [None] * len(decoded.names)
-        for name, kind, values, array, where in zip(decoded.names, decoded.kinds, decoded.values,
-                                                    decoded.arrays, starts, strict=True):
+        views = decoded.views or [None] * len(decoded.names)
+        for name, kind, values, array, where, view in zip(
+                decoded.names, decoded.kinds, decoded.values, decoded.arrays, starts, views,
+                strict=True):
             column = self.fields.get(name)
             if column is None:
                 column = self.fields[name] = _Column(len(self.keys))
-            column.put_typed(lo, values, kind, array, decoded.source, where)
+            column.put_typed(lo, values, kind, array, decoded.source, where, view)
 
     def sample(self, rank: int, *, owned: bool = False) -> dict[str, Any]:
         """The sample at ``rank`` as its reader yields it: bytes values as filed (views of
@@ -142,7 +183,7 @@ class WindowColumns:
         out[KEY_FIELD] = self.keys[rank]
         placed = owned and self.placed
         for name, column in self.fields.items():
-            value = column.values[rank]
+            value = column.value(rank)
             if value is not None:  # filed values are never None: None is a field absent
                 if owned and type(value) is memoryview:
                     source = column.maps[rank] if placed else None
@@ -228,7 +269,7 @@ def _batch_by_field(parts: list[tuple[WindowColumns, list[int]]]) -> RecordBatch
         if not present.any():
             continue  # no sample of this batch has it
         kinds = {c.kind for c, _r in cols if c is not None}
-        column = [v for c, r in cols for v in (_take(c.values, r) if c is not None
+        column = [v for c, r in cols for v in (c.take(r) if c is not None
                                                 else [None] * len(r))]
         if kinds == {"bytes"}:
             out.add_bytes(name, column, np.concatenate(
@@ -287,7 +328,7 @@ def _one_window_batch(columns: WindowColumns, ranks: list[int]) -> RecordBatch |
         field_offsets[1:] += start
         offsets[name] = field_offsets
         start = int(field_offsets[-1])
-        pieces += _take(column.values, ranks)
+        pieces += column.take(ranks)
         if mapped and column.mapped:
             maps += _take(column.maps, ranks)
             starts.append(column.starts[at])

@@ -41,13 +41,24 @@ def window(reader: DatasetReader, gaps: bool) -> list[tuple[ShardRuns, Any]]:
     return out
 
 
+def values(columns: Columns) -> list[list[Any]]:
+    """Each field's values, views of a map cut from it (``Columns.views``)."""
+    out = []
+    for values, view, starts, lengths in zip(columns.values, columns.views, columns.starts,
+                                             columns.arrays, strict=True):
+        if values is None:
+            assert view is not None and starts is not None
+            values = [view[a : a + n] for a, n in zip(starts.tolist(), lengths.tolist(),
+                                                      strict=True)]
+        out.append([bytes(v) if isinstance(v, memoryview) else v for v in values])
+    return out
+
+
 def same(mine: Columns, theirs: Columns) -> None:
     assert mine.keys == theirs.keys and mine.names == theirs.names
     assert mine.kinds == theirs.kinds and mine.source is theirs.source
-    for a, b in zip(mine.values, theirs.values, strict=True):
-        assert [type(v) for v in a] == [type(v) for v in b]
-        assert [bytes(v) if isinstance(v, memoryview) else v for v in a] == [
-            bytes(v) if isinstance(v, memoryview) else v for v in b]
+    assert [v is None for v in mine.values] == [v is None for v in theirs.values]
+    assert values(mine) == values(theirs)
     for a, b in zip(mine.arrays, theirs.arrays, strict=True):
         assert np.array_equal(a, b)
     for a, b in zip(mine.starts, theirs.starts, strict=True):
