@@ -99,34 +99,42 @@ class Edges:
     record's end, and a byte before its start never lies in neither part.
     """
 
-    __slots__ = ("_rows", "heads", "lengths", "tails")
+    __slots__ = ("_flat_heads", "_flat_tails", "_head_rows", "_tail_rows", "heads", "lengths",
+                 "tails")
 
     def __init__(self, heads: UInt8Array, tails: UInt8Array, lengths: IndexArray) -> None:
         self.heads, self.tails, self.lengths = heads, tails, lengths
-        self._rows = np.arange(len(lengths))[:, None]
+        # read as one flat array each: a gather by flat positions is several times faster
+        # than one by (row, column) pairs
+        self._flat_heads = np.ascontiguousarray(heads).reshape(-1)
+        self._flat_tails = np.ascontiguousarray(tails).reshape(-1)
+        self._head_rows = np.arange(len(lengths)) * heads.shape[1]
+        self._tail_rows = np.arange(len(lengths)) * tails.shape[1]
 
     def take(self, pos: IndexArray, width: int, rows: IndexArray | None = None
              ) -> UInt8Array | None:
         """Each record's ``width`` bytes from ``pos`` (``rows``: of those records only), or
         None where one lies in neither part."""
-        heads, tails = self.heads, self.tails
+        head_width, tail_width = self.heads.shape[1], self.tails.shape[1]
         lengths = self.lengths if rows is None else self.lengths[rows]
-        index = self._rows if rows is None else rows[:, None]
+        head_rows = self._head_rows if rows is None else self._head_rows[rows]
         span = np.arange(width)
-        in_head = pos + width <= heads.shape[1]
+        in_head = pos + width <= head_width
         got: UInt8Array
         if bool(in_head.all()):
-            got = heads[index, pos[:, None] + span]
+            got = self._flat_heads[(head_rows + pos)[:, None] + span]
             return got
-        at_tail = pos + (tails.shape[1] - lengths)
+        tail_rows = self._tail_rows if rows is None else self._tail_rows[rows]
+        at_tail = pos + (tail_width - lengths)
         in_tail = at_tail >= 0
         if not bool((in_head | in_tail).all()):
             return None
         if bool(in_tail.all()):
-            got = tails[index, at_tail[:, None] + span]
+            got = self._flat_tails[(tail_rows + at_tail)[:, None] + span]
             return got
-        front = heads[index, np.minimum(pos, heads.shape[1] - width)[:, None] + span]
-        back = tails[index, np.maximum(at_tail, 0)[:, None] + span]
+        front = self._flat_heads[(head_rows + np.minimum(pos, head_width - width))[:, None]
+                                 + span]
+        back = self._flat_tails[(tail_rows + np.maximum(at_tail, 0))[:, None] + span]
         out: UInt8Array = np.where(in_head[:, None], front, back)
         return out
 

@@ -110,3 +110,33 @@ def test_a_record_holding_another_shards_key_is_refused(tmp_path: Path) -> None:
     craft(tmp_path / "ds", records, max_shard_samples=PER_SHARD)
     with DatasetReader(tmp_path / "ds") as reader:
         assert decode_window([s for s, _reader in window(reader, False)]) is None
+
+
+def test_a_window_of_many_records_a_shard_is_decoded_shard_by_shard(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import shardio.stream as stream
+    from shardio.stream import iter_samples
+    from shardio.windowdecode import MAX_RECORDS_PER_SHARD
+
+    per_shard = MAX_RECORDS_PER_SHARD + 50  # the shard's fixed costs spread thin: no one pass
+    with ShardWriter(tmp_path / "ds", WriteOptions(max_shard_samples=per_shard)) as writer:
+        for i in range(3 * per_shard):
+            writer.write(sample(i, "tiny"))
+    calls: list[int] = []
+    real = stream.decode_window
+
+    def spy(shards: Any) -> Any:
+        calls.append(len(shards))
+        return real(shards)
+
+    monkeypatch.setattr(stream, "decode_window", spy)
+    order = np.random.default_rng(0).permutation(3 * per_shard)
+    with DatasetReader(tmp_path / "ds") as reader:
+        expected = [reader.get(i) for i in order.tolist()]
+        got = list(iter_samples(reader, order, window=3 * per_shard, max_run=64))
+        assert got == expected and calls == []
+        # a window of fewer records a shard (a third of each) is decoded in one pass
+        part = order[: 3 * per_shard // 3]
+        assert list(iter_samples(reader, part, window=len(part), max_run=64)) == expected[
+            : len(part)]
+        assert calls == [3]
