@@ -10,8 +10,10 @@ wall clock) per sample, the minimum of ``--rounds``:
 * ``checker``: what the checker thread does per run (``shardio.checkahead``: the CRC-32C
   chain, and zstd payloads inflated), here on the measuring thread;
 * ``decode``: ``record.decode_run`` (check, decompress, msgpack or the zero-copy view),
-  record by record, and ``columnar.decode_columns``, a shard's runs by field at once
-  (what the stream does with a window's runs of a local shard);
+  record by record, and ``columnar.decode_columns``, a shard's runs by field at once;
+  then the epoch's shuffle windows as the stream decodes them: each window's runs of
+  each shard by ``decode_columns``, and every shard's at once by
+  ``windowdecode.decode_window`` (what the stream does first);
 * ``stream``: ``stream.iter_chunks`` over the epoch's planned order (plan, runs
   decoded when due, gathering), then with each chunk's ``RecordBatch`` built;
 * ``shardio.loader`` and a plain ``DataLoader`` with the user's collate, whole epochs
@@ -52,6 +54,7 @@ def _cpu(function: Callable[[], object], rounds: int,
 
 def measure(kind: str, num_files: int, rounds: int) -> dict[str, Any]:
     """CPU microseconds per sample of each stage for one tree."""
+    import numpy as np
     import torch.utils.data
 
     import shardio
@@ -63,7 +66,8 @@ def measure(kind: str, num_files: int, rounds: int) -> dict[str, Any]:
     from shardio.format import check_frames
     from shardio.reader import DatasetReader
     from shardio.record import decode_run
-    from shardio.stream import iter_chunks
+    from shardio.stream import iter_chunks, window_runs
+    from shardio.windowdecode import ShardRuns, decode_window
 
     tree = ensure_tree(kind, num_files, seed=0)
     out = WORK / f"{kind}-{num_files}"
@@ -110,6 +114,29 @@ def measure(kind: str, num_files: int, rounds: int) -> dict[str, Any]:
             assert decode_columns(parts, path=shard.path, keys=shard.keys(), verify=False,
                                   offset_of=shard.offset) is not None
 
+    firsts = np.asarray([s.first_index for s in reader.manifest.shards], np.int64)
+    windows: list[dict[int, list[tuple[int, int]]]] = []  # per window: each shard's runs
+    for lo in range(0, len(order), window):
+        spans: dict[int, list[tuple[int, int]]] = {}
+        for s, start, stop in window_runs(np.sort(order[lo : lo + window]), firsts, block):
+            spans.setdefault(s, []).append((start, stop))
+        windows.append(spans)
+
+    def window_parts(spans: dict[int, list[tuple[int, int]]]) -> list[tuple[Any, list[Any]]]:
+        return [(reader.shard(s), [RunPart(reader.shard(s).read_run(a, b), a, None, True)
+                                   for a, b in runs]) for s, runs in spans.items()]
+
+    def columns_by_window() -> None:
+        for spans in windows:
+            for shard, parts in window_parts(spans):
+                assert decode_columns(parts, path=shard.path, keys=shard.keys(), verify=False,
+                                      offset_of=shard.offset) is not None
+
+    def window_at_once() -> None:
+        for spans in windows:
+            assert decode_window([ShardRuns(parts, shard.keys())
+                                  for shard, parts in window_parts(spans)]) is not None
+
     def decode(zero_copy: bool) -> None:
         for s, lo, hi in runs:
             shard = reader.shard(s)
@@ -151,6 +178,8 @@ def measure(kind: str, num_files: int, rounds: int) -> dict[str, Any]:
         "decode_run, zero copy (record by record)": lambda: decode(True),
         "decode_run, copies (per-sample dicts)": lambda: decode(False),
         "decode_columns (a shard's runs by field)": columns,
+        "decode_columns, window by window, shard by shard": columns_by_window,
+        "decode_window (a window's shards at once)": window_at_once,
         "iter_chunks (plan, runs, gather; both threads)": lambda: stream(False),
         "iter_chunks + RecordBatch (both threads)": lambda: stream(True),
         "shardio.loader epoch (both threads)": loader,
