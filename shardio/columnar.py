@@ -69,9 +69,9 @@ class Columns:
     that a worker hands a batch over as places in the file without asking each view."""
     views: list[memoryview | None] = field(default_factory=list)
     """Per field: the view of ``source`` its values are cut from when they are wanted
-    (``values`` None), a batch at a time: cut as a window is decoded, a window's views
-    lived as long as the window and were collected by the garbage collector's oldest
-    generation, a full collection (about 90 ms with torch imported) every few epochs."""
+    (``values`` None), a batch at a time. Cut when the window was decoded, they lived as
+    long as the window and reached the garbage collector's oldest generation, whose full
+    collection (about 90 ms with torch imported) then came every few epochs."""
 
 
 def decode_columns(parts: Sequence[RunPart], *, path: str, keys: Sequence[str], verify: bool,
@@ -216,7 +216,8 @@ def inflate_payloads(run: RunBytes, only: list[int] | None
 
 
 def expected_keys(keys: Sequence[str], parts: Sequence[RunPart],
-                   positions: list[IndexArray]) -> list[str]:
+                  positions: list[IndexArray]) -> list[str]:
+    """The keys of the parts' wanted records (``positions`` in each), from the key block."""
     out: list[str] = []
     for part, pos in zip(parts, positions, strict=True):
         if part.only is None:

@@ -14,7 +14,9 @@ array. Records of any other shape (nested values, floats, nil, bools, more than
 15 fields, field names over 31 bytes, a field holding values of two kinds,
 anything malformed) make it return None, and the caller parses them one by one
 with msgpack, whose errors name the record, so results never differ from
-msgpack's. Torch-free.
+msgpack's. ``parse_edges`` parses the same from each record's first and last bytes
+only (``Edges``), gathered from many buffers: every shard of a window at once
+(``shardio.windowdecode``). Torch-free.
 """
 
 from __future__ import annotations
