@@ -37,15 +37,20 @@ def decoded(maps: Any, blob: bytes, count: int) -> list[dict[str, Any]]:
     return out
 
 
-@settings(max_examples=300, deadline=None)
-@given(st.data())
-def test_parsed_like_msgpack_or_refused(data: st.DataObject) -> None:
-    names = data.draw(st.lists(NAMES, min_size=0, max_size=17, unique=True))
+def draw_records(data: st.DataObject, max_fields: int) -> list[dict[str, Any]]:
+    """A dozen records at most, of one set of field names, each field of one kind or any."""
+    names = data.draw(st.lists(NAMES, min_size=0, max_size=max_fields, unique=True))
     kinds = [data.draw(st.sampled_from([INTS, st.binary(max_size=300),
                                         st.text(max_size=40), VALUES])) for _ in names]
     count = data.draw(st.integers(1, 12))
-    records = [{n: data.draw(k) for n, k in zip(names, kinds, strict=True)}
-               for _ in range(count)]
+    return [{n: data.draw(k) for n, k in zip(names, kinds, strict=True)} for _ in range(count)]
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.data())
+def test_parsed_like_msgpack_or_refused(data: st.DataObject) -> None:
+    records = draw_records(data, 17)
+    count = len(records)
     arr, starts, ends, blob = pack(records)
     maps = parse_flat_maps(arr, starts, ends)
     if maps is None:
@@ -143,13 +148,7 @@ def edges_of(arr: np.ndarray, starts: np.ndarray, ends: np.ndarray, head: int, t
 @settings(max_examples=300, deadline=None)
 @given(st.data())
 def test_edges_parse_like_the_whole_records_or_refuse(data: st.DataObject) -> None:
-    names = data.draw(st.lists(NAMES, min_size=0, max_size=6, unique=True))
-    kinds = [data.draw(st.sampled_from([INTS, st.binary(max_size=300),
-                                        st.text(max_size=40), VALUES])) for _ in names]
-    count = data.draw(st.integers(1, 12))
-    records = [{n: data.draw(k) for n, k in zip(names, kinds, strict=True)}
-               for _ in range(count)]
-    arr, starts, ends, _blob = pack(records)
+    arr, starts, ends, _blob = pack(draw_records(data, 6))
     head, tail = data.draw(st.integers(1, 80)), data.draw(st.integers(1, 80))
     whole = parse_flat_maps(arr, starts, ends)
     got = parse_edges(edges_of(arr, starts, ends, head, tail))

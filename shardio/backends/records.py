@@ -399,44 +399,39 @@ class RecordsShardReader:
             pass
 
 
-_MADVISE: list[Callable[[int, int, int], int] | None] = []
+_LIBC: dict[str, Callable[..., int] | None] = {}
+
+
+def _libc(name: str, *argtypes: object) -> Callable[..., int] | None:
+    """libc's function ``name`` through ctypes, taking ``argtypes`` and returning an int
+    (None where there is none). A ctypes call lets the GIL go while it runs."""
+    if name not in _LIBC:
+        found = None
+        try:
+            import ctypes
+
+            function = getattr(ctypes.CDLL(None, use_errno=True), name)
+            function.argtypes = list(argtypes)
+            function.restype = ctypes.c_int
+            found = function
+        except (OSError, AttributeError):  # no C library to load, or no such function in it
+            pass
+        _LIBC[name] = found
+    return _LIBC[name]
 
 
 def _libc_madvise() -> Callable[[int, int, int], int] | None:
-    """libc's ``madvise(addr, length, advice)`` through ctypes (None where there is none)."""
-    if not _MADVISE:
-        found = None
-        try:
-            import ctypes
+    """``madvise(addr, length, advice)``."""
+    import ctypes
 
-            function = ctypes.CDLL(None, use_errno=True).madvise
-            function.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
-            function.restype = ctypes.c_int
-            found = function
-        except (OSError, AttributeError):  # no C library to load, or no madvise in it
-            pass
-        _MADVISE.append(found)
-    return _MADVISE[0]
-
-
-_MINCORE: list[Callable[[int, int, object], int] | None] = []
+    return _libc("madvise", ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
 
 
 def _libc_mincore() -> Callable[[int, int, object], int] | None:
-    """libc's ``mincore(addr, length, vec)`` through ctypes (None where there is none)."""
-    if not _MINCORE:
-        found = None
-        try:
-            import ctypes
+    """``mincore(addr, length, vec)``."""
+    import ctypes
 
-            function = ctypes.CDLL(None, use_errno=True).mincore
-            function.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p]
-            function.restype = ctypes.c_int
-            found = function
-        except (OSError, AttributeError):  # no C library to load, or no mincore in it
-            pass
-        _MINCORE.append(found)
-    return _MINCORE[0]
+    return _libc("mincore", ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p)
 
 
 def _map_address(mapped: mmap.mmap) -> int:
