@@ -92,24 +92,21 @@ def test_the_common_shapes_take_the_columnar_path(dataset: tuple[Path, str],
     import shardio.stream as stream
 
     root, shape = dataset
-    results: list[bool] = []
-    real = stream.decode_columns
 
-    def spy(*args: Any, **kwargs: Any) -> Any:
-        out = real(*args, **kwargs)
-        results.append(out is not None)
-        return out
+    def decoded(name: str) -> list[bool]:
+        """Whether each call of ``stream.<name>`` decoded (returned other than None)."""
+        calls: list[bool] = []
+        real = getattr(stream, name)
 
-    monkeypatch.setattr(stream, "decode_columns", spy)
-    windows: list[bool] = []
-    real_window = stream.decode_window
+        def spy(*args: Any, **kwargs: Any) -> Any:
+            out = real(*args, **kwargs)
+            calls.append(out is not None)
+            return out
 
-    def window_spy(*args: Any, **kwargs: Any) -> Any:
-        out = real_window(*args, **kwargs)
-        windows.append(out is not None)
-        return out
+        monkeypatch.setattr(stream, name, spy)
+        return calls
 
-    monkeypatch.setattr(stream, "decode_window", window_spy)
+    results, windows = decoded("decode_columns"), decoded("decode_window")
     by_record: list[object] = []
     real_run = stream.read_run
 
