@@ -82,6 +82,10 @@ class Check:
                 pass
         return self._state == _DONE and self.error is None and self.failing is None
 
+    def run_if_pending(self) -> None:
+        """Run the check on this thread now unless it was started or cancelled elsewhere."""
+        self._work()
+
     def cancel(self) -> None:
         """Not wanted any more: skipped if not started (a started one runs to its end)."""
         with self._claim_lock:

@@ -350,6 +350,13 @@ class _OpenWindow:
     def _load_local(self) -> None:
         """Decode the due runs of each shard together, field by field, into ``columns``: every
         shard's at once where they parse so (``decode_window``), else shard by shard."""
+        # the checker thread works through the window's checks in due order: the reader
+        # takes those it has not started from the other end, so the two meet once, where
+        # taken shard by shard the reader waited for each run the thread was in
+        for run in reversed(self._due):
+            found = self._checks.get(run)
+            if found is not None:
+                found[1].run_if_pending()
         number = {run: r for r, run in enumerate(self._runs)}
         groups: list[list[int]] = []
         for r in sorted(number[run] for run in self._due):

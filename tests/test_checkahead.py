@@ -214,3 +214,51 @@ def test_the_next_window_is_queued_on_the_thread_when_a_window_opens(
         samples.close()  # mid-window: the next window's checks not started are dropped
     assert all(check._state != checkahead._PENDING for check in queued)
 
+
+
+def test_a_reader_takes_the_checks_the_thread_has_not_started_from_the_far_end(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # the thread works through a window's checks in due order; a reader that took them shard
+    # by shard waited on each run the thread was in the middle of
+    import threading
+
+    import numpy as np
+
+    import shardio.stream
+    from shardio.reader import DatasetReader
+    from shardio.stream import iter_samples
+
+    root = write(tmp_path / "ds")
+    planned: list[dict[object, tuple[object, checkahead.Check]]] = []
+    real_plan = shardio.stream._check_ahead
+
+    def plan_spy(*args: object) -> dict[object, tuple[object, checkahead.Check]]:
+        got = real_plan(*args)  # type: ignore[arg-type]
+        planned.append(dict(got))  # type: ignore[arg-type]  # the window pops what it takes
+        return got  # type: ignore[return-value]
+
+    ran: list[tuple[bool, int]] = []
+    real_failing = checkahead.first_failing
+
+    def failing_spy(run: object) -> int | None:
+        ran.append((threading.current_thread() is threading.main_thread(), id(run)))
+        return real_failing(run)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(shardio.stream, "_check_ahead", plan_spy)
+    monkeypatch.setattr(checkahead, "first_failing", failing_spy)
+    gate = threading.Event()
+    checkahead.checker().later(lambda: gate.wait(60))  # the thread starts none of them
+    order = np.random.default_rng(1).permutation(600).astype(np.int64)
+    try:
+        with DatasetReader(root) as reader:
+            samples = iter_samples(reader, order, window=100, max_run=10)
+            assert next(samples)["__index__"] == order[0]
+            first = [id(run) for run, _check in planned[0].values()]  # in due order
+            assert len(first) > 3
+            assert ran[: len(first)] == [(True, i) for i in reversed(first)]
+            gate.set()
+            rest = [next(samples)["__index__"] for _ in range(299)]
+            assert rest == order[1:300].tolist()
+            samples.close()
+    finally:
+        gate.set()
