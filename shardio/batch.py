@@ -278,6 +278,10 @@ class RecordBatch:
     def bytes(self, field: str) -> list[memoryview | None]:
         """One zero-copy view per sample of bytes field ``field``; None where a sample lacks it.
 
+        A view keeps what it views alive: the shard's map for a record stored as it is,
+        the window's inflated payloads of its shard for a compressed one. Keep
+        ``bytes(view)`` to hold on to a sample past its batch without them.
+
         Raises:
             KeyError: no sample of the batch has ``field`` as bytes (a batch has the
                 fields its samples have: in a generic pack, a batch may lack one).

@@ -8,8 +8,8 @@ in a window in one pass here: frame headers checked per run, payloads inflated w
 codec says so, and every record's map parsed by ``shardio.runfields`` in a few
 numpy operations per field, with each record's ``__key__`` compared with the
 shard's key block in one comparison. What comes back is one list of values per
-field (views of the map for uncompressed bytes, ``bytes`` cut from the inflated
-payloads otherwise), the samples' keys, and lengths or ints as arrays: what
+field (views of the map for uncompressed bytes, of the inflated payloads, in a buffer of
+``shardio.inflatepool``, otherwise), the samples' keys, and lengths or ints as arrays: what
 ``runbatch.WindowColumns`` files. Anything ``runfields`` leaves alone, or any
 key that does not match, makes it return None and the caller decodes those runs
 with ``decode_run``, which names what is wrong. Where a window holds several shards,
@@ -19,6 +19,7 @@ the shards it cannot read so. Torch-free.
 
 from __future__ import annotations
 
+import io
 import itertools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -28,6 +29,7 @@ import numpy as np
 import numpy.typing as npt
 import zstandard
 
+from shardio import inflatepool
 from shardio.codecs import decompressor
 from shardio.format import FRAME_SIZE, RunBytes, check_frames, frame_codecs
 from shardio.record import INDEX_FIELD, KEY_FIELD
@@ -59,19 +61,24 @@ class Columns:
     """Fields other than ``__key__``, in their order in the records."""
     kinds: list[int]
     values: list[list[Any] | None]
-    """Per field: its values (None: views of ``source`` not cut yet, see ``views``)."""
+    """Per field: its values (None: bytes values not cut yet, see ``views``)."""
     arrays: list[IndexArray]
     """Per field: its lengths (bytes, str) or its values (int)."""
     source: object = None
-    """The map the bytes values are views of (None: they are copies)."""
+    """The map the bytes values are views of (None: views of inflated payloads)."""
     starts: list[IndexArray | None] = field(default_factory=list)
-    """Per field: where each bytes value starts in ``source`` (None: not views of it), so
-    that a worker hands a batch over as places in the file without asking each view."""
+    """Per field: where each bytes value starts in its view (None: not a bytes field); in
+    ``source`` too where there is one, so that a worker hands a batch over as places in
+    the file without asking each view."""
     views: list[memoryview | None] = field(default_factory=list)
-    """Per field: the view of ``source`` its values are cut from when they are wanted
-    (``values`` None), a batch at a time. Cut when the window was decoded, they lived as
-    long as the window and reached the garbage collector's oldest generation, whose full
-    collection (about 90 ms with torch imported) then came every few epochs."""
+    """Per field: the view (of ``source``, or of the inflated payloads) its bytes values
+    are cut from when they are wanted (``values`` None), a batch at a time. Cut when the
+    window was decoded, they lived as long as the window and reached the garbage
+    collector's oldest generation, whose full collection (about 90 ms with torch
+    imported) then came every few epochs."""
+    buffers: list[io.BytesIO] = field(default_factory=list)
+    """The ``shardio.inflatepool`` buffers the inflated payloads are in, to give back when
+    nothing is cut from them any more (the window closed)."""
 
 
 def decode_columns(parts: Sequence[RunPart], *, path: str, keys: Sequence[str], verify: bool,
@@ -101,19 +108,34 @@ def decode_columns(parts: Sequence[RunPart], *, path: str, keys: Sequence[str], 
                                  for a, part, pos in zip(at, parts, positions, strict=True)])
         ends = np.concatenate([a + part.run.bounds[pos + 1]
                                for a, part, pos in zip(at, parts, positions, strict=True)])
+        pooled: list[io.BytesIO] = []
     else:
-        data, starts, ends = inflated_payloads(parts)
+        data, starts, ends, held = inflated_payloads(parts)
         if data is None:
             return None
+        pooled = [held] if held is not None else []
+    out = _columns(data, starts, ends, expected_keys(keys, parts, positions),
+                   base if mapped else None)
+    if out is None:
+        del data  # its view, so that the buffer is free to fill again
+        inflatepool.give_back(pooled)
+        return None
+    out.buffers = pooled
+    return out
+
+
+def _columns(data: Any, starts: IndexArray, ends: IndexArray, expected: list[str],
+             source: object) -> Columns | None:
+    """``decode_columns`` of payloads ``data[starts[i]:ends[i]]`` (views of the map
+    ``source``, or inflated: None)."""
     arr = np.frombuffer(data, np.uint8)
     maps = parse_flat_maps(arr, starts, ends)
     if maps is None or KEY_FIELD not in maps.names or INDEX_FIELD in maps.names:
         return None
     key_column = maps.columns[maps.names.index(KEY_FIELD)]
-    expected = expected_keys(keys, parts, positions)
     if key_column.kind != STR or not _same_keys(arr, key_column, expected):
         return None
-    out = Columns(expected, [], [], [], [], source=base if mapped else None)
+    out = Columns(expected, [], [], [], [], source=source)
     try:
         for name, column in zip(maps.names, maps.columns, strict=True):
             if name != KEY_FIELD:
@@ -152,10 +174,11 @@ def _frame_codecs(parts: Sequence[RunPart], base: object, at: list[int]
 
 
 def inflated_payloads(parts: Sequence[RunPart], pad: int = 0
-                      ) -> tuple[bytes | None, IndexArray, IndexArray]:
-    """The wanted payloads, inflated where compressed, back to back in one ``bytes`` (one
-    copy of every part's buffers), with ``pad`` zero bytes before and after them, and
-    where each starts and ends in it."""
+                      ) -> tuple[memoryview | None, IndexArray, IndexArray, io.BytesIO | None]:
+    """The wanted payloads, inflated where compressed, back to back in one buffer of
+    ``shardio.inflatepool`` (one copy of every part's buffers), with ``pad`` zero bytes
+    before and after them: a view of them, where each starts and ends in it, and the
+    buffer to give back once nothing is cut from it any more."""
     pieces: list[Sequence[Any]] = []
     sizes: list[IndexArray] = []
     for part in parts:
@@ -163,14 +186,15 @@ def inflated_payloads(parts: Sequence[RunPart], pad: int = 0
         got = part.inflated or inflate_payloads(part.run, part.only)
         if got is None:  # a frame that does not inflate: decode_run names it
             empty = np.empty(0, np.int64)
-            return None, empty, empty
+            return None, empty, empty, None
         pieces.append(got[0])
         sizes.append(got[1])
     lengths = np.concatenate(sizes)
     stops = np.cumsum(lengths) + pad
     padding = [bytes(pad)] if pad else []
-    joined = b"".join(itertools.chain(padding, itertools.chain.from_iterable(pieces), padding))
-    return joined, stops - lengths, stops
+    view, held = inflatepool.joined(
+        itertools.chain(padding, itertools.chain.from_iterable(pieces), padding))
+    return view, stops - lengths, stops, held
 
 
 def compressed(run: RunBytes, only: list[int] | None) -> bool:
@@ -243,26 +267,23 @@ def _same_keys(arr: npt.NDArray[np.uint8], column: Column, expected: list[str]) 
 
 
 def file_column(out: Columns, name: str, column: Column, data: Any) -> None:
-    """Append one field of the records to ``out``: values cut from ``data`` (views of a map,
-    copies of inflated payloads), their lengths or ints, and where they start in a map."""
+    """Append one field of the records to ``out``: bytes values as views of ``data`` (a
+    map, or inflated payloads) cut when wanted, strs decoded, ints; their lengths or
+    ints, and where each bytes value starts in ``data``."""
     out.names.append(name)
     out.kinds.append(column.kind)
-    mapped = column.kind == BYTES and out.source is not None
-    out.starts.append(column.starts if mapped else None)
-    out.views.append(data if mapped else None)
+    viewed = column.kind == BYTES
+    out.starts.append(column.starts if viewed else None)
+    out.views.append(memoryview(data) if viewed else None)
     if column.kind == INT:
         assert column.ints is not None
         out.values.append(column.ints.tolist())
         out.arrays.append(column.ints)
         return
     assert column.starts is not None and column.ends is not None
-    if mapped:  # views of the map ``data`` is one of, cut when wanted
+    if viewed:  # cut a batch at a time (``runbatch._Column.take``), see ``Columns.views``
         out.values.append(None)
-    elif column.kind == STR:
+    else:
         pairs = zip(column.starts.tolist(), column.ends.tolist(), strict=True)
         out.values.append([str(data[a:b], "utf-8") for a, b in pairs])
-    else:  # inflated payloads (``bytes``) are cut into copies, so that no sample keeps
-        assert column.kind == BYTES  # every other sample's bytes alive
-        pairs = zip(column.starts.tolist(), column.ends.tolist(), strict=True)
-        out.values.append([data[a:b] for a, b in pairs])
     out.arrays.append(column.ends - column.starts)

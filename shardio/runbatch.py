@@ -13,6 +13,7 @@ in the order the window's runs first showed them. Torch-free.
 
 from __future__ import annotations
 
+import io
 from collections.abc import Iterator, Sequence
 from operator import itemgetter
 from typing import TYPE_CHECKING, Any, overload
@@ -42,14 +43,15 @@ class _Column:
         self.lengths = np.zeros(size, np.int64)
         self.ints = np.zeros(size, np.int64)
         self.maps: list[object] = [None] * size
-        """Per rank, the map its bytes value is a view of (None: unknown or a copy)."""
+        """Per rank, the map its bytes value is a view of (None: unknown, a copy, or a view
+        of inflated payloads)."""
         self.mapped = True
         """Whether every value filed so far is a view of a map with its place known."""
         self.starts = np.zeros(size, np.int64)
-        """Per rank, where in its map the bytes value starts."""
+        """Per rank, where the bytes value starts in its view (in its map, if it has one)."""
         self.views: list[memoryview | None] | None = None
-        """Per rank, the view of its map a bytes value not cut yet (``values`` None) is cut
-        from (None: every value is cut)."""
+        """Per rank, the view (of its map, or of inflated payloads) a bytes value not cut yet
+        (``values`` None) is cut from (None: every value is cut)."""
         self.kind: str | None = None
         """``bytes``, ``int`` or ``other`` over every run filed so far (None: none yet)."""
 
@@ -78,8 +80,9 @@ class _Column:
                   source: object = None, starts: IndexArray | None = None,
                   view: memoryview | None = None) -> None:
         """File values of one kind with their lengths (bytes, str) or themselves (int),
-        and for bytes values that are views of the map ``source``, where they start;
-        ``values`` None: views of ``view`` (of ``source``), cut when they are wanted."""
+        and for bytes values that are views, where they start in ``view`` (and in the map
+        ``source``; None for inflated payloads); ``values`` None: views of ``view``, cut
+        when they are wanted."""
         hi = lo + len(array)
         if values is None:
             assert view is not None and starts is not None
@@ -92,11 +95,11 @@ class _Column:
             if self.views is not None:
                 self.views[lo:hi] = [None] * (hi - lo)
         self.present[lo:hi] = True
-        if starts is None:
-            self.mapped = False
-        else:
-            self.maps[lo:hi] = [source] * (hi - lo)
+        if starts is not None:
             self.starts[lo:hi] = starts
+            self.maps[lo:hi] = [source] * (hi - lo)
+        if starts is None or source is None:  # copies, or views of inflated payloads
+            self.mapped = False
         if kind == BYTES:
             self.lengths[lo:hi] = array
             name = "bytes"
@@ -144,6 +147,9 @@ class WindowColumns:
         self.placed = False
         """Owned bytes values of mapped runs as ``FileBytes`` (a DataLoader worker's samples,
         which then cross to the main process as places in the shard files)."""
+        self.buffers: list[io.BytesIO] = []
+        """The ``shardio.inflatepool`` buffers of the inflated payloads filed, to give back
+        when the window closes."""
 
     def put(self, lo: int, samples: Sequence[dict[str, Any]]) -> None:
         """File the decoded samples of ranks ``lo..lo+len(samples)``."""
@@ -163,6 +169,7 @@ class WindowColumns:
         """File records decoded field by field (``shardio.columnar``) at ranks from ``lo``."""
         hi = lo + len(decoded.keys)
         self.keys[lo:hi] = decoded.keys
+        self.buffers += decoded.buffers
         starts = decoded.starts or [None] * len(decoded.names)
         views = decoded.views or [None] * len(decoded.names)
         for name, kind, values, array, where, view in zip(
@@ -229,6 +236,23 @@ class Chunk(Sequence[dict[str, Any]]):
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
         return iter(self.samples())
+
+    def detach(self) -> None:
+        """Copy the bytes of the samples of inflated payloads out of their windows' buffers
+        (``shardio.inflatepool``). For a window's last chunks, which their consumer (and the
+        stream, a chunk ahead) still hold while the next window is decoded: they would keep
+        every buffer of their window viewed (their samples come from all of its shards),
+        and the next window's payloads would then need as many fresh buffers, a second
+        window of memory."""
+        parts: list[tuple[WindowColumns, list[int]]] = []
+        for columns, ranks in self.parts:
+            if columns.buffers:
+                own = WindowColumns(columns.indices[np.asarray(ranks, np.int64)])
+                own.put(0, [columns.sample(rank, owned=True) for rank in ranks])
+                columns, ranks = own, list(range(len(ranks)))
+            parts.append((columns, ranks))
+        self.parts = parts
+        self._samples = None
 
     def samples(self) -> list[dict[str, Any]]:
         """The samples as dicts (made on first use)."""

@@ -27,6 +27,7 @@ from typing import Any, Protocol, cast
 
 import numpy as np
 
+from shardio import inflatepool
 from shardio.backends import ShardFileReader
 from shardio.backends.records import RecordsShardReader
 from shardio.backends.remoterecords import RemoteRecordsReader
@@ -224,6 +225,8 @@ def iter_chunks(
                 open_window.ensure(take)
                 assert open_window.columns is not None
                 pending.add(open_window.columns, take)
+                if len(ranks) - at < size:  # held while the next window is decoded: see
+                    pending.detach()         # Chunk.detach
             else:
                 pending.extend(open_window.gather(take, owned=True))
             if len(pending) == size:
@@ -446,9 +449,12 @@ class _OpenWindow:
         return got
 
     def close(self) -> None:
-        """Let go of the window: its samples, and its runs' pages in this process."""
+        """Let go of the window: its samples, its inflated payloads' buffers (refilled once
+        nothing views them), and its runs' pages in this process."""
         self.samples = []
-        self.columns = None
+        if self.columns is not None:
+            buffers, self.columns = self.columns.buffers, None
+            inflatepool.give_back(buffers)
         for _run, check in self._checks.values():
             check.cancel()
         self._checks = {}

@@ -18,6 +18,7 @@ shard, where anything wrong gets its name. Torch-free.
 
 from __future__ import annotations
 
+import io
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -25,6 +26,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from shardio import inflatepool
 from shardio.columnar import (
     Columns,
     IndexArray,
@@ -77,13 +79,15 @@ class _Gathered:
     data: Any
     """What the values are cut from: the shard's map (a memoryview) or its inflated payloads."""
     source: object
-    """The map the values are views of (None: they are copies)."""
+    """The map the values are views of (None: of the inflated payloads)."""
     starts: IndexArray
     """Where each wanted record's payload starts in ``data``."""
     heads: UInt8Array
     tails: UInt8Array
     lengths: IndexArray
     keys: list[str]
+    held: io.BytesIO | None = None
+    """The ``shardio.inflatepool`` buffer of the inflated payloads (None: mapped)."""
 
 
 def decode_window(shards: Sequence[ShardRuns]) -> list[Columns] | None:
@@ -97,6 +101,18 @@ def decode_window(shards: Sequence[ShardRuns]) -> list[Columns] | None:
         return None
     checksum = shards[0].parts[0].run.checksum
     gathered: list[_Gathered] = []
+    out: list[Columns] | None = None
+    try:
+        out = _decode(shards, checksum, gathered)
+    finally:
+        if out is None:  # nothing is cut from the inflated payloads: their buffers are free
+            inflatepool.give_back([g.held for g in gathered if g.held is not None])
+    return out
+
+
+def _decode(shards: Sequence[ShardRuns], checksum: str, gathered: list[_Gathered]
+            ) -> list[Columns] | None:
+    """``decode_window``, each shard's gathered records appended to ``gathered``."""
     for shard in shards:
         got = _gather(shard, checksum)
         if got is None:
@@ -115,7 +131,8 @@ def decode_window(shards: Sequence[ShardRuns]) -> list[Columns] | None:
         return None
     bounds = np.cumsum([0] + [len(g.lengths) for g in gathered]).tolist()
     payload = np.concatenate([g.starts for g in gathered])
-    out = [Columns(g.keys, [], [], [], [], source=g.source) for g in gathered]
+    out = [Columns(g.keys, [], [], [], [], source=g.source,
+                   buffers=[] if g.held is None else [g.held]) for g in gathered]
     try:
         for name, column in zip(maps.names, maps.columns, strict=True):
             if name == KEY_FIELD:
@@ -178,15 +195,17 @@ def _gather(shard: ShardRuns, checksum: str) -> _Gathered | None:
         return _Gathered(memoryview(base), base, starts, heads[:, FRAME_SIZE:], tails,
                          sizes - FRAME_SIZE, keys)
     # padded so that the first and last records' edges lie in it too
-    blob, starts, ends = inflated_payloads(parts, pad=max(HEAD_BYTES, TAIL_BYTES))
+    blob, starts, ends, held = inflated_payloads(parts, pad=max(HEAD_BYTES, TAIL_BYTES))
     if blob is None:
         return None
     inflated = np.frombuffer(blob, np.uint8)
     front = _rows(inflated, starts, HEAD_BYTES)
     back = _rows(inflated, ends - TAIL_BYTES, TAIL_BYTES)
     if front is None or back is None:
+        del inflated, blob
+        inflatepool.give_back([] if held is None else [held])
         return None
-    return _Gathered(blob, None, starts, front, back, ends - starts, keys)
+    return _Gathered(blob, None, starts, front, back, ends - starts, keys, held)
 
 
 def _rows(data: UInt8Array, at: IndexArray, width: int) -> UInt8Array | None:
