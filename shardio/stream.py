@@ -40,7 +40,7 @@ from shardio.manifest import Manifest
 from shardio.plan import IndexArray
 from shardio.record import decode_run
 from shardio.runbatch import Chunk, WindowColumns
-from shardio.windowdecode import ShardRuns, decode_window, worth_one_pass
+from shardio.windowdecode import ShardRuns, decode_window
 
 Run = tuple[int, int, int]
 """``(shard, first record, stop record)``."""
@@ -369,7 +369,7 @@ class _OpenWindow:
                 groups.append([r])
         gathered = [self._group_parts(group) for group in groups]
         decoded: list[Columns] | None = None
-        if worth_one_pass(self._base[-1], len(gathered)):
+        if len(gathered) > 1:
             decoded = decode_window([ShardRuns(parts, shard_reader.keys())
                                      for shard_reader, parts in gathered])
         for k, (group, (shard_reader, parts)) in enumerate(zip(groups, gathered, strict=True)):

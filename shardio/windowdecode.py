@@ -13,7 +13,12 @@ lengths, and keys compared with the shards' key blocks, as ``decode_columns``
 checks them. It gives ``decode_columns``'s result for every shard, or None (a
 value in neither edge, shards of different shapes, a key that does not match,
 runs that are not views of one map each, ...), and the caller decodes shard by
-shard, where anything wrong gets its name. Torch-free.
+shard, where anything wrong gets its name.
+
+It pays on windows of many records a shard too (the tiny tree's, about 960): there it
+was slower than shard by shard while each bytes value of inflated payloads was copied
+out, and is faster since they are views (``shardio.inflatepool``; the stage table of
+``benchmarks/bench_stages.py`` has both). Torch-free.
 """
 
 from __future__ import annotations
@@ -46,21 +51,7 @@ of up to about 100 bytes, the header of a large value)."""
 TAIL_BYTES = 32
 """Bytes gathered from the end of each record: the fields after a large value (a label)."""
 
-MAX_RECORDS_PER_SHARD = 256
-"""A window is decoded in one pass only where it holds at most this many records of each of
-its shards on average. With more, ``decode_columns``'s fixed costs are spread over enough
-records, and this pass's copies of every record's edges cost more than they save
-(``benchmarks/bench_stages.py``: on the tiny tree's windows of about 960 records a shard,
-the one pass took more CPU per record than shard by shard; on the images' windows of
-about 85 records a shard, half of it)."""
-
 UInt8Array = npt.NDArray[np.uint8]
-
-
-def worth_one_pass(num_records: int, num_shards: int) -> bool:
-    """Whether a window of ``num_records`` records of ``num_shards`` shards is decoded faster
-    by ``decode_window`` than shard by shard."""
-    return num_shards > 1 and num_records <= MAX_RECORDS_PER_SHARD * num_shards
 
 
 @dataclass(frozen=True)
