@@ -5,7 +5,7 @@ vectorised parse reads them there), and their bytes values are views of it, cut 
 at a time, as a mapped record's are views of its map. A fresh buffer for each shard's
 payloads cost more than copying every value out of a reused one: a window's buffers are
 alive together, so each new one came from pages the process had never touched (or had
-given back to the kernel), and faulting them in was about a sixth of a warm epoch of
+given back to the kernel), and faulting them in was about a seventh of a warm epoch of
 tiny records (100,000 of 1-4 KB, one process). So a closed window's buffers come here
 and are filled again by the next window.
 
@@ -28,8 +28,8 @@ from typing import Any
 MAX_IDLE = 64
 """Buffers kept for reuse (a window holds one a shard); beyond that the oldest are let go."""
 MAX_IDLE_BYTES = 256 << 20
-"""Bytes kept for reuse (a window's inflated payloads, where the default window's records
-stored are about as many); beyond that the oldest buffers are let go."""
+"""Bytes kept for reuse, about the default shuffle window's records; beyond that the oldest
+buffers are let go."""
 
 _idle: collections.deque[io.BytesIO] = collections.deque()
 _lock = threading.Lock()
