@@ -440,6 +440,8 @@ class _OpenWindow:
         self.ensure(wanted)
         got = itemgetter(*wanted)(self.samples)
         got = [got] if len(wanted) == 1 else list(got)
+        if self.columns is not None and got.count(None) == len(got):
+            return self.columns.samples(wanted, owned=owned)
         if self.columns is not None and None in got:
             columns = self.columns
             got = [columns.sample(rank, owned=owned) if s is None else s

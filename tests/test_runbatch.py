@@ -95,6 +95,8 @@ def written(kind: str, i: int) -> dict[str, Any]:
            "txt": f"t{i}".encode()}
     if kind == "compressed":  # every record inflated
         out["image"] = bytes([i % 7]) * 3_000
+    if kind == "sparse" and i >= 120:
+        del out["txt"]  # the last two shards lack a field the others have
     return out
 
 
@@ -140,7 +142,7 @@ def test_the_one_window_path_builds_what_the_general_path_builds(
 
 
 @pytest.mark.parametrize("zero_copy", [False, True])
-@pytest.mark.parametrize("kind", ["generic", "uniform", "compressed"])
+@pytest.mark.parametrize("kind", ["generic", "uniform", "compressed", "sparse"])
 def test_samples_handed_out_one_by_one_are_the_samples_written(
         generic: Path, tmp_path: Path, kind: str, zero_copy: bool) -> None:
     root = build(kind, generic, tmp_path)
@@ -161,3 +163,35 @@ def test_samples_handed_out_one_by_one_are_the_samples_written(
                 assert type(s[name]) is bytes or zero_copy
             else:
                 assert s[name] == value and type(s[name]) is type(value)
+
+
+@pytest.mark.parametrize("placed", [False, True])
+@pytest.mark.parametrize("kind", ["generic", "uniform", "compressed", "sparse"])
+def test_samples_made_field_by_field_are_the_samples_made_one_by_one(
+        generic: Path, tmp_path: Path, kind: str, placed: bool) -> None:
+    root = build(kind, generic, tmp_path)
+    order = np.random.default_rng(3).permutation(200)
+    compared = 0
+    with DatasetReader(root) as reader:
+        for chunk in iter_chunks(reader, order, window=64, max_run=8, size=16, zero_copy=True):
+            for columns, ranks in chunk.parts:
+                columns.placed = placed
+                for owned in (False, True):
+                    got = columns.samples(ranks, owned=owned)
+                    want = [columns.sample(rank, owned=owned) for rank in ranks]
+                    assert [type(s) for s in got] == [type(s) for s in want]
+                    for a, b in zip(got, want, strict=True):
+                        assert list(a) == list(b)  # the same fields, in the same order
+                        for name in a:
+                            assert type(a[name]) is type(b[name]), name
+                            if isinstance(a[name], np.ndarray):
+                                assert a[name] is b[name]
+                            elif isinstance(a[name], memoryview):
+                                assert bytes(a[name]) == bytes(b[name])
+                            else:
+                                assert a[name] == b[name], name
+                            if hasattr(b[name], "source"):  # FileBytes: the same place
+                                assert (a[name].source, a[name].offset) == (
+                                    b[name].source, b[name].offset)
+                    compared += len(ranks)
+    assert compared == 2 * len(order)
