@@ -9,6 +9,7 @@ DataLoader workers, and the per-sample output format.
 
 from __future__ import annotations
 
+import itertools
 import os
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
@@ -19,9 +20,10 @@ import torch
 from torch.utils.data import Dataset, IterableDataset, get_worker_info
 
 from shardio.classes import ClassAttributes
-from shardio.collate import field_decoder
+from shardio.collate import decode_shared, field_decoder
 from shardio.crop import CenterCrop, Crop, Cropper
-from shardio.errors import ResumeError
+from shardio.decode import open_image
+from shardio.errors import DecodeError, ResumeError
 from shardio.fields import FieldDecoder, Fields
 from shardio.mix import Source
 from shardio.mixreader import MixtureReader, open_reader
@@ -50,6 +52,10 @@ DEFAULT_WINDOW_BYTES = 256 << 20
 MAX_WINDOW = 16384
 MIN_WINDOW = 256
 BLOCKS_PER_WINDOW = 128
+SHARED_GROUP = 32
+"""Samples whose images a DataLoader worker decodes into one block of shared memory
+(``decode="tensor"``): a block crosses to the main process once for each batch that holds
+some of its images; a tensor kept alive keeps its block."""
 
 
 def resolve_rank(rank: int | None, world_size: int | None) -> tuple[int, int]:
@@ -149,12 +155,33 @@ class SampleDecoder:
             image = decode_tensor(
                 sample["image"], draft_size=self.draft_size, key=sample[KEY_FIELD]
             )
-        label: Any = sample["label"]
+        return self.finish(image, sample["label"])
+
+    def finish(self, image: Any, label: Any) -> Any:
+        """``(image, label)`` after ``transform`` and ``target_transform``."""
         if self.transform is not None:
             image = self.transform(image)
         if self.target_transform is not None:
             label = self.target_transform(label)
         return image, label
+
+    @property
+    def shares_memory(self) -> bool:
+        """Whether a DataLoader worker's images are decoded a group at a time into
+        shared memory (``tensor`` mode: ``shardio.collate.decode_shared``)."""
+        return self.mode == "tensor"
+
+    def decode_group(self, samples: Sequence[dict[str, Any]]) -> list[Any]:
+        """The images of ``samples`` (before ``transform``) as views of one shared block.
+
+        Raises:
+            DecodeError: an image does not decode.
+        """
+        cropper = self.cropper
+        return decode_shared([
+            open_image(s["image"], draft_size=self.draft_size, key=s[KEY_FIELD])
+            if cropper is None else cropper.open(s["image"], s[INDEX_FIELD], s[KEY_FIELD])
+            for s in samples])
 
 
 def resolve_decode(decode: str, labelled: bool, path: str) -> str:
@@ -452,12 +479,32 @@ class StreamingDataset(ClassAttributes, IterableDataset[Any]):
                 for sample in samples:
                     self._position += 1
                     yield sample
+            elif info is not None and isinstance(decoder, SampleDecoder) and (
+                    decoder.shares_memory):
+                yield from self._decoded_in_groups(samples, decoder)
             else:
                 for sample in samples:
                     self._position += 1
                     yield decoder(sample)
         finally:
             reader.close()
+
+    def _decoded_in_groups(
+        self, samples: Iterator[dict[str, Any]], decoder: SampleDecoder,
+    ) -> Iterator[Any]:
+        """``decoder(sample)`` for each sample, the images of every ``SHARED_GROUP``
+        samples decoded into one block of shared memory (a DataLoader worker's)."""
+        while group := list(itertools.islice(samples, SHARED_GROUP)):
+            try:
+                images = decoder.decode_group(group)
+            except DecodeError:  # one by one, so that the error comes with its sample
+                for sample in group:
+                    self._position += 1
+                    yield decoder(sample)
+                continue
+            for sample, image in zip(group, images, strict=True):
+                self._position += 1
+                yield decoder.finish(image, sample["label"])
 
     def _batches(
         self, chunks: Iterator[Sequence[dict[str, Any]]], split: Split, stage: Stage,

@@ -202,6 +202,30 @@ def open_image(
     return _PilImage(data, draft_size, key)
 
 
+def decode_array(
+    data: bytes | memoryview, *, draft_size: tuple[int, int] | None = None,
+    key: str | None = None,
+) -> np.ndarray:
+    """The RGB pixels of an encoded image as a uint8 HWC array with a buffer of its own.
+
+    The pixels are ``decode_image(data, mode="RGB", draft_size=...)``'s, decoded as
+    ``open_image`` decodes them: straight into a new array by simplejpeg where it
+    applies, else Pillow's pixels in the one buffer it packs them into (read-only, as
+    ``image_to_array`` says; nothing else references it, so a copy is not needed to
+    write to it).
+
+    Raises:
+        DecodeError: ``data`` is not an image Pillow can decode, or is truncated.
+        ValueError: ``draft_size`` is not two positive integers.
+    """
+    pending = open_image(data, draft_size=draft_size, key=key)
+    if isinstance(pending, _PilImage):
+        return pending.array()
+    out = np.empty(pending.shape, np.uint8)
+    pending.decode_into(out)
+    return out
+
+
 class _FastJpeg:
     def __init__(
         self, fast: ModuleType, data: bytes | memoryview, shape: tuple[int, int, int],
@@ -243,10 +267,14 @@ class _PilImage:
         self.shape = (height, width, 3)
 
     def decode_into(self, out: np.ndarray) -> None:
+        np.copyto(out, self.array())
+
+    def array(self) -> np.ndarray:
+        """The RGB pixels in the buffer Pillow packs them into (read-only)."""
         try:
             with self.image as img:
                 img.load()
                 rgb = img if img.mode == "RGB" else img.convert("RGB")
-                np.copyto(out, np.asarray(rgb))
+                return np.asarray(rgb)
         except _DECODE_FAILURES as exc:
             raise DecodeError(_failure_message(self.data, self.key, exc), key=self.key) from exc

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import collections
+import re
 from pathlib import Path
 from typing import Any
 
@@ -328,6 +329,54 @@ def test_tensor_decode_through_loader(imagefolder: Path, packed_imagefolder: Pat
             assert image.dtype == torch.uint8 and image.shape[0] == 3
             got.append((image.permute(1, 2, 0).contiguous().numpy().tobytes(), label))
     assert sorted(got) == sorted(expected)
+
+
+@pytest.mark.parametrize("crop", [None, 12])
+def test_tensor_decode_through_a_plain_dataloader_with_workers(
+    imagefolder: Path, packed_imagefolder: Path, crop: int | None
+) -> None:
+    _, expected = plain_imagefolder(imagefolder)
+    if crop is not None:
+        centre = shardio.CenterCrop(crop)
+        reference = StreamingDataset(packed_imagefolder, decode="tensor", crop=centre)
+        expected = sorted((image.permute(1, 2, 0).contiguous().numpy().tobytes(), label)
+                          for image, label in reference)
+    ds = StreamingDataset(packed_imagefolder, decode="tensor", batch_size=6,
+                          **({} if crop is None else {"crop": shardio.CenterCrop(crop)}))
+    got, blocks, batches = [], 0, 0
+    for images, labels in DataLoader(ds, batch_size=6, num_workers=2,
+                                     collate_fn=lambda b: tuple(zip(*b, strict=True))):
+        # a worker decodes a group of samples into one block: one descriptor crosses
+        blocks += len({image.untyped_storage().data_ptr() for image in images})
+        batches += 1
+        for image, label in zip(images, labels, strict=True):
+            assert image.dtype == torch.uint8 and image.shape[0] == 3 and type(label) is int
+            got.append((image.permute(1, 2, 0).contiguous().numpy().tobytes(), label))
+    assert sorted(got) == sorted(expected)
+    assert blocks <= 2 * batches < len(got)
+
+
+def test_a_bad_image_fails_at_its_own_sample_in_a_worker(
+    imagefolder: Path, tmp_path: Path
+) -> None:
+    import shutil
+
+    src = tmp_path / "src"
+    shutil.copytree(imagefolder, src)
+    victim = sorted(src.rglob("*.jpg"))[5]
+    victim.write_bytes(victim.read_bytes()[:200])  # the header survives, the pixels do not
+    out = tmp_path / "ds"
+    shardio.pack(src, out, num_workers=1, progress=False, shuffle=False)
+    key = victim.relative_to(src).as_posix()
+    raw = StreamingDataset(out, decode="raw", shuffle=False)
+    keys = [s["__key__"] for s in raw]
+    assert key in keys
+    ds = StreamingDataset(out, decode="tensor", shuffle=False)
+    got = 0
+    with pytest.raises(Exception, match=re.escape(repr(key))):
+        for _batch in DataLoader(ds, batch_size=1, num_workers=1, collate_fn=list):
+            got += 1
+    assert got == keys.index(key)  # every sample before it, none after
 
 
 def test_loader_breaking_early_moves_on_to_the_next_epoch(dataset_dir: Path) -> None:

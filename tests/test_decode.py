@@ -389,6 +389,36 @@ def test_open_image_decodes_into_a_buffer_the_pixels_of_decode_image(
     assert which().split()[0].lower() in (jpeg_decoder, "pillow-simd", "pillow")
 
 
+@pytest.mark.parametrize("kind", ["jpeg_rgb", "jpeg_gray", "jpeg_cmyk", *sorted(JPEG_KINDS)])
+def test_decode_tensor_gives_the_pixels_of_pillow_with_either_decoder(
+    kind: str, jpeg_decoder: str, torch_mod: Any
+) -> None:
+    from shardio.collate import decode_tensor
+
+    data = {**INPUTS, **JPEG_KINDS}[kind]()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        t = decode_tensor(memoryview(data), key="k")
+    np.testing.assert_array_equal(t.permute(1, 2, 0).numpy(), _reference(data))
+    t[0, 0, 0] = 7  # writable, whichever decoder made it
+    with pytest.raises(DecodeError, match="'k'"):
+        decode_tensor(data[: len(data) // 2], key="k")
+
+
+@pytest.mark.parametrize("private_helper", [True, False])
+def test_shared_empty_is_shared_memory_of_the_size_asked(
+    torch_mod: Any, monkeypatch: pytest.MonkeyPatch, private_helper: bool
+) -> None:
+    from shardio.collate import shared_empty
+
+    if not private_helper:  # torch without UntypedStorage._new_shared: share_memory_ instead
+        monkeypatch.setattr(torch_mod.UntypedStorage, "_new_shared", None)
+    flat = shared_empty(1000)
+    assert flat.is_shared() and flat.dtype == torch_mod.uint8 and tuple(flat.shape) == (1000,)
+    flat[999] = 5
+    assert int(flat[999]) == 5
+
+
 def test_open_image_draft_gives_the_draft_size(big_jpeg: bytes, jpeg_decoder: str) -> None:
     from shardio.decode import open_image
 
