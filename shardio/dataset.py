@@ -249,8 +249,10 @@ class StreamingDataset(ClassAttributes, IterableDataset[Any]):
                 samples then say which one they came from in ``__source__``.
             decode: ``"auto"`` (``"pil"`` on ImageFolder packs, else ``"raw"``),
                 ``"raw"`` (sample dicts with ``__key__`` and ``__index__``), ``"pil"``
-                or ``"tensor"`` (uint8 CHW). With ``fields``, the mode of image fields
-                (``"auto"`` is ``"pil"``, ``"raw"`` keeps their bytes).
+                or ``"tensor"`` (uint8 CHW; in a DataLoader worker, views of one block
+                of shared memory per ``SHARED_GROUP`` samples). With ``fields``, the
+                mode of image fields (``"auto"`` is ``"pil"``, ``"raw"`` keeps their
+                bytes).
             fields: yield a tuple of these fields, each decoded by its name
                 (``("jpg", "cls", "json")`` → PIL image, int, parsed JSON; see
                 ``shardio.Fields`` for per-field decoders and transforms, and
