@@ -167,12 +167,25 @@ def decode_shared(pending: Sequence[PendingImage | PendingCrop]) -> list[torch.T
     Raises:
         DecodeError: an image does not decode.
     """
-    sizes = [h * w * c for h, w, c in (p.shape for p in pending)]
-    flat = shared_empty(sum(sizes))
+    return decode_views(pending, shared_empty(pixel_bytes(pending)))
+
+
+def pixel_bytes(pending: Sequence[PendingImage | PendingCrop]) -> int:
+    """The bytes ``decode_views`` needs for ``pending``."""
+    return sum(h * w * c for h, w, c in (p.shape for p in pending))
+
+
+def decode_views(
+    pending: Sequence[PendingImage | PendingCrop], flat: torch.Tensor,
+) -> list[torch.Tensor]:
+    """Decode ``pending`` one after another into ``flat`` (uint8, ``pixel_bytes`` long),
+    HWC as the decoders write; their ``(3, H, W)`` views."""
     flat_np = flat.numpy()
     views: list[torch.Tensor] = []
     at = 0
-    for image, size in zip(pending, sizes, strict=True):
+    for image in pending:
+        h, w, c = image.shape
+        size = h * w * c
         image.decode_into(flat_np[at : at + size].reshape(image.shape))
         views.append(flat[at : at + size].view(image.shape).permute(2, 0, 1))
         at += size
@@ -235,15 +248,8 @@ class ImageBatchDecoder:
             for s in samples
         ] if cropper is None else [
             cropper.open(s[self.image], s[INDEX_FIELD], s.get(KEY_FIELD)) for s in samples]
-        sizes = [h * w * c for h, w, c in (p.shape for p in pending)]
-        flat = batch_buffer(sum(sizes), pin=self.pin_memory)
-        flat_np = flat.numpy()
-        views: list[torch.Tensor] = []
-        at = 0
-        for image, size in zip(pending, sizes, strict=True):
-            image.decode_into(flat_np[at : at + size].reshape(image.shape))
-            views.append(flat[at : at + size].view(image.shape).permute(2, 0, 1))
-            at += size
+        flat = batch_buffer(pixel_bytes(pending), pin=self.pin_memory)
+        views = decode_views(pending, flat)
         labels = [s[self.label] for s in samples]
         label_batch = (
             torch.tensor(labels, dtype=torch.int64) if all(type(x) is int for x in labels)
