@@ -740,7 +740,18 @@ class IndexedDataset(ClassAttributes, Dataset[Any]):
         reader = self._reader_here()
         wanted = [self._normalise(i) for i in indices]
         fetched = {i: reader.get(i) for i in sorted(set(wanted))}
-        return [self.decoder(dict(fetched[i])) for i in wanted]
+        samples = [dict(fetched[i]) for i in wanted]
+        decoder = self.decoder
+        if isinstance(decoder, SampleDecoder) and decoder.shares_memory and samples and (
+                get_worker_info() is not None):  # the batch's images in one shared block
+            try:
+                images = decoder.decode_group(samples)
+            except DecodeError:
+                pass  # one by one below, so that the error is the first bad sample's
+            else:
+                return [decoder.finish(image, s["label"])
+                        for s, image in zip(samples, images, strict=True)]
+        return [decoder(s) for s in samples]
 
     def close(self) -> None:
         """Release the open shard files."""

@@ -356,6 +356,26 @@ def test_tensor_decode_through_a_plain_dataloader_with_workers(
     assert blocks <= 2 * batches < len(got)
 
 
+@pytest.mark.parametrize("crop", [None, 12])
+def test_indexed_tensor_decode_with_workers_shares_a_block_a_batch(
+    packed_imagefolder: Path, crop: int | None
+) -> None:
+    options: dict[str, Any] = {} if crop is None else {"crop": shardio.CenterCrop(crop)}
+    reference = IndexedDataset(packed_imagefolder, decode="tensor", **options)
+    ds = IndexedDataset(packed_imagefolder, decode="tensor", **options)
+    order = torch.randperm(len(ds), generator=torch.Generator().manual_seed(5)).tolist()
+    got, blocks = [], []
+    for images, labels in DataLoader(ds, batch_size=6, num_workers=2, sampler=order,
+                                     collate_fn=lambda b: tuple(zip(*b, strict=True))):
+        blocks.append(len({image.untyped_storage().data_ptr() for image in images}))
+        got += zip(images, labels, strict=True)
+    assert blocks == [1] * len(blocks)  # __getitems__: a batch's images in one block
+    assert len(got) == len(order)
+    for i, (image, label) in zip(order, got, strict=True):
+        want, want_label = reference[i]
+        assert label == want_label and torch.equal(image, want)
+
+
 def test_a_bad_image_fails_at_its_own_sample_in_a_worker(
     imagefolder: Path, tmp_path: Path
 ) -> None:
@@ -363,8 +383,9 @@ def test_a_bad_image_fails_at_its_own_sample_in_a_worker(
 
     src = tmp_path / "src"
     shutil.copytree(imagefolder, src)
-    victim = sorted(src.rglob("*.jpg"))[5]
-    victim.write_bytes(victim.read_bytes()[:200])  # the header survives, the pixels do not
+    victim, junk = sorted(src.rglob("*.jpg"))[5:9:3]
+    victim.write_bytes(victim.read_bytes()[:-400])  # the header survives, the pixels do not
+    junk.write_bytes(b"not an image at all")  # refused at its header, before any pixels
     out = tmp_path / "ds"
     shardio.pack(src, out, num_workers=1, progress=False, shuffle=False)
     key = victim.relative_to(src).as_posix()
@@ -377,6 +398,10 @@ def test_a_bad_image_fails_at_its_own_sample_in_a_worker(
         for _batch in DataLoader(ds, batch_size=1, num_workers=1, collate_fn=list):
             got += 1
     assert got == keys.index(key)  # every sample before it, none after
+    indexed = IndexedDataset(out, decode="tensor")
+    pair = [keys.index(key), keys.index(junk.relative_to(src).as_posix())]
+    with pytest.raises(Exception, match=re.escape(repr(key))):  # the first bad one names it
+        list(DataLoader(indexed, batch_size=2, sampler=pair, num_workers=1, collate_fn=list))
 
 
 def test_loader_breaking_early_moves_on_to_the_next_epoch(dataset_dir: Path) -> None:
