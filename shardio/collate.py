@@ -304,7 +304,17 @@ def field_decoder(
     image: Callable[[Any], Any] = to_bytes
     if mode in ("pil", "tensor"):
         image = functools.partial(_pil if mode == "pil" else _tensor, draft_size=draft_size)
-    return FieldDecoder(spec, mode=mode, image=image, path=path, transform=transform)
+    together = functools.partial(_tensors_shared, draft_size=draft_size)
+    return FieldDecoder(spec, mode=mode, image=image, path=path, transform=transform,
+                        images=together if mode == "tensor" else None)
+
+
+def _tensors_shared(
+    values: list[Any], keys: list[str | None], *, draft_size: tuple[int, int] | None,
+) -> list[torch.Tensor]:
+    """``decode_tensor``'s tensors of ``values``, views of one shared block."""
+    return decode_shared([open_image(v, draft_size=draft_size, key=k)
+                          for v, k in zip(values, keys, strict=True)])
 
 
 def collate_fields(batch: Sequence[Any]) -> Any:

@@ -171,7 +171,11 @@ class SampleDecoder:
         shared memory (``tensor`` mode: ``shardio.collate.decode_shared``)."""
         return self.mode == "tensor"
 
-    def decode_group(self, samples: Sequence[dict[str, Any]]) -> list[Any]:
+    def complete(self, sample: Mapping[str, Any], image: Any) -> Any:
+        """``self(sample)`` for a sample whose image ``decode_group`` decoded."""
+        return self.finish(image, sample["label"])
+
+    def decode_group(self, samples: Sequence[Mapping[str, Any]]) -> list[Any]:
         """The images of ``samples`` (before ``transform``) as views of one shared block.
 
         Raises:
@@ -481,8 +485,7 @@ class StreamingDataset(ClassAttributes, IterableDataset[Any]):
                 for sample in samples:
                     self._position += 1
                     yield sample
-            elif info is not None and isinstance(decoder, SampleDecoder) and (
-                    decoder.shares_memory):
+            elif info is not None and decoder.shares_memory:
                 yield from self._decoded_in_groups(samples, decoder)
             else:
                 for sample in samples:
@@ -492,7 +495,7 @@ class StreamingDataset(ClassAttributes, IterableDataset[Any]):
             reader.close()
 
     def _decoded_in_groups(
-        self, samples: Iterator[dict[str, Any]], decoder: SampleDecoder,
+        self, samples: Iterator[dict[str, Any]], decoder: SampleDecoder | FieldDecoder,
     ) -> Iterator[Any]:
         """``decoder(sample)`` for each sample, the images of every ``SHARED_GROUP``
         samples decoded into one block of shared memory (a DataLoader worker's)."""
@@ -504,9 +507,9 @@ class StreamingDataset(ClassAttributes, IterableDataset[Any]):
                     self._position += 1
                     yield decoder(sample)
                 continue
-            for sample, image in zip(group, images, strict=True):
+            for sample, part in zip(group, images, strict=True):
                 self._position += 1
-                yield decoder.finish(image, sample["label"])
+                yield decoder.complete(sample, part)
 
     def _batches(
         self, chunks: Iterator[Sequence[dict[str, Any]]], split: Split, stage: Stage,
@@ -742,15 +745,15 @@ class IndexedDataset(ClassAttributes, Dataset[Any]):
         fetched = {i: reader.get(i) for i in sorted(set(wanted))}
         samples = [dict(fetched[i]) for i in wanted]
         decoder = self.decoder
-        if isinstance(decoder, SampleDecoder) and decoder.shares_memory and samples and (
+        if decoder.shares_memory and samples and (
                 get_worker_info() is not None):  # the batch's images in one shared block
             try:
-                images = decoder.decode_group(samples)
+                parts = decoder.decode_group(samples)
             except DecodeError:
                 pass  # one by one below, so that the error is the first bad sample's
             else:
-                return [decoder.finish(image, s["label"])
-                        for s, image in zip(samples, images, strict=True)]
+                return [decoder.complete(s, part)
+                        for s, part in zip(samples, parts, strict=True)]
         return [decoder(s) for s in samples]
 
     def close(self) -> None:

@@ -208,7 +208,10 @@ class FieldDecoder:
         image: ValueDecoder,
         path: str,
         transform: Callable[[Any], Any] | None = None,
+        images: Callable[[list[Any], list[str | None]], list[Any]] | None = None,
     ) -> None:
+        """``images``, where given, decodes many image values at once (their keys beside
+        them) as ``image`` decodes each: ``decode_group`` uses it."""
         self.fields = spec
         self.mode = mode
         self.transform = transform
@@ -219,8 +222,42 @@ class FieldDecoder:
              else _BY_KIND[field_kind(name)], tf)
             for name, tf in zip(spec.names, transforms, strict=True)
         )
+        self._images = images
+        self._image_names = tuple(dict.fromkeys(
+            name for name, custom, _builtin, _tf in self._plan
+            if custom is None and field_kind(name) == "image"))
 
-    def __call__(self, sample: Mapping[str, Any]) -> Any:
+    @property
+    def shares_memory(self) -> bool:
+        """Whether ``decode_group`` decodes image fields together (``images`` given, and
+        image fields the built-in decoder decodes)."""
+        return self._images is not None and bool(self._image_names)
+
+    def decode_group(self, samples: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+        """Each sample's image fields decoded, all of them in one call of ``images``;
+        ``complete(sample, part)`` makes the sample's tuple from them.
+
+        Raises:
+            DecodeError: an image does not decode (decode each sample on its own
+                for the error its field gives).
+        """
+        assert self._images is not None
+        where = [(i, name) for i, sample in enumerate(samples) for name in self._image_names
+                 if name in sample]
+        decoded = self._images([samples[i][name] for i, name in where],
+                               [samples[i].get(KEY_FIELD) for i, _name in where])
+        parts: list[dict[str, Any]] = [{} for _ in samples]
+        for (i, name), value in zip(where, decoded, strict=True):
+            parts[i][name] = value
+        return parts
+
+    def complete(self, sample: Mapping[str, Any], part: Mapping[str, Any]) -> Any:
+        """The sample's tuple, its image fields taken from ``part`` (``decode_group``)."""
+        return self(sample, part)
+
+    def __call__(self, sample: Mapping[str, Any], decoded: Mapping[str, Any] | None = None,
+                 ) -> Any:
+        """The sample's tuple (``decoded``: values of built-in image fields, decoded)."""
         out: list[Any] = []
         for name, custom, builtin, tf in self._plan:
             if name not in sample:
@@ -232,7 +269,9 @@ class FieldDecoder:
                     " Pass fields=shardio.Fields(..., missing='none') to get None for it"),
                     key=sample.get(KEY_FIELD))
             value = sample[name]
-            if custom is not None:
+            if decoded is not None and name in decoded:
+                value = decoded[name]
+            elif custom is not None:
                 value = self._custom(custom, value, sample, name)
             else:
                 try:

@@ -275,3 +275,46 @@ def test_collate_fields_by_position() -> None:
     assert collate_fields([image, image]) == [image, image]
     counts = collections.Counter(type(x).__name__ for x in collate_fields([(1.5,), (2.5,)])[0])
     assert counts == {"float": 2}
+
+
+@pytest.mark.parametrize("indexed", [False, True])
+def test_tensor_fields_in_workers_share_a_block_and_keep_their_values(
+    web_pack: tuple[Path, dict[str, Any]], indexed: bool
+) -> None:
+    out, files = web_pack
+    spec = Fields(("jpg", "seg.png", "cls", "json", "txt"), missing="none")
+    ds: Any = (IndexedDataset(out, decode="tensor", fields=spec) if indexed else
+               StreamingDataset(out, decode="tensor", fields=spec, batch_size=6))
+    seen = []
+    for batch in DataLoader(ds, batch_size=6, num_workers=2, collate_fn=list):
+        images = [t for sample in batch for t in sample[:2]]
+        # a worker decodes a group's (a batch's) image fields into one shared block
+        assert len({t.untyped_storage().data_ptr() for t in images}) <= 2 < len(images)
+        for jpg, seg, label, meta, txt in batch:
+            key = meta["key"]
+            assert np.array_equal(jpg.permute(1, 2, 0).numpy(), _pixels(files[key]["jpg"]))
+            assert np.array_equal(seg.permute(1, 2, 0).numpy(), _pixels(files[key]["seg.png"]))
+            assert label == int(files[key]["cls"]) and meta == json.loads(files[key]["json"])
+            assert txt == (files[key]["txt"].decode() if "txt" in files[key] else None)
+            seen.append(key)
+    assert sorted(seen) == sorted(files)
+
+
+def test_a_bad_image_field_in_a_worker_fails_at_its_sample_naming_the_field(
+    tmp_path: Path,
+) -> None:
+    src = tmp_path / "src"
+    src.mkdir()
+    rng = np.random.default_rng(2)
+    for i in range(6):
+        photo = make_photo(rng, WIDTH, HEIGHT)
+        (src / f"s{i}.jpg").write_bytes(photo if i != 3 else photo[:-300])  # pixels cut
+        (src / f"s{i}.cls").write_bytes(f"{i}".encode())
+    out = tmp_path / "out"
+    shardio.pack(src, out, num_workers=1, progress=False, shuffle=False)
+    ds = StreamingDataset(out, decode="tensor", fields=("jpg", "cls"), shuffle=False)
+    got = []
+    with pytest.raises(Exception, match="'s3'.*field 'jpg'"):
+        for batch in DataLoader(ds, batch_size=1, num_workers=1, collate_fn=list):
+            got.append(batch[0][1])
+    assert got == [0, 1, 2]  # every sample before it, none after
