@@ -501,13 +501,13 @@ class StreamingDataset(ClassAttributes, IterableDataset[Any]):
         samples decoded into one block of shared memory (a DataLoader worker's)."""
         while group := list(itertools.islice(samples, SHARED_GROUP)):
             try:
-                images = decoder.decode_group(group)
+                parts = decoder.decode_group(group)
             except DecodeError:  # one by one, so that the error comes with its sample
                 for sample in group:
                     self._position += 1
                     yield decoder(sample)
                 continue
-            for sample, part in zip(group, images, strict=True):
+            for sample, part in zip(group, parts, strict=True):
                 self._position += 1
                 yield decoder.complete(sample, part)
 

@@ -244,6 +244,8 @@ class FieldDecoder:
         assert self._images is not None
         where = [(i, name) for i, sample in enumerate(samples) for name in self._image_names
                  if name in sample]
+        if not where:  # every image field missing (missing="none")
+            return [{} for _ in samples]
         decoded = self._images([samples[i][name] for i, name in where],
                                [samples[i].get(KEY_FIELD) for i, _name in where])
         parts: list[dict[str, Any]] = [{} for _ in samples]

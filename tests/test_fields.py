@@ -314,7 +314,21 @@ def test_a_bad_image_field_in_a_worker_fails_at_its_sample_naming_the_field(
     shardio.pack(src, out, num_workers=1, progress=False, shuffle=False)
     ds = StreamingDataset(out, decode="tensor", fields=("jpg", "cls"), shuffle=False)
     got = []
-    with pytest.raises(Exception, match="'s3'.*field 'jpg'"):
+    with pytest.raises(Exception, match=r"'s3'.*field 'jpg'"):
         for batch in DataLoader(ds, batch_size=1, num_workers=1, collate_fn=list):
             got.append(batch[0][1])
     assert got == [0, 1, 2]  # every sample before it, none after
+
+
+def test_a_group_without_image_values_decodes_none_of_them() -> None:
+    from shardio.fields import FieldDecoder
+
+    def refuse(values: list[Any], keys: list[str | None]) -> list[Any]:
+        raise AssertionError(f"asked to decode {keys}")
+
+    decoder = FieldDecoder(Fields(("jpg", "cls"), missing="none"), mode="tensor",
+                           image=bytes, path="p", images=refuse)
+    samples = [{"__key__": "a", "cls": b"1"}, {"__key__": "b", "cls": b"2"}]
+    parts = decoder.decode_group(samples)
+    assert [decoder.complete(s, p) for s, p in zip(samples, parts, strict=True)] == [
+        (None, 1), (None, 2)]
