@@ -9,7 +9,8 @@ by a signal or hang?
 Each case damages a working copy of a small labelled dataset (both backends, both
 codecs), then, in a child process, runs ``verify``, ``unpack``, and reads every sample
 through ``DatasetReader.get``, the streaming path (``shardio.stream.iter_samples``, in
-a shuffled order) and, with ``--torch``, ``IndexedDataset``; then restores the copy.
+a shuffled order) and, unless ``--no-torch``, ``IndexedDataset`` and ``StreamingDataset``;
+then restores the copy.
 Children run many cases each (with the repository as working directory, so they import
 the ``shardio`` beside this script: run it from a clean checkout to measure committed
 code) and report one JSON line per case; a child that dies by
@@ -52,7 +53,7 @@ import numpy as np
 REPO: Final = Path(__file__).resolve().parent.parent
 RESULT: Final = REPO / "benchmarks" / "results" / "corruption.json"
 PAGE_BYTES: Final = 4096
-READERS: Final = ("get", "stream", "indexed")
+READERS: Final = ("get", "stream", "indexed", "streaming")
 Case = dict[str, Any]
 """One damage, as JSON: ``{"kind": "flip", "file": "shard-00001.rec", "bit": 8123}`` and
 the like (kinds: flip, truncate, zero, swap, manifest)."""
@@ -161,6 +162,24 @@ def manifest_cases(root: Path) -> list[Case]:
     return [{"kind": "manifest", "path": path, "value": value} for path, value in edits]
 
 
+def hostile_manifest_cases(root: Path) -> list[Case]:
+    """Manifest counts and sizes no shard can hold, written to make a reader allocate them.
+
+    A reader must refuse each when it reads the manifest, never plan or allocate for
+    what a count only claims (10^10 samples is 74.5 GiB of order; 10^7 fits in memory
+    and must be refused all the same).
+    """
+    m = json.loads((root / "manifest.json").read_text())
+    edits: list[tuple[list[Any], Any]] = []
+    for claim in (10**7, 10**10, 2**62, -1):
+        edits += [(["num_samples"], claim), (["shards", 0, "num_samples"], claim),
+                  (["shards", len(m["shards"]) - 1, "first_index"], claim),
+                  (["shards", 0, "num_bytes"], claim)]
+    edits += [(["shards", 0, "num_samples"], "6"), (["num_samples"], 1.5),
+              (["shards"], [m["shards"][0]] * 10_000)]
+    return [{"kind": "hostile", "path": path, "value": value} for path, value in edits]
+
+
 # --- damaging and restoring a working copy ----------------------------------------------
 
 
@@ -189,7 +208,7 @@ def apply_case(root: Path, case: Case) -> None:
         if case["do"] == "sigbus":
             os.kill(os.getpid(), signal.SIGBUS)
         time.sleep(3600)
-    elif kind == "manifest":
+    elif kind in ("manifest", "hostile"):
         path = root / "manifest.json"
         m = json.loads(path.read_text())
         node = m
@@ -207,7 +226,7 @@ def touched(case: Case) -> list[str]:
         return list(case["files"])
     if case["kind"] == "selftest":
         return []
-    return ["manifest.json"] if case["kind"] == "manifest" else [case["file"]]
+    return ["manifest.json"] if case["kind"] in ("manifest", "hostile") else [case["file"]]
 
 
 def restore(work: Path, pristine: Path, names: list[str] | None = None) -> None:
@@ -300,7 +319,14 @@ def check_dataset(root: Path, clean: list[dict[str, Any]], *, torch: bool, unpac
         finally:
             dataset.close()
 
-    readers: dict[str, Read] = {"get": by_get, "stream": by_stream, "indexed": by_indexed}
+    def by_streaming() -> Iterator[tuple[int, dict[str, Any] | None]]:
+        from shardio.dataset import StreamingDataset
+
+        for sample in StreamingDataset(root, decode="raw", seed=len(clean)):
+            yield sample["__index__"], sample
+
+    readers: dict[str, Read] = {"get": by_get, "stream": by_stream, "indexed": by_indexed,
+                                "streaming": by_streaming}
     for name in READERS if torch else READERS[:2]:
         out[name] = _read_outcome(readers[name], clean)
     if unpack_to is None:
@@ -314,6 +340,13 @@ def check_dataset(root: Path, clean: list[dict[str, Any]], *, torch: bool, unpac
         out["unpack"] = "untyped"
     shutil.rmtree(unpack_to, ignore_errors=True)
     return out
+
+
+def _peak_rss_mb() -> float:
+    """This process's peak resident memory so far, in MiB (Linux reports KiB)."""
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
 def child_main(job_path: str) -> None:
@@ -330,11 +363,207 @@ def child_main(job_path: str) -> None:
             progress.write(f"{n}\n")
             progress.flush()
             apply_case(work, case)
+            peak = _peak_rss_mb()
             outcome = check_dataset(work, clean, torch=job["torch"],
                                     unpack_to=scratch / "unpacked" if job["unpack"] else None)
+            outcome["rss_growth_mb"] = round(_peak_rss_mb() - peak, 1)
             restore(work, pristine, touched(case))
             results.write(json.dumps({"n": n, **outcome}) + "\n")
             results.flush()
+
+
+# --- header bombs: small files whose headers claim huge sizes ---------------------------
+
+BOMB_LIMIT_AS: Final = 6 << 30
+"""The address space a bomb child may map: a reader that allocates what a header claims
+(up to 12.9 GB for one JPEG) gets a ``MemoryError`` there, counted, not the machine's OOM."""
+ALLOCATED_MB: Final = 256
+"""Peak memory growth over which a reader counts as having allocated what a header claimed
+(a legal sample here is a few KB; the smallest claim tried is 1.1 GiB)."""
+IMAGE_READERS: Final = ("tensor", "pil", "fields", "crop", "workers", "indexed", "device",
+                        "preview")
+FIELD_READERS: Final = ("fields", "workers")
+
+
+def _tiny_jpeg(seed: int) -> bytes:
+    from io import BytesIO
+
+    from PIL import Image
+
+    pixels = np.random.default_rng(seed).integers(0, 256, (16, 16, 3), np.uint8)
+    out = BytesIO()
+    Image.fromarray(pixels).save(out, "JPEG", quality=90)
+    return out.getvalue()
+
+
+def jpeg_claiming(height: int, width: int) -> bytes:
+    """A real 16x16 JPEG whose frame header (SOF0) says ``height`` x ``width``."""
+    data = bytearray(_tiny_jpeg(0))
+    sof = data.index(b"\xff\xc0")
+    data[sof + 5 : sof + 9] = height.to_bytes(2, "big") + width.to_bytes(2, "big")
+    return bytes(data)
+
+
+def png_claiming(height: int, width: int) -> bytes:
+    """A real 16x16 PNG whose IHDR says ``height`` x ``width`` (its CRC made to match)."""
+    import zlib
+    from io import BytesIO
+
+    from PIL import Image
+
+    out = BytesIO()
+    Image.new("RGB", (16, 16), (9, 99, 199)).save(out, "PNG")
+    data = bytearray(out.getvalue())
+    data[16:24] = width.to_bytes(4, "big") + height.to_bytes(4, "big")
+    data[29:33] = zlib.crc32(bytes(data[12:29])).to_bytes(4, "big")
+    return bytes(data)
+
+
+def npy_claiming(shape: tuple[int, ...]) -> bytes:
+    """A ``.npy`` file whose header says ``shape`` of float64, with 8 bytes of data."""
+    header = f"{{'descr': '<f8', 'fortran_order': False, 'shape': {shape}, }}".encode()
+    header += b" " * (-(len(header) + 11) % 64) + b"\n"
+    return b"\x93NUMPY\x01\x00" + len(header).to_bytes(2, "little") + header + bytes(8)
+
+
+def bomb_cases() -> list[Case]:
+    """Images claiming up to JPEG's and PNG's largest sizes; .npy shapes; nested JSON."""
+    cases: list[Case] = [{"kind": "bomb", "make": "jpeg", "claim": [h, w]} for h, w in
+                         ((20000, 20000), (50000, 50000), (65535, 65535), (65535, 8), (8, 65535))]
+    cases += [{"kind": "bomb", "make": "png", "claim": [h, w]} for h, w in
+              ((30000, 30000), (2**31 - 1, 2**31 - 1), (1, 2**31 - 1))]
+    cases += [{"kind": "bomb", "make": "npy", "claim": list(shape)} for shape in
+              ((10**10,), (50000, 50000), (2**31, 2**31), (0, 2**62))]
+    cases += [{"kind": "bomb", "make": "json", "claim": [depth]} for depth in (10**4, 10**6)]
+    return cases
+
+
+def make_bomb_dataset(root: Path, case: Case) -> None:
+    """Six samples; the fourth holds the bomb (an image field, or ``x.npy`` / ``meta.json``)."""
+    from shardio import ShardWriter, WriteOptions
+
+    make, claim = case["make"], case["claim"]
+    classes = ["a", "b"] if make in ("jpeg", "png") else None
+    with ShardWriter(root, WriteOptions(max_shard_samples=4), classes=classes) as writer:
+        for i in range(6):
+            bomb = i == 3
+            if make in ("jpeg", "png"):
+                image = _tiny_jpeg(i)
+                if bomb:
+                    image = jpeg_claiming(*claim) if make == "jpeg" else png_claiming(*claim)
+                suffix = "png" if bomb and make == "png" else "jpg"
+                writer.write({"__key__": f"{'ab'[i % 2]}/{i:04d}.{suffix}", "image": image,
+                              "label": i % 2})
+            else:
+                npy = npy_claiming(tuple(claim)) if bomb and make == "npy" else npy_claiming((1,))
+                depth = claim[0] if bomb and make == "json" else 2
+                meta = ("[" * depth + "]" * depth).encode()
+                writer.write({"__key__": f"s{i:04d}", "x.npy": npy, "meta.json": meta,
+                              "cls": i % 2})
+
+
+def check_bomb(root: Path, case: Case) -> dict[str, Any]:
+    """Every decode path over the bomb dataset: how each ended, and its peak memory growth."""
+    import resource
+
+    import torch
+
+    import shardio
+    from shardio.errors import DecodeError, ShardioError
+
+    image = case["make"] in ("jpeg", "png")
+
+    def run_all(dataset: Any) -> None:
+        for _ in dataset:
+            pass
+
+    def workers() -> None:
+        if image:
+            dataset = shardio.StreamingDataset(root, decode="tensor", batch_size=3,
+                                               crop=shardio.CenterCrop(8), shuffle=False)
+        else:
+            dataset = shardio.StreamingDataset(root, fields=("x.npy", "meta.json", "cls"),
+                                               batch_size=3, shuffle=False)
+        run_all(torch.utils.data.DataLoader(dataset, batch_size=3, num_workers=2))
+
+    def device() -> None:
+        decoder = shardio.DeviceDecoder("cpu")
+        dataset = shardio.StreamingDataset(root, decode="raw", shuffle=False)
+        for batch in shardio.loader(dataset, 3, num_workers=0):
+            decoder(batch)
+
+    def preview() -> None:  # a contact sheet draws a bad image as a named placeholder
+        from shardio.preview import make_sheet
+
+        problems = make_sheet(root, n=6).problems
+        if problems:
+            raise DecodeError(problems[0])
+
+    def indexed() -> None:
+        dataset = shardio.IndexedDataset(root, decode="tensor")
+        for i in range(len(dataset)):
+            dataset[i]
+
+    paths: dict[str, Callable[[], None]] = {
+        "tensor": lambda: run_all(shardio.StreamingDataset(root, decode="tensor")),
+        "pil": lambda: run_all(shardio.StreamingDataset(root, decode="pil")),
+        "fields": lambda: run_all(shardio.StreamingDataset(
+            root, fields=("image", "label") if image else ("x.npy", "meta.json", "cls"),
+            decode="tensor")),
+        "crop": lambda: run_all(shardio.StreamingDataset(root, decode="tensor",
+                                                         crop=shardio.CenterCrop(8))),
+        "workers": workers, "indexed": indexed, "device": device,
+        "preview": preview,
+    }
+    out: dict[str, Any] = {}
+    growth = 0.0
+    for name in IMAGE_READERS if image else FIELD_READERS:
+        before = max(_peak_rss_mb(), resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
+                     / 1024)
+        try:
+            paths[name]()
+            out[name] = "decoded"  # the bomb read as data: no path may do that
+        except ShardioError:
+            out[name] = "raised"
+        except Exception as exc:  # any other type is exactly what this counts
+            out[name] = "untyped"
+            out.setdefault("fault", f"{name}: {type(exc).__name__}: {str(exc)[:120]}")
+        after = max(_peak_rss_mb(), resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024)
+        growth = max(growth, after - before)
+    out["rss_growth_mb"] = round(growth, 1)
+    return out
+
+
+def bomb_child_main(case_json: str) -> None:
+    """Check one bomb case's dataset (built by the parent), under ``BOMB_LIMIT_AS``."""
+    import resource
+
+    resource.setrlimit(resource.RLIMIT_AS, (BOMB_LIMIT_AS, BOMB_LIMIT_AS))
+    job = json.loads(case_json)
+    print(json.dumps(check_bomb(Path(job["root"]), job["case"])))
+
+
+def run_bombs(cases: list[Case], *, case_timeout_s: float = 120.0) -> list[dict[str, Any]]:
+    """Each bomb case in a fresh child; one killed by a signal or stuck is a ``crash``."""
+    outcomes = []
+    for case in cases:
+        with tempfile.TemporaryDirectory(prefix="shardio-bomb-") as tmp:
+            root = Path(tmp) / "ds"
+            make_bomb_dataset(root, case)
+            job = json.dumps({"root": str(root), "case": case})
+            try:
+                done = subprocess.run(
+                    [sys.executable, "-m", "benchmarks.stress_corruption", "--bomb-child", job],
+                    cwd=REPO, capture_output=True, text=True, timeout=case_timeout_s)
+            except subprocess.TimeoutExpired:
+                outcomes.append({"crash": True, "fault": f"no answer in {case_timeout_s} s"})
+                continue
+            if done.returncode != 0:
+                outcomes.append({"crash": True, "fault": f"child exit {done.returncode}: "
+                                 f"{done.stderr[-300:]}"})
+                continue
+            outcomes.append(json.loads(done.stdout.strip().splitlines()[-1]))
+    return outcomes
 
 
 # --- running cases in children (in the parent) ------------------------------------------
@@ -422,22 +651,50 @@ def summarize(cases: list[Case], outcomes: list[dict[str, Any]]) -> dict[str, An
             bool(out.get("untyped")))
         c["readers_raised"] += "raised" in outcomes_read
         c["readers_exact"] += bool(outcomes_read) and all(o == "exact" for o in outcomes_read)
+        c["allocated"] += out.get("rss_growth_mb", 0) > ALLOCATED_MB
         bad = (not out.get("found") or out.get("crash") or "wrong" in outcomes_read
-               or "untyped" in outcomes_read or out.get("unpack") == "untyped")
+               or "untyped" in outcomes_read or out.get("unpack") == "untyped"
+               or out.get("rss_growth_mb", 0) > ALLOCATED_MB)
         if bad and len(misses) < 20:
             misses.append({"case": case, "outcome": out})
     fields = ("tried", "found", "readers_raised", "readers_exact", "wrong_bytes",
-              "untyped_errors", "crashes")
+              "untyped_errors", "crashes", "allocated")
     by_kind = {k: {f: int(c[f]) for f in fields} for k, c in kinds.items()}
     total = {f: sum(v[f] for v in by_kind.values()) for f in fields}
     return {"total": total, "by_kind": by_kind, "misses": misses}
+
+
+def summarize_bombs(cases: list[Case], outcomes: list[dict[str, Any]]) -> dict[str, Any]:
+    """Counts per bomb kind (jpeg, png, npy, json), in ``summarize``'s fields.
+
+    A bomb is ``found`` when every decode path raised a ``ShardioError``; ``wrong_bytes``
+    counts cases where a path read it as data.
+    """
+    kinds: dict[str, Counter[str]] = {}
+    misses: list[dict[str, Any]] = []
+    for case, out in zip(cases, outcomes, strict=True):
+        c = kinds.setdefault(case["make"], Counter())
+        paths = [v for k, v in out.items() if k in IMAGE_READERS]
+        c["tried"] += 1
+        c["found"] += bool(paths) and all(v == "raised" for v in paths)
+        c["readers_raised"] += "raised" in paths
+        c["wrong_bytes"] += "decoded" in paths
+        c["untyped_errors"] += "untyped" in paths
+        c["crashes"] += bool(out.get("crash"))
+        c["allocated"] += out.get("rss_growth_mb", 0) > ALLOCATED_MB
+        c["max_growth_mb"] = max(c["max_growth_mb"], int(out.get("rss_growth_mb", 0)))
+        if (not paths or set(paths) != {"raised"} or out.get("rss_growth_mb", 0) > ALLOCATED_MB
+                ) and len(misses) < 20:
+            misses.append({"case": case, "outcome": out})
+    return {"by_kind": {k: dict(c) for k, c in kinds.items()}, "misses": misses}
 
 
 def all_cases(root: Path, *, flips: int, truncations: int, rng: np.random.Generator
               ) -> list[Case]:
     """Every case for one dataset: flips, truncations, zeroed pages, swaps, manifest edits."""
     return (flip_cases(root, flips, rng) + truncate_cases(root, truncations, rng)
-            + zero_cases(root) + swap_cases(root) + manifest_cases(root))
+            + zero_cases(root) + swap_cases(root) + manifest_cases(root)
+            + hostile_manifest_cases(root))
 
 
 def run(*, flips: int, truncations: int, seed: int, torch: bool, case_timeout_s: float,
@@ -459,6 +716,9 @@ def run(*, flips: int, truncations: int, seed: int, torch: bool, case_timeout_s:
                 print(f"{backend}/{codec}: {configs[f'{backend}/{codec}']['total']}",
                       file=sys.stderr)
         machine = describe_machine(Path(tmp))
+    bombs = bomb_cases() if torch else []
+    bomb_summary = summarize_bombs(bombs, run_bombs(bombs))
+    print(f"bombs: {bomb_summary['by_kind']}", file=sys.stderr)
     fields = next(iter(configs.values()))["total"].keys()
     return {
         "question": "does any damage get past verify, make a reader return wrong bytes, "
@@ -478,15 +738,19 @@ def run(*, flips: int, truncations: int, seed: int, torch: bool, case_timeout_s:
         "shardio_source": source_id(REPO / "shardio"),
         "total": {f: sum(c["total"][f] for c in configs.values()) for f in fields},
         "configs": configs,
+        "bomb_readers": list(IMAGE_READERS),
+        "bombs": bomb_summary,
     }
 
 
 def render_guarantees(results: dict[str, Any]) -> str:
-    """The README's table of what the stress run tried and what it found."""
+    """The README's tables of what the stress run tried and what it found."""
     rows = ["| damage | tried | found by verify | readers raised | readers exact "
-            "| wrong bytes or untyped errors | crashes |", "|---|---:|---:|---:|---:|---:|---:|"]
+            "| wrong bytes or untyped errors | allocated what it claimed | crashes |",
+            "|---|---:|---:|---:|---:|---:|---:|---:|"]
     names = {"flip": "single-bit flip", "truncate": "truncation", "zero": "zeroed 4 KB page",
-             "swap": "two shards exchanged", "manifest": "one manifest field changed"}
+             "swap": "two shards exchanged", "manifest": "one manifest field changed",
+             "hostile": "a count or size no shard can hold"}
     for kind, name in names.items():
         c = Counter[str]()
         for config in results["configs"].values():
@@ -494,15 +758,36 @@ def render_guarantees(results: dict[str, Any]) -> str:
         if c["tried"]:
             rows.append(f"| {name} | {c['tried']:,} | {c['found']:,} | {c['readers_raised']:,} "
                         f"| {c['readers_exact']:,} | {c['wrong_bytes'] + c['untyped_errors']:,} "
-                        f"| {c['crashes']:,} |")
+                        f"| {c['allocated']:,} | {c['crashes']:,} |")
     t = results["total"]
-    return "\n".join(rows) + (
+    text = "\n".join(rows) + (
         f"\n\n{t['tried']:,} damaged datasets ({', '.join(results['configs'])}; "
         f"{results['dataset']}), seed {results['seed']}, {results['date'][:10]}; readers: "
         f"{', '.join(results['readers'])}. *Readers exact*: the damage did not touch what "
-        "they read (verify still reports it). Reproduce: "
+        "they read (verify still reports it). *Allocated what it claimed*: a reader's peak "
+        f"memory grew by more than {ALLOCATED_MB} MiB. Reproduce: "
         f"`{results['command'].strip()}`.\n"
     )
+    bombs = results.get("bombs", {}).get("by_kind", {})
+    if not bombs:
+        return text
+    rows = ["| header bomb | tried | every path raised | read as data or untyped "
+            "| allocated what it claimed | largest peak growth | crashes |",
+            "|---|---:|---:|---:|---:|---:|---:|"]
+    names = {"jpeg": "JPEG frame of up to 65535x65535", "png": "PNG of up to 2^31-1 squared",
+             "npy": ".npy shape of up to 2^62 items", "json": "JSON nested 10^6 deep"}
+    for kind, name in names.items():
+        c = bombs.get(kind)
+        if c:
+            rows.append(f"| {name} | {c['tried']:,} | {c.get('found', 0):,} "
+                        f"| {c.get('wrong_bytes', 0) + c.get('untyped_errors', 0):,} "
+                        f"| {c.get('allocated', 0):,} | {c.get('max_growth_mb', 0):,} MiB "
+                        f"| {c.get('crashes', 0):,} |")
+    return text + "\n" + "\n".join(rows) + (
+        "\n\nA header bomb is a few hundred bytes whose header claims a huge size, the fourth "
+        "of six samples; every decode path reads the dataset in a fresh child limited to "
+        f"{BOMB_LIMIT_AS >> 30} GiB of address space: {', '.join(results['bomb_readers'])} "
+        "(images) or fields and workers (.npy, JSON).\n")
 
 
 def guarantees_block() -> str:
@@ -522,9 +807,13 @@ def main(argv: list[str] | None = None) -> None:
                    "after which a child counts as hung")
     p.add_argument("--out", type=Path, default=RESULT)
     p.add_argument("--child", help=argparse.SUPPRESS)
+    p.add_argument("--bomb-child", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.child:
         child_main(args.child)
+        return
+    if args.bomb_child:
+        bomb_child_main(args.bomb_child)
         return
     # the command that reproduces the figures: every option but where they are written
     given = [f"--flips {args.flips}", f"--truncations {args.truncations}", f"--seed {args.seed}",
