@@ -16,7 +16,8 @@ Each class also subclasses the builtin a caller would naturally catch, so
     ├── PackError                             packing could not finish
     │   ├── BadInputError(OSError)            an input file is unreadable, empty, not an image…
     │   ├── EmptySourceError(ValueError)      nothing to pack
-    │   └── OutputExistsError(FileExistsError)
+    │   ├── OutputExistsError(FileExistsError)
+    │   └── DatasetLockedError(TimeoutError)  another writer holds the dataset's write lock
     ├── UnsafeKeyError(ValueError)            unpack refused a key that escapes DEST
     ├── ResumeError(ValueError)               a state cannot resume this dataset, or cannot be known
     ├── StorageError(OSError)                 a remote store failed after retries, or refused
@@ -111,6 +112,10 @@ class EmptySourceError(PackError, ValueError):
 
 class OutputExistsError(PackError, FileExistsError):
     """The output folder is not empty and neither --overwrite nor --resume was given."""
+
+
+class DatasetLockedError(PackError, TimeoutError):
+    """Another process is writing the same local dataset (pack, append or merge) and kept it."""
 
 
 class UnsafeKeyError(ShardioError, ValueError):
