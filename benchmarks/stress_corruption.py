@@ -163,21 +163,35 @@ def manifest_cases(root: Path) -> list[Case]:
 
 
 def hostile_manifest_cases(root: Path) -> list[Case]:
-    """Manifest counts and sizes no shard can hold, written to make a reader allocate them.
+    """Manifests that claim counts and sizes no shard can hold, consistent with themselves.
 
-    A reader must refuse each when it reads the manifest, never plan or allocate for
-    what a count only claims (10^10 samples is 74.5 GiB of order; 10^7 fits in memory
-    and must be refused all the same).
+    A crafted manifest keeps its sums right: a shard claiming 10^10 samples comes with
+    the total and every later ``first_index`` moved to match. A reader must refuse each
+    when it reads the manifest, never plan or allocate for what a count only claims
+    (10^10 samples is 74.5 GiB of order; 10^7 fits in memory and is refused all the same).
     """
     m = json.loads((root / "manifest.json").read_text())
-    edits: list[tuple[list[Any], Any]] = []
+    shards = m["shards"]
+    cases: list[Case] = []
     for claim in (10**7, 10**10, 2**62, -1):
-        edits += [(["num_samples"], claim), (["shards", 0, "num_samples"], claim),
-                  (["shards", len(m["shards"]) - 1, "first_index"], claim),
-                  (["shards", 0, "num_bytes"], claim)]
-    edits += [(["shards", 0, "num_samples"], "6"), (["num_samples"], 1.5),
-              (["shards"], [m["shards"][0]] * 10_000)]
-    return [{"kind": "hostile", "path": path, "value": value} for path, value in edits]
+        grow = claim - shards[0]["num_samples"]
+        edits: list[list[Any]] = [[["shards", 0, "num_samples"], claim],
+                                  [["num_samples"], m["num_samples"] + grow]]
+        edits += [[["shards", s, "first_index"], shards[s]["first_index"] + grow]
+                  for s in range(1, len(shards))]
+        cases.append({"kind": "hostile", "edits": edits})
+        last = len(shards) - 1
+        cases.append({"kind": "hostile", "edits": [
+            [["shards", last, "num_samples"], claim],
+            [["num_samples"], m["num_samples"] - shards[last]["num_samples"] + claim]]})
+        grow = claim - shards[0]["num_bytes"]
+        cases.append({"kind": "hostile", "edits": [[["shards", 0, "num_bytes"], claim],
+                                                  [["num_bytes"], m["num_bytes"] + grow]]})
+    cases += [{"kind": "hostile", "edits": [[["shards", 0, "num_samples"], "6"]]},
+              {"kind": "hostile", "edits": [[["num_samples"], 1.5]]},
+              {"kind": "hostile", "edits": [[["num_samples"], m["num_samples"] * 10_000],
+                                            [["shards"], shards * 10_000]]}]
+    return cases
 
 
 # --- damaging and restoring a working copy ----------------------------------------------
@@ -211,10 +225,11 @@ def apply_case(root: Path, case: Case) -> None:
     elif kind in ("manifest", "hostile"):
         path = root / "manifest.json"
         m = json.loads(path.read_text())
-        node = m
-        for step in case["path"][:-1]:
-            node = node[step]
-        node[case["path"][-1]] = case["value"]
+        for steps, value in case.get("edits", [[case.get("path"), case.get("value")]]):
+            node = m
+            for step in steps[:-1]:
+                node = node[step]
+            node[steps[-1]] = value
         path.write_text(json.dumps(m))
     else:
         raise ValueError(f"unknown case kind {kind!r}")
@@ -354,6 +369,8 @@ def child_main(job_path: str) -> None:
     from shardio.reader import DatasetReader
 
     job = json.loads(Path(job_path).read_text())
+    if job["torch"]:  # imported before the first case, so that its memory is no case's growth
+        import shardio.dataset  # noqa: F401
     work, pristine, scratch = Path(job["work"]), Path(job["pristine"]), Path(job["scratch"])
     with DatasetReader(pristine) as reader:
         clean = [_plain(sample) for sample in reader]
