@@ -27,7 +27,6 @@ Pure: numpy and Pillow.
 
 from __future__ import annotations
 
-import io
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -36,7 +35,13 @@ from typing import Any
 import numpy as np
 from PIL import Image
 
-from shardio.decode import _DECODE_FAILURES, _failure_message, _simplejpeg, pil_backend
+from shardio.decode import (
+    _DECODE_FAILURES,
+    _failure_message,
+    _simplejpeg,
+    open_header,
+    pil_backend,
+)
 from shardio.errors import DecodeError
 
 Box = tuple[float, float, float, float]
@@ -190,10 +195,7 @@ class PendingCrop:
                  key: str | None) -> None:
         self.shape = cropper.shape
         self.data, self.key = data, key
-        try:
-            self.image = Image.open(io.BytesIO(data))
-        except _DECODE_FAILURES as exc:
-            raise DecodeError(_failure_message(data, key, exc), key=key) from exc
+        self.image = open_header(data, key)
         width, height = self.image.size
         crop = cropper.crop
         if isinstance(crop, RandomResizedCrop):

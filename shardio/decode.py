@@ -10,8 +10,11 @@ header first and then the pixels written straight into memory the caller
 chose (a batch buffer): with ``simplejpeg`` installed (``shardio[jpeg]``)
 baseline JPEGs are decoded by it, into that memory, with the same pixels as
 Pillow's (both are libjpeg-turbo with the same settings; measured in
-``benchmarks/bench_decode.py``); everything else goes through Pillow. This
-module must not import torch: the torch-side wrappers live in ``shardio.collate``.
+``benchmarks/bench_decode.py``); everything else goes through Pillow. Every
+header read on any path (Pillow's, simplejpeg's, the GPU's frame walk in
+``shardio.devicedecode``) goes through ``check_pixels`` before a pixel is
+allocated, so one limit (``max_image_pixels``) holds everywhere. This module
+must not import torch: the torch-side wrappers live in ``shardio.collate``.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ import importlib
 import importlib.metadata
 import io
 import os
+import re
 import struct
 from types import ModuleType
 from typing import Protocol
@@ -101,14 +105,65 @@ def decode_image(
     """
     if draft_size is not None and (len(draft_size) != 2 or min(draft_size) < 1):
         raise ValueError(f"draft_size must be (width, height) of positive ints, got {draft_size!r}")
+    image = open_header(data, key)
     try:
-        with Image.open(io.BytesIO(data)) as img:
+        with image as img:
             if draft_size is not None and img.format in ("JPEG", "MPO"):
                 img.draft(mode, draft_size)
             img.load()
             return img if img.mode == mode else img.convert(mode)
     except _DECODE_FAILURES as exc:
         raise DecodeError(_failure_message(data, key, exc), key=key) from exc
+
+
+def max_image_pixels() -> int | None:
+    """The most pixels (width x height) shardio decodes one image into; None: no limit.
+
+    Pillow's ``PIL.Image.MAX_IMAGE_PIXELS`` as it is at the call, so one setting
+    governs Pillow and every shardio decoder alike: raise it (or set None) where the
+    DataLoader workers import PIL, e.g. at the top of the training script.
+    """
+    return Image.MAX_IMAGE_PIXELS
+
+
+def check_pixels(width: int, height: int, data: bytes | memoryview, key: str | None) -> None:
+    """Refuse an image whose header claims more than ``max_image_pixels()``.
+
+    Called by every decode path right after its header is read and before any
+    pixel memory is allocated: a file of a few hundred bytes can claim 65535 x 65535
+    pixels, 12.9 GB decoded.
+
+    Raises:
+        DecodeError: the header claims more pixels than the limit.
+    """
+    limit = max_image_pixels()
+    if limit is not None and width * height > limit:
+        raise DecodeError(_too_large(data, key, f"{width}x{height} ({width * height:,} pixels)"),
+                          key=key)
+
+
+def open_header(data: bytes | memoryview, key: str | None) -> Image.Image:
+    """``Image.open`` of ``data``: its header read and checked (``check_pixels``), no
+    pixels decoded yet.
+
+    Raises:
+        DecodeError: the header is not one Pillow reads, or claims too many pixels.
+    """
+    try:
+        image = Image.open(io.BytesIO(data))
+    except Image.DecompressionBombError as exc:  # Pillow's own refusal, past twice the limit
+        pixels = re.search(r"(\d+) pixels", str(exc))
+        claimed = f"{int(pixels[1]):,} pixels" if pixels else "too many pixels"
+        raise DecodeError(_too_large(data, key, claimed), key=key) from exc
+    except _DECODE_FAILURES as exc:
+        raise DecodeError(_failure_message(data, key, exc), key=key) from exc
+    width, height = image.size
+    try:
+        check_pixels(width, height, data, key)
+    except DecodeError:
+        image.close()
+        raise
+    return image
 
 
 def image_to_array(img: Image.Image) -> np.ndarray:
@@ -127,6 +182,17 @@ def image_to_array(img: Image.Image) -> np.ndarray:
             "decode with mode='RGB' or 'L'"
         )
     return arr
+
+
+def _too_large(data: bytes | memoryview, key: str | None, claimed: str) -> str:
+    where = f"sample {key!r}" if key is not None else "image bytes"
+    return (
+        f"{where}: the image header ({len(data)} bytes of file) claims {claimed}, more than "
+        f"the {max_image_pixels():,} pixels one image may have; nothing was decoded. For a "
+        "genuine image this large raise PIL.Image.MAX_IMAGE_PIXELS (None: no limit) where "
+        "the DataLoader workers import PIL; a small file claiming it is damaged or hostile - "
+        "repack without it"
+    )
 
 
 def _failure_message(data: bytes | memoryview, key: str | None, exc: BaseException) -> str:
@@ -188,7 +254,8 @@ def open_image(
     here); anything it refuses, and every other format, by Pillow.
 
     Raises:
-        DecodeError: the header is not one of an image Pillow can read.
+        DecodeError: the header is not one of an image Pillow can read, or claims more
+            pixels than ``max_image_pixels()``.
         ValueError: ``draft_size`` is not two positive integers.
     """
     fast = _simplejpeg() if draft_size is None else None
@@ -198,6 +265,7 @@ def open_image(
         except ValueError:
             colorspace = None
         if colorspace in ("YCbCr", "Gray"):
+            check_pixels(int(width), int(height), data, key)
             return _FastJpeg(fast, data, (int(height), int(width), 3), key)
     return _PilImage(data, draft_size, key)
 
@@ -257,8 +325,8 @@ class _PilImage:
                 f"draft_size must be (width, height) of positive ints, got {draft_size!r}"
             )
         self.data, self.key = data, key
+        self.image = open_header(data, key)
         try:
-            self.image = Image.open(io.BytesIO(data))
             if draft_size is not None and self.image.format in ("JPEG", "MPO"):
                 self.image.draft("RGB", draft_size)
         except _DECODE_FAILURES as exc:

@@ -37,6 +37,7 @@ import torch.nn.functional as F
 from shardio.batch import RecordBatch
 from shardio.collate import ImageBatchDecoder
 from shardio.crop import CenterCrop, Crop, Cropper, RandomResizedCrop
+from shardio.decode import check_pixels, open_image
 from shardio.errors import DecodeError
 from shardio.record import INDEX_FIELD, KEY_FIELD
 from shardio.resize import resize_box
@@ -64,6 +65,13 @@ def jpeg_components(data: bytes | memoryview) -> int | None:
     nvJPEG might decode with its missing part filled in; a JPEG followed by
     other bytes decodes on the CPU.
     """
+    frame = jpeg_frame(data)
+    return None if frame is None else frame[0]
+
+
+def jpeg_frame(data: bytes | memoryview) -> tuple[int, int, int] | None:
+    """``(components, height, width)`` of a JPEG nvJPEG can decode, else None (see
+    ``jpeg_components``)."""
     view = memoryview(data)
     if len(view) < 4 or view[0] != 0xFF or view[1] != 0xD8 or (
             view[-2] != 0xFF or view[-1] != 0xD9):
@@ -84,7 +92,8 @@ def jpeg_components(data: bytes | memoryview) -> int | None:
             if marker not in _GPU_SOF or at + 10 > end:
                 return None
             components = int(view[at + 9])
-            return components if components in (1, 3) else None
+            height, width = view[at + 5] << 8 | view[at + 6], view[at + 7] << 8 | view[at + 8]
+            return (components, height, width) if components in (1, 3) else None
         if marker in (0xD9, 0xDA) or length < 2:  # image data before any frame header
             return None
         at += 2 + length
@@ -237,7 +246,12 @@ class DeviceDecoder:
         io = self._io
         assert io is not None
         decoded: list[torch.Tensor | None] = [None] * len(datas)
-        gpu = [i for i, data in enumerate(datas) if jpeg_components(data) is not None]
+        gpu = []
+        for i, data in enumerate(datas):
+            frame = jpeg_frame(data)
+            if frame is not None:  # nvJPEG allocates what the header claims: the one limit
+                check_pixels(frame[2], frame[1], data, keys[i])
+                gpu.append(i)
         with warnings.catch_warnings():
             # views of read-only shard maps and shared memory: decode_jpeg only reads them
             warnings.filterwarnings("ignore", message="The given buffer is not writable")
@@ -263,8 +277,6 @@ class DeviceDecoder:
             return None
 
     def _on_cpu(self, data: bytes | memoryview, key: str) -> torch.Tensor:
-        from shardio.decode import open_image
-
         pending = open_image(data, key=key)
         pixels = np.empty(pending.shape, np.uint8)
         pending.decode_into(pixels)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import io
 import json
+import math
 import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -110,7 +111,10 @@ def to_json(value: Any) -> Any:
         ValueError: the text is not JSON.
     """
     if isinstance(value, (bytes, bytearray, memoryview, str)):
-        return json.loads(bytes(value) if not isinstance(value, str) else value)
+        try:
+            return json.loads(bytes(value) if not isinstance(value, str) else value)
+        except RecursionError as exc:  # a few KB of "[[[[..." outnests Python's parser
+            raise ValueError("JSON nested deeper than Python's recursion limit") from exc
     return value
 
 
@@ -125,11 +129,33 @@ def to_array(value: Any) -> np.ndarray:
     if not isinstance(value, (bytes, bytearray, memoryview)):
         raise ValueError(f"expected .npy bytes or an array, found {_shown(value)}")
     try:
+        stream = io.BytesIO(value)
+        _check_npy_size(stream)
         # read_array, not np.load: only the .npy format, and object arrays are refused
-        array: np.ndarray = np.lib.format.read_array(io.BytesIO(value), allow_pickle=False)
+        array: np.ndarray = np.lib.format.read_array(stream, allow_pickle=False)
     except (OSError, EOFError) as exc:  # a truncated file: numpy raises these, not ValueError
         raise ValueError(f"not a complete .npy file ({exc})") from exc
     return array
+
+
+def _check_npy_size(stream: io.BytesIO) -> None:
+    """Refuse an ``.npy`` whose header claims more data than follows it, and rewind.
+
+    ``read_array`` allocates the array the header describes before it reads the data:
+    a 100-byte file claiming shape ``(10**12,)`` would ask for terabytes.
+    """
+    version = np.lib.format.read_magic(stream)
+    # 3.0 differs from 2.0 only in decoding the dtype's names as UTF-8: sizes are the same
+    read_header = (np.lib.format.read_array_header_1_0 if version == (1, 0)
+                   else np.lib.format.read_array_header_2_0)
+    shape, _fortran, dtype = read_header(stream)
+    claimed = math.prod(shape) * dtype.itemsize
+    with stream.getbuffer() as whole:
+        held = whole.nbytes - stream.tell()
+    if claimed > held:
+        raise ValueError(f"the .npy header claims shape {shape} of {dtype} ({claimed:,} bytes) "
+                         f"but {held:,} bytes follow it")
+    stream.seek(0)
 
 
 def to_bytes(value: Any) -> Any:
