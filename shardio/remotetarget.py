@@ -13,7 +13,11 @@ Overwriting a remote dataset deletes its ``manifest.json`` first (from then on
 no reader opens it, and a killed overwrite leaves no manifest), then its other
 objects, before the first new shard is uploaded: the new shards take the old
 names, so a manifest and shards of two packs never coexist, and a resumed
-overwrite finds only what the new pack journaled. Imports ``journal``,
+overwrite finds only what the new pack journaled. Only names a pack writes
+(``journal.is_shardio_file``: exact shard names at the top of the prefix, the
+journal, the manifest) may be deleted; anything else makes ``--overwrite``
+refuse. Overwriting or resuming also aborts the multipart uploads a killed
+pack left unfinished under the prefix. Imports ``journal``,
 ``manifest`` and ``storage``; fsspec only through the store; no torch.
 """
 
@@ -31,9 +35,9 @@ from pathlib import Path
 from typing import Any
 
 from shardio.errors import OutputExistsError, PackError
-from shardio.journal import JOURNAL_NAME, parse_journal, refuse_to_clear
+from shardio.journal import JOURNAL_NAME, is_shardio_file, parse_journal, refuse_to_clear
 from shardio.manifest import MANIFEST_NAME, Manifest, write_manifest
-from shardio.storage import Store
+from shardio.storage import RemoteStore
 
 STAGING_LOCK = ".lock"
 
@@ -48,7 +52,7 @@ def staging_folder(url: str) -> Path:
 class RemoteTarget:
     """An object-store prefix: shards staged locally, uploaded one by one, manifest last."""
 
-    def __init__(self, store: Store) -> None:
+    def __init__(self, store: RemoteStore) -> None:
         """Take the staging folder of ``store``'s URL, reclaiming what a killed pack left.
 
         Raises:
@@ -90,16 +94,22 @@ class RemoteTarget:
                         "run the pack again", path=self.url)
 
     def prepare(self, *, overwrite: bool, resume: bool) -> None:
-        """Refuse a non-empty prefix, unless resuming or overwriting a shardio dataset."""
+        """Refuse a non-empty prefix, unless resuming or overwriting a shardio dataset.
+
+        Both also abort shardio's unfinished multipart uploads under the prefix:
+        a pack killed between parts leaves one, invisible to a listing and
+        billed until aborted, and the pack that takes over the prefix owns it.
+        """
         names = self.store.list_names()
-        if not names or resume:
-            return
-        refuse_to_clear(self.url, names, overwrite=overwrite)
-        self.store.delete(MANIFEST_NAME)  # first: the old dataset is no longer complete
-        self.store.delete(JOURNAL_NAME)
-        for name in names:
-            if name not in (MANIFEST_NAME, JOURNAL_NAME):
-                self.store.delete(name)
+        if names and not resume:
+            refuse_to_clear(self.url, names, overwrite=overwrite)
+            self.store.delete(MANIFEST_NAME)  # first: the old dataset is no longer complete
+            self.store.delete(JOURNAL_NAME)
+            for name in names:
+                if name not in (MANIFEST_NAME, JOURNAL_NAME):
+                    self.store.delete(name)
+        if overwrite or resume:
+            self.store.abort_uploads(is_shardio_file)
 
     def open_journal(self, identity: Mapping[str, Any]) -> dict[str, Any] | None:
         """The journal object, checked against ``identity``; None for an empty prefix.

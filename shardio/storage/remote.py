@@ -31,7 +31,12 @@ from shardio.errors import MissingDependencyError, StorageError
 from shardio.storage.client import HTTP_PROTOCOLS, S3_PROTOCOLS, client_for, missing_dependency
 from shardio.storage.retry import IncompleteBodyError, RetryPolicy, StoreStats, retry_call
 from shardio.storage.store import RangeWriter, check_name, check_range
-from shardio.storage.transfer import read_object, stream_range, upload_s3_multipart
+from shardio.storage.transfer import (
+    abort_s3_uploads,
+    read_object,
+    stream_range,
+    upload_s3_multipart,
+)
 
 T = TypeVar("T")
 
@@ -240,6 +245,17 @@ class RemoteStore:
             fs.invalidate_cache(path)
 
         self._call(path, f"PUT {len(data)} bytes", put)
+
+    def abort_uploads(self, is_ours: Callable[[str], bool]) -> list[str]:
+        """Abort the unfinished uploads under the root whose names ``is_ours`` accepts.
+
+        Only S3 keeps uploads apart from objects (multipart, billed until
+        aborted); elsewhere there is nothing to abort. Returns the aborted names.
+        """
+        if self.protocol not in S3_PROTOCOLS:
+            return []
+        return abort_s3_uploads(self._fs(), self.url, is_ours,
+                                retried=lambda op, call: self._call(self.url, op, call))
 
     def _read_only(self, path: str) -> None:
         if self.protocol in HTTP_PROTOCOLS:

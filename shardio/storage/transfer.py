@@ -7,7 +7,9 @@ URL, ``presigned``, else through s3fs's client) and HTTP (through fsspec's
 aiohttp session) stream; other
 protocols fall back to one ``cat_file`` of the remaining range per attempt.
 Large S3 uploads go part by part, each part retried on its own, and the
-upload is aborted on failure so no invisible parts are left to pay for. The
+upload is aborted on failure so no invisible parts are left to pay for; the
+uploads of a process killed between parts are found and aborted by the next
+pack that overwrites or resumes (``abort_s3_uploads``). The
 ``fs`` arguments are fsspec filesystems; these functions touch a few of their
 semi-public methods (``_call_s3``, ``split_path``, ``set_session``,
 ``encode_url``), which is why ``pyproject.toml`` pins the tested versions.
@@ -144,3 +146,36 @@ def upload_s3_multipart(fs: Any, path: str, source: Path, *, part_bytes: int,
         with contextlib.suppress(Exception):  # best effort: the original error matters more
             s3("abort_multipart_upload", UploadId=upload_id)
         raise
+
+
+def abort_s3_uploads(fs: Any, root: str, is_ours: Callable[[str], bool], *,
+                     retried: Retried) -> list[str]:
+    """Abort the unfinished multipart uploads under the S3 prefix ``root`` whose names are ours.
+
+    A process killed between parts leaves an upload S3 keeps (and bills) until
+    aborted; it never becomes an object, so no listing of objects shows it.
+    ``is_ours`` judges the name relative to ``root``; other uploads are left alone.
+    Returns the names of the aborted uploads.
+    """
+    from fsspec.asyn import sync
+
+    bucket, key, _version = fs.split_path(root)
+    prefix = f"{key.rstrip('/')}/" if key else ""
+    aborted: list[str] = []
+    markers: dict[str, str] = {}
+    while True:
+        page = retried("LIST multipart uploads", functools.partial(
+            sync, fs.loop, fs._call_s3, "list_multipart_uploads", Bucket=bucket,
+            Prefix=prefix, **markers))
+        for upload in page.get("Uploads", []):
+            name = upload["Key"][len(prefix):]
+            if upload["Key"].startswith(prefix) and is_ours(name):
+                with contextlib.suppress(FileNotFoundError):  # completed or aborted meanwhile
+                    retried(f"abort multipart upload of {name}", functools.partial(
+                        sync, fs.loop, fs._call_s3, "abort_multipart_upload", Bucket=bucket,
+                        Key=upload["Key"], UploadId=upload["UploadId"]))
+                aborted.append(name)
+        if not page.get("IsTruncated"):
+            return aborted
+        markers = {"KeyMarker": page.get("NextKeyMarker", ""),
+                   "UploadIdMarker": page.get("NextUploadIdMarker", "")}
