@@ -9,6 +9,9 @@ numbering, and the manifest replaced atomically by one naming old and new
 shards. Until that rename of ``manifest.json`` the dataset is the old one,
 complete and readable; what an interrupted append leaves (the hidden folder,
 new shard files no manifest names) is resumed or removed by the next append.
+``shardio.pack`` holds the dataset's write lock (``shardio.journal.dataset_lock``)
+from before the old manifest is read until the new one is in place, so appends
+and other writers of one dataset take turns; readers never wait.
 
 This module decides what may be appended (keys not yet in the dataset, the
 same backend and codec, classes that keep every old index) and publishes the
@@ -32,6 +35,7 @@ from typing import Any, Final, TypeVar
 from shardio.backends import shard_name
 from shardio.errors import OutputExistsError, PackError, StorageError
 from shardio.format import FORMAT_VERSION
+from shardio.journal import dataset_entries
 from shardio.location import is_url
 from shardio.manifest import (
     CLASS_FOLDERS,
@@ -117,6 +121,12 @@ class AppendJob:
         """
         staged = self.target.staged
         assert staged is not None, "publish before the staged pack finished"
+        if read_manifest(self.out) != self.base:  # the write lock keeps shardio's writers out
+            raise PackError(
+                f"{self.out}: {MANIFEST_NAME} changed while this append ran, by a writer that "
+                "does not take the dataset's write lock (an older shardio, a ShardWriter, a "
+                "copy); nothing was published. Run the append again (with --skip-existing if "
+                "that writer added some of its keys)", path=self.out)
         number = next_shard_number(self.base)
         first = self.base.num_samples
         shards = list(self.base.shards)
@@ -210,7 +220,7 @@ def prepare_append(
     """
     out = dataset_folder(target)
     if not (out / MANIFEST_NAME).exists():
-        if out.is_dir() and os.listdir(out):
+        if out.is_dir() and dataset_entries(out):
             raise OutputExistsError(
                 f"{out}: nothing to append to: the folder holds files but no {MANIFEST_NAME} "
                 "(an unfinished pack?). Finish it with --resume first, or choose another folder",

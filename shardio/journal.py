@@ -9,24 +9,110 @@ state. This module owns the file and its checks; what the shard entries hold is
 up to the writer (``ShardWriter`` and ``shardio.pack`` each keep their own).
 A pack to a remote store keeps the same journal as an object
 (``shardio.remotetarget``), checked by ``parse_journal``. Which names a pack
-writes (``is_shardio_file``) decides what ``--overwrite`` may delete. It
-imports only ``backends``, ``checksum``, ``errors`` and ``manifest`` from shardio.
+writes (``is_shardio_file``) decides what ``--overwrite`` may delete. Every
+writer of a local dataset holds its write lock (``dataset_lock``) throughout,
+so writers take turns; readers never take it. It imports only ``backends``,
+``checksum``, ``errors`` and ``manifest`` from shardio.
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import os
-from collections.abc import Mapping
+import socket
+import time
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any, Final
 
 from shardio.backends import SHARD_SUFFIX
 from shardio.checksum import name_of
-from shardio.errors import OutputExistsError, PackError
+from shardio.errors import DatasetLockedError, OutputExistsError, PackError
 from shardio.manifest import MANIFEST_NAME, file_checksum
 
 JOURNAL_NAME: Final = ".shardio-pack.json"
+LOCK_NAME: Final = ".shardio-lock"
+"""The write lock of a local dataset, present while a writer holds it; readers ignore it."""
+LOCK_WAIT_S = 60.0
+"""How long a writer waits for another before ``DatasetLockedError``: enough for two small
+appends started together to take turns, and bounded, so that a stopped holder (Ctrl-Z, a
+suspended job) ends in an error naming it instead of a hang."""
+
+
+@contextlib.contextmanager
+def dataset_lock(out: Path, what: str) -> Iterator[None]:
+    """Hold the write lock of the local dataset ``out`` for the block, waiting for another writer.
+
+    Every writer of a local dataset (pack, with ``--overwrite`` or ``--resume``,
+    append, merge into it) holds it from reading the old manifest to renaming
+    the new one in, so two never interleave. Readers never take it: they see the
+    old manifest or the new. It is an ``flock`` on ``LOCK_NAME`` in ``out``, so it
+    dies with its process; the file says who holds it, and is removed on release
+    (with ``out`` itself when this call created it and it is still empty, as after
+    a pack that failed before writing).
+
+    Args:
+        out: the dataset folder; created if absent.
+        what: the operation, named to a writer that has to wait (``"pack --append"``).
+
+    Raises:
+        DatasetLockedError: another process held the lock for ``LOCK_WAIT_S``.
+    """
+    made = not out.exists()
+    fd = _take_lock(out, what)
+    try:
+        yield
+    finally:
+        (out / LOCK_NAME).unlink(missing_ok=True)  # under the lock: a waiter on it tries anew
+        fcntl.flock(fd, fcntl.LOCK_UN)  # forked workers share the descriptor: unlock for all
+        os.close(fd)
+        if made:
+            with contextlib.suppress(OSError):  # not empty: the writer wrote a dataset
+                out.rmdir()
+
+
+def _take_lock(out: Path, what: str) -> int:
+    """An open descriptor of ``out/LOCK_NAME`` holding its flock, the holder's name written."""
+    path = out / LOCK_NAME
+    deadline = time.monotonic() + LOCK_WAIT_S
+    while True:
+        out.mkdir(parents=True, exist_ok=True)
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        except FileNotFoundError:  # a writer that created the folder just removed it
+            continue
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 1024, 0).decode("utf-8", "replace").strip()
+            os.close(fd)
+            if time.monotonic() >= deadline:
+                raise DatasetLockedError(
+                    f"{out}: another shardio writer is writing this dataset "
+                    f"({holder or 'a process that has not named itself yet'}) and still held "
+                    f"its lock ({LOCK_NAME}) after {LOCK_WAIT_S:g} s; one writer at a time, so "
+                    "that no sample is lost. Run this again once it has finished (readers are "
+                    "not affected); if that process is stopped (Ctrl-Z, a suspended job), "
+                    "resume or end it", path=out) from None
+            time.sleep(0.05)
+            continue
+        try:
+            current = os.stat(path).st_ino == os.fstat(fd).st_ino
+        except FileNotFoundError:
+            current = False
+        if current:  # not a file the last holder removed while this one waited on it
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, f"pid {os.getpid()} on {socket.gethostname()}: {what}, since "
+                          f"{time.strftime('%Y-%m-%d %H:%M:%S')}\n".encode(), 0)
+            return fd
+        os.close(fd)
+
+
+def dataset_entries(out: Path) -> list[str]:
+    """The names in the folder ``out``, its write lock left out (a writer that holds it looks)."""
+    return [name for name in os.listdir(out) if name != LOCK_NAME]
 
 
 def write_journal(out: Path, state: Mapping[str, Any]) -> None:
@@ -65,7 +151,7 @@ def open_journal(out: Path, identity: Mapping[str, Any]) -> dict[str, Any] | Non
             path=out,
         )
     if not journal.exists():
-        leftovers = [n for n in os.listdir(out) if n != JOURNAL_NAME]
+        leftovers = [n for n in dataset_entries(out) if n != JOURNAL_NAME]
         if leftovers:
             raise OutputExistsError(
                 f"{out}: no pack journal ({JOURNAL_NAME}) to resume from, but the "

@@ -28,6 +28,7 @@ from typing import Any, Final
 from shardio.backends import ShardFileReader, create_shard, keys_crc32, shard_name
 from shardio.codecs import get_codec
 from shardio.errors import OutputExistsError, PackError
+from shardio.journal import dataset_entries, dataset_lock
 from shardio.location import local_path
 from shardio.manifest import (
     CLASS_FOLDERS_OPTION,
@@ -93,6 +94,7 @@ def merge(
         PackError: the inputs differ in backend, codec or classes, keys collide
             (without ``prefix_keys``), or two inputs share a folder name (with it).
         OutputExistsError: ``out`` holds files.
+        DatasetLockedError: another writer kept ``out`` (``shardio.journal.dataset_lock``).
         StorageError: an input or ``out`` is a URL.
         ManifestNotFoundError: an input is not a dataset.
     """
@@ -101,6 +103,16 @@ def merge(
     dest = local_path(out, role="merge output")
     if not paths:
         raise ValueError("merge needs at least one input dataset")
+    if dest.exists() and not dest.is_dir():
+        raise OutputExistsError(f"{dest}: the merge output is a file; choose a folder that is "
+                                "absent or empty", path=dest)
+    with dataset_lock(dest, "shardio merge"):  # the inputs are only read: no lock of theirs
+        return _merge(paths, dest, prefix_keys=prefix_keys, link=link, start=start)
+
+
+def _merge(paths: Sequence[Path], dest: Path, *, prefix_keys: bool, link: bool,
+           start: float) -> MergeSummary:
+    """``merge`` into ``dest``, whose write lock is held."""
     manifests = [read_manifest(p) for p in paths]
     _refuse_mismatch(paths, manifests)
     names = [p.resolve().name for p in paths]
@@ -109,14 +121,12 @@ def merge(
             f"inputs {', '.join(map(str, paths))}: --prefix-keys names samples by their "
             f"input's folder name, and these share one ({names}); rename or move a folder",
             path=paths[0])
-    if dest.exists() and (not dest.is_dir() or os.listdir(dest)):
+    if dataset_entries(dest):
         raise OutputExistsError(
             f"{dest}: the merge output must be absent or an empty folder; choose another, or "
             "remove it (an interrupted merge leaves shard files and no manifest.json)",
             path=dest)
     _refuse_clashes(paths, prefix_keys=prefix_keys)
-    made_dest = not dest.exists()
-    dest.mkdir(parents=True, exist_ok=True)
     created: list[Path] = []
     counts = {"linked": 0, "copied": 0, "rewritten": 0, "recompressed": 0}
     shards: list[ShardInfo] = []
@@ -138,9 +148,7 @@ def merge(
         fsync_dir(dest)  # every shard's name is durable before the manifest names it
     except BaseException:
         for made in created:  # an error or Ctrl-C leaves the output as it found it
-            made.unlink(missing_ok=True)
-        if made_dest:
-            dest.rmdir()
+            made.unlink(missing_ok=True)  # (and the lock's release a folder it created)
         raise
     write_manifest(dest, _merged_manifest(manifests, names, shards, prefix_keys))
     return MergeSummary(

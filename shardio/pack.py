@@ -33,6 +33,7 @@ from typing import Any
 from shardio.append import appended_mode, prepare_append, settle_interrupted_append
 from shardio.engines import PackEngine, open_engine
 from shardio.errors import BadInputError, EmptySourceError, PackError, StorageError
+from shardio.journal import dataset_lock
 from shardio.location import is_url
 from shardio.manifest import CLASS_FOLDERS, CLASS_FOLDERS_OPTION, IMAGEFOLDER
 from shardio.packstate import journal_state, pack_manifest, resumable_shards
@@ -204,7 +205,8 @@ def pack(
     """
     start = time.perf_counter()
     root = _local_source(src)
-    with contextlib.closing(open_target(out, remote)) as target, contextlib.closing(
+    with contextlib.closing(open_target(out, remote)) as target, _write_lock(
+            target, append=append, overwrite=overwrite, resume=resume), contextlib.closing(
             open_engine(engine, num_workers=num_workers, scheduler=scheduler)) as runner, \
             _gc_paused():
         if isinstance(target, LocalTarget):
@@ -264,7 +266,8 @@ def pack_imagefolder(
         return pack(dataset_or_root, out, imagefolder=True, follow_symlinks=follow_symlinks,
                     **common)
     start = time.perf_counter()
-    with contextlib.closing(open_target(out, remote)) as target, _gc_paused():
+    with contextlib.closing(open_target(out, remote)) as target, _write_lock(
+            target, append=append, overwrite=overwrite, resume=resume), _gc_paused():
         source = dataset_source(dataset_or_root, include=include, exclude=exclude)
         pack_options = {"imagefolder": True, "include": list(include), "exclude": list(exclude),
                         "follow_symlinks": True, "check_images": check_images}
@@ -273,6 +276,18 @@ def pack_imagefolder(
                                engine=open_engine("local", num_workers=num_workers),
                                skip_bad=skip_bad, overwrite=overwrite, resume=resume,
                                progress=progress, start=start)
+
+
+def _write_lock(target: PackTarget, *, append: bool, overwrite: bool,
+                resume: bool) -> contextlib.AbstractContextManager[object]:
+    """A local output's write lock (``shardio.journal.dataset_lock``): one writer at a time.
+
+    A URL's staging folder is locked instead (``shardio.remotetarget``).
+    """
+    if not isinstance(target, LocalTarget):
+        return contextlib.nullcontext()
+    mode = "--append" if append else "--overwrite" if overwrite else "--resume" if resume else ""
+    return dataset_lock(target.staging, f"shardio pack {mode}".rstrip())
 
 
 def _local_source(src: str | os.PathLike[str]) -> Path:

@@ -19,6 +19,7 @@ from typing import Any, Protocol
 
 from shardio.journal import (
     JOURNAL_NAME,
+    LOCK_NAME,
     open_journal,
     refuse_to_clear,
     shard_is_intact,
@@ -87,7 +88,7 @@ class PackTarget(Protocol):
 def prepare_output(out: Path, *, overwrite: bool, resume: bool) -> None:
     """Create ``out`` or check that it may be written; clear old shardio files on overwrite."""
     out.mkdir(parents=True, exist_ok=True)
-    names = sorted(os.listdir(out))
+    names = sorted(n for n in os.listdir(out) if n != LOCK_NAME)  # held by this writer
     if not names or resume:
         return
     refuse_to_clear(str(out), names, overwrite=overwrite)

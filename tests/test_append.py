@@ -21,6 +21,7 @@ import shardio
 from shardio.append import STAGING_NAME
 from shardio.cli import main
 from shardio.errors import BadInputError, PackError, StorageError
+from shardio.journal import LOCK_NAME
 from shardio.manifest import MANIFEST_NAME, read_manifest
 from shardio.synth import make_photo
 from shardio.writer import WriteOptions
@@ -124,8 +125,9 @@ def test_append_killed_midway_leaves_the_old_dataset_and_a_retry_succeeds(
         assert sorted(reader.keys()) == sorted(old)
         assert reader.get(0)["image"] == old[reader.get(0)["__key__"]]
     leftovers = set(os.listdir(out)) - {MANIFEST_NAME, *(s.name for s in read_manifest(out).shards)}
+    assert LOCK_NAME in leftovers  # unlocked: a killed writer's flock died with it
     if where == "shard":  # the staging folder holds the first new shard and the journal
-        assert leftovers == {STAGING_NAME}
+        assert leftovers == {STAGING_NAME, LOCK_NAME}
         with pytest.raises(PackError, match=r"interrupted append.*--append instead of --resume"):
             shardio.pack(src, out, resume=True)
         shutil.copytree(out, out.with_name("copy"))
