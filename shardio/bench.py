@@ -22,6 +22,7 @@ from typing import Any
 from shardio.batch import RecordBatch
 from shardio.dataloader import ShardLoader, loader
 from shardio.dataset import StreamingDataset, default_window
+from shardio.manifest import Manifest
 from shardio.storage.options import RemoteOptions
 
 RECOMMEND_WITHIN = 0.95
@@ -157,6 +158,24 @@ def recommend(rows: Sequence[BenchRow], mode: str) -> int | None:
     return min(r.num_workers for r in candidates if r.samples_per_s >= RECOMMEND_WITHIN * best)
 
 
+def bench_modes(manifest: Manifest, modes: Sequence[str] | None) -> list[str]:
+    """The modes to measure: ``modes``, or by default raw and (on ImageFolder packs) tensor.
+
+    Raises:
+        ValueError: ``"tensor"`` on a pack that is not an ImageFolder (checked before any
+            setting is read, not after the raw ones), or an unknown mode.
+    """
+    chosen = list(modes or (["raw", "tensor"] if manifest.is_imagefolder else ["raw"]))
+    unknown = sorted(set(chosen) - {"raw", "tensor"})
+    if unknown:
+        raise ValueError(f"unknown mode(s) {unknown}: the modes are 'raw' and 'tensor'")
+    if "tensor" in chosen and not manifest.is_imagefolder:
+        raise ValueError(f"mode 'tensor' decodes the images of an ImageFolder pack, and this "
+                         f"pack is not one (fields: {', '.join(manifest.fields)}): measure "
+                         "mode 'raw' (--mode raw)")
+    return chosen
+
+
 def bench(
     path: str | os.PathLike[str],
     *,
@@ -180,7 +199,8 @@ def bench(
             has not passed (quick look; such rows are not measured, and nothing is
             recommended from them).
         batch_size: samples per batch, as in training.
-        modes: ``"raw"`` and/or ``"tensor"`` (default: both on ImageFolder packs).
+        modes: ``"raw"`` and/or ``"tensor"`` (``bench_modes``; default: both on ImageFolder
+            packs).
         on_row: called with each row as it is measured (progress display).
         remote: how a URL is reached and cached (``RemoteOptions``).
     """
@@ -188,7 +208,7 @@ def bench(
     manifest, remote = first.manifest, first.reader.remote  # one budget for every setting
     cores = os.cpu_count() or 1
     top = cores if max_workers is None else max_workers
-    chosen = list(modes or (["raw", "tensor"] if manifest.is_imagefolder else ["raw"]))
+    chosen = bench_modes(manifest, modes)
     rows: list[BenchRow] = []
     for mode in chosen:
         for workers in range(top + 1):

@@ -32,6 +32,10 @@ COMPRESSED_MAGICS: Final[tuple[bytes, ...]] = (
     b"\x1aE\xdf\xa3",  # webm / mkv
 )
 
+MIN_ZSTD_LEVEL: Final = -(1 << 17)
+"""zstd's fastest level (``ZSTD_minCLevel``); below it the library would clamp silently."""
+MAX_ZSTD_LEVEL: Final = zstandard.MAX_COMPRESSION_LEVEL
+
 MIN_SAVING: Final = 0.03
 """A compressed payload is kept only when it is at least this fraction smaller."""
 
@@ -71,6 +75,10 @@ class ZstdCodec:
     name = "zstd"
 
     def __init__(self, level: int = 3) -> None:
+        # checked here, not at the first compress: a bad level must fail before any work
+        if not MIN_ZSTD_LEVEL <= level <= MAX_ZSTD_LEVEL:
+            raise ValueError(f"zstd level must be {MIN_ZSTD_LEVEL}..{MAX_ZSTD_LEVEL} (negative: "
+                             f"faster and larger; 3 is the default), got {level}")
         self.level = level
         self._local = threading.local()
 

@@ -64,7 +64,7 @@ def bench_command(
     remote: RemoteOptions,
 ) -> None:
     """Read DATASET with 0, 1, 2, … workers and recommend num_workers and shuffle_buffer."""
-    from shardio.bench import BenchRow, bench
+    from shardio.bench import BenchRow, bench, bench_modes
 
     def show(row: BenchRow) -> None:
         if not as_json:
@@ -76,7 +76,11 @@ def bench_command(
             )
 
     with dataset_errors():
-        shardio.read_manifest(path, remote=remote)
+        manifest = shardio.read_manifest(path, remote=remote)
+        try:
+            bench_modes(manifest, modes)
+        except ValueError as exc:
+            raise click.BadParameter(str(exc), param_hint="'--mode'") from exc
         if not as_json:
             click.echo(f"{path}: reading with batch size {batch_size}…")
         report = bench(

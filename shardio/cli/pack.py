@@ -16,7 +16,7 @@ from click.core import ParameterSource
 
 from shardio.append import appended_options
 from shardio.cli.options import SIZE, LocalPath
-from shardio.codecs import CODEC_NAMES
+from shardio.codecs import CODEC_NAMES, MAX_ZSTD_LEVEL, MIN_ZSTD_LEVEL
 from shardio.engines import ENGINES
 from shardio.errors import ShardioError
 from shardio.manifest import BACKENDS
@@ -59,7 +59,9 @@ def format_summary(summary: PackSummary) -> str:
               help="Shard file format.")
 @click.option("--codec", type=click.Choice(CODEC_NAMES), default="zstd", show_default=True,
               help="Compression of records that are not already compressed media.")
-@click.option("--level", type=int, default=3, show_default=True, help="zstd level.")
+@click.option("--level", type=click.IntRange(MIN_ZSTD_LEVEL, MAX_ZSTD_LEVEL), default=3,
+              show_default=True,
+              help="zstd level (negative: faster and larger); only with --codec zstd.")
 @click.option("--max-shard-bytes", type=SIZE, default=DEFAULT_MAX_SHARD_BYTES,
               show_default="256MB", help="Start a new shard beyond this size.")
 @click.option("--max-shard-samples", type=click.IntRange(min=1), default=None,
@@ -141,6 +143,10 @@ def pack_command(
     try:
         if append:  # the write options not on the command line are the dataset's
             options = appended_options(out, given) or options
+        if options.codec == "none" and "level" in given:
+            raise click.BadParameter("a level is zstd's, and the codec is 'none' (nothing "
+                                     "is compressed): leave --level out, or pass --codec zstd",
+                                     param_hint="'--level'")
         summary = pack(
             src, out, options=options, imagefolder=imagefolder, class_folders=class_folders,
             seed=seed,

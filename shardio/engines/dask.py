@@ -27,6 +27,7 @@ from __future__ import annotations
 import logging
 import os
 import queue
+import socket
 import threading
 import uuid
 from collections import deque
@@ -38,6 +39,7 @@ from typing import Any, Final
 
 import dask.config
 import distributed
+from distributed.comm.addressing import get_address_host_port, parse_address
 
 from shardio.engines.dasktasks import PROGRESS_TOPIC, build_task, walk_task_paused
 from shardio.errors import PackError
@@ -53,6 +55,9 @@ MAX_ENTRIES: Final = 16384
 """Entries per walk task: a task costs the scheduler about a millisecond, so larger than local."""
 TASKS_PER_THREAD: Final = 2
 """Build tasks in flight per worker thread: one running, one queued behind it."""
+CONNECT_S: Final = 10.0
+"""How long the driver tries to reach a scheduler given by address: a running one answers in
+milliseconds, and dask's default of 30 s only delays the error."""
 POLL_S: Final = 0.2
 """How often the driver refreshes the progress bar while it waits for shards."""
 WORKER_ENV: Final = {"MALLOC_TRIM_THRESHOLD_": str(64 << 20)}
@@ -77,6 +82,25 @@ def local_cluster(num_workers: int) -> distributed.LocalCluster:
         return distributed.LocalCluster(
             n_workers=num_workers, threads_per_worker=1, processes=True, host="127.0.0.1",
             dashboard_address=None, silence_logs=logging.WARNING)
+
+
+def connect(scheduler: str) -> distributed.Client:
+    """A client of the scheduler at address ``scheduler``; a ``PackError`` with the fix if none.
+
+    A malformed address is refused before any connection, and a TCP address nothing listens
+    on at once: dask itself retries a refused connection until its timeout.
+    """
+    try:
+        scheme, _ = parse_address(scheduler)
+        host, port = get_address_host_port(scheduler)
+        if scheme in ("tcp", "tls"):
+            socket.create_connection((host, port), timeout=CONNECT_S).close()
+        return distributed.Client(scheduler, timeout=CONNECT_S, set_as_default=False)
+    except (OSError, ValueError) as exc:  # TimeoutError is an OSError
+        raise PackError(
+            f"cannot use the Dask scheduler at {scheduler!r} ({exc}); give the address of a "
+            "running scheduler as `dask scheduler` prints it, e.g. tcp://host:8786, or leave "
+            "--scheduler out for a local cluster", path=scheduler) from exc
 
 
 def _slots(client: distributed.Client) -> int:
@@ -191,7 +215,9 @@ class DaskEngine:
         """SRC's absolute path once scanned: build tasks check that their worker sees it."""
         if scheduler is None:
             self.cluster = local_cluster(num_workers or default_workers())
-        self.client = distributed.Client(scheduler or self.cluster, set_as_default=False)
+            self.client = distributed.Client(self.cluster, set_as_default=False)
+        else:
+            self.client = connect(scheduler)
 
     def scan(
         self, src: str | os.PathLike[str], *, imagefolder: bool | None, include: Sequence[str],
