@@ -16,10 +16,15 @@ from typing import Any, Final
 
 from shardio.checksum import CRC32, checksum_function, digest
 from shardio.errors import ManifestError, ManifestNotFoundError, UnsupportedVersionError
-from shardio.format import FORMAT_NAME, FORMAT_VERSION, SUPPORTED_VERSIONS
+from shardio.format import FORMAT_NAME, FORMAT_VERSION, FRAME_SIZE, SUPPORTED_VERSIONS
 
 MANIFEST_NAME: Final = "manifest.json"
 BACKENDS: Final = ("records", "lmdb")
+MIN_RECORD_BYTES: Final = FRAME_SIZE + 8
+"""Bytes every record occupies in its shard file at least, in every backend and version: its
+frame, plus an 8-byte index offset (``records``) or its 8-byte key (``lmdb``). A shard of
+``n`` bytes holds at most ``n // MIN_RECORD_BYTES`` records, which bounds what a reader
+allocates for a manifest's counts before any shard is opened."""
 
 
 @dataclass(frozen=True)
@@ -167,7 +172,9 @@ class Manifest:
         return manifest
 
     def check_consistency(self, path: str = MANIFEST_NAME) -> None:
-        """Refuse a manifest whose shard counts and first indices do not add up."""
+        """Refuse a manifest whose shard counts and first indices do not add up, or whose
+        counts exceed what its shards' bytes can hold: a reader plans (and allocates for)
+        every sample before it opens a shard, so a count is bounded before it is trusted."""
         expected = 0
         for shard in self.shards:
             if shard.first_index != expected or shard.num_samples < 0:
@@ -176,6 +183,7 @@ class Manifest:
                     f"expected {expected}; the manifest is damaged",
                     path=path,
                 )
+            check_shard_count(shard, shard.num_bytes, path)
             expected += shard.num_samples
         if expected != self.num_samples:
             raise ManifestError(
@@ -188,6 +196,22 @@ class Manifest:
     def shard_sizes(self) -> tuple[int, ...]:
         """Samples per shard, in shard order."""
         return tuple(s.num_samples for s in self.shards)
+
+
+def check_shard_count(shard: ShardInfo, size: int, path: str) -> None:
+    """Refuse ``shard``'s sample count where a file of ``size`` bytes cannot hold it.
+
+    Raises:
+        ManifestError: naming the manifest ``path`` and the shard.
+    """
+    if shard.num_bytes < 0 or shard.num_samples > max(size, 0) // MIN_RECORD_BYTES:
+        raise ManifestError(
+            f"{path}: shard {shard.name} is said to hold {shard.num_samples} samples in "
+            f"{size} bytes, but a record takes at least {MIN_RECORD_BYTES} bytes, so it can "
+            f"hold {max(size, 0) // MIN_RECORD_BYTES} at most; the manifest is damaged or "
+            "forged: restore it from a copy or re-pack the dataset",
+            path=path,
+        )
 
 
 CHECKSUM_CHUNK_BYTES: Final = 8 << 20
@@ -236,7 +260,17 @@ def read_manifest(path: str | os.PathLike[str]) -> Manifest:
         data = json.loads(text)
     except json.JSONDecodeError as exc:
         raise ManifestError(f"{mpath}: not valid JSON ({exc})", path=str(mpath)) from exc
-    return Manifest.from_json(data, path=str(mpath))
+    manifest = Manifest.from_json(data, path=str(mpath))
+    for shard in manifest.shards:
+        # the files are at hand: bound each count by the bytes really there too, so a manifest
+        # that overstates sizes and counts alike is refused before a plan is allocated for it
+        # (a missing or resized shard is the reader's and verify's to report)
+        try:
+            size = (mpath.parent / shard.name).stat().st_size
+        except (OSError, ValueError):
+            continue
+        check_shard_count(shard, size, str(mpath))
+    return manifest
 
 
 def write_manifest(directory: str | os.PathLike[str], manifest: Manifest) -> Path:
