@@ -1,19 +1,22 @@
 """The ``records`` backend read from a remote store: the tail once, records by ranges.
 
 Opening a remote ``.rec`` shard costs one ranged GET of its tail (footer,
-offset index and key block; a second GET only when they are longer than the
-first guess), through the node cache, so a node fetches it once; the footer
-and the CRC-32 over index and keys are checked exactly as the local reader
-checks them. Records are fetched as *ranges* of consecutive records cut from
-the offset index (``partition``): about ``range_bytes`` each, the same cut in
-every process, so each range is one cache entry and is downloaded once per
-node. A range's check is its records' frame CRCs (and, for the first range,
-the shard header); a range that fails it is downloaded once more, then the
-``ChecksumError`` stands. ``will_need`` adds ranges to the process's
-``ReadAhead`` queue in the order the stream will read them, so a few download
-while earlier ones are decoded; ``will_need_exact`` queues a few records on their own
-instead (a shuffled stream's first batch, which wants a record or two of many
-ranges); ``read_run`` hands out a run's records as a view of its range's map
+offset index and key block; a second GET of the whole tail only when they are
+longer than the first guess), through the node cache, so a node fetches it
+once; the footer and the CRC-32 over index and keys are checked exactly as the
+local reader checks them, before the range enters the cache (checked after,
+one bad reply was served to every later reader of the node). Records are
+fetched as *ranges* of consecutive records cut from the offset index
+(``partition``): about ``range_bytes`` each, the same cut in every process, so
+each range is one cache entry and is downloaded once per node. A range's check
+is its records' frame CRCs (and, for the first range, the shard header); a
+range that fails it is downloaded once more, then the ``ChecksumError`` stands;
+a cached range that fails it (the node's disk) is discarded and downloaded.
+``will_need`` adds ranges to the process's ``ReadAhead`` queue in the order the
+stream will read them, so a few download while earlier ones are decoded;
+``will_need_exact`` queues a few records on their own instead (a shuffled
+stream's first batch, which wants a record or two of many ranges); ``read_run``
+hands out a run's records as a view of its range's map
 (a copy where a run spans two ranges) and releases the range at once, so cache
 holdings stay bounded; the view keeps the pages, not the hold. Messages name the
 shard's URL. Imports ``format``, ``backends`` and ``storage``; no fsspec, no torch.
@@ -31,6 +34,7 @@ import numpy.typing as npt
 from shardio.errors import ShardCorruptError
 from shardio.format import (
     HEADER_SIZES,
+    Footer,
     RunBytes,
     check_frames,
     check_header,
@@ -151,24 +155,45 @@ def read_tail(fetch: Callable[[RangeRequest], bytes], name: str, *, url: str, si
     """Fetch and check the footer, index and key block of remote shard ``name`` of ``size`` bytes.
 
     ``fetch`` reads one range through the node cache (thread-safe: tails of
-    several shards are fetched at once). ``num_records`` (the manifest's)
-    only sizes the first GET.
+    several shards are fetched at once), which caches it only once its check
+    passed. ``num_records`` (the manifest's) only sizes the first GET; where
+    the index and keys are longer, the whole tail is fetched as a second range,
+    checked whole (the first one's check, which cannot see all of the index,
+    is its footer's, and only its footer is used).
 
     Raises:
         ShardCorruptError: bad footer or index; ``ChecksumError`` when index and key block
             fail their CRC-32 (the local reader's check).
         StorageError, FileNotFoundError: the store could not deliver.
     """
-    guess = tail_guess(size, num_records)
+    at = size - tail_guess(size, num_records)
 
-    def check_footer(view: memoryview) -> None:
-        unpack_footer(view, path=url, size=size)
+    def check_guess(view: memoryview) -> None:
+        footer = unpack_footer(view, path=url, size=size)
+        if footer.index_offset >= at:
+            _parse_tail(view, at, footer, url=url)
 
-    tail = fetch(RangeRequest(name, size - guess, size, check_footer))
+    tail = fetch(RangeRequest(name, at, size, check_guess))
     footer = unpack_footer(tail, path=url, size=size)
-    if footer.index_offset < size - guess:  # index and keys are longer than the guess
-        tail = fetch(RangeRequest(name, footer.index_offset, size - guess)) + tail
-    body = memoryview(tail)[len(tail) - (size - footer.index_offset) : len(tail) - footer.size]
+    if footer.index_offset < at:  # index and keys are longer than the guess
+        at = footer.index_offset
+
+        def check_whole(view: memoryview) -> None:
+            _parse_tail(view, at, unpack_footer(view, path=url, size=size), url=url)
+
+        tail = fetch(RangeRequest(name, at, size, check_whole))
+        footer = unpack_footer(tail, path=url, size=size)
+    return _parse_tail(tail, at, footer, url=url)
+
+
+def _parse_tail(tail: bytes | memoryview, at: int, footer: Footer, *, url: str) -> ShardTail:
+    """Check and copy the index and key block out of ``tail``, the shard's bytes from ``at``."""
+    if footer.index_offset < at:
+        raise ShardCorruptError(
+            f"{url}: the footer places the index at byte {footer.index_offset}, before the "
+            f"tail fetched from byte {at}; the shard is damaged: restore it or re-pack",
+            path=url, offset=footer.index_offset)
+    body = memoryview(tail)[footer.index_offset - at : len(tail) - footer.size]
     index = parse_index(body, footer, path=url)  # the local reader's checks, in shardio.format
     if bool(np.any(np.diff(index.offsets.astype(np.int64)) <= 0)):
         raise ShardCorruptError(

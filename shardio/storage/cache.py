@@ -6,13 +6,18 @@ holds (a shared flock) until it closes it; eviction never removes a held range.
 The first process to want a range takes the range's download lock, reserves
 its bytes against ``max_cache_bytes`` (``budget.py``), streams it into a
 partial file, runs the caller's ``check`` (once more after a fresh download if
-it fails, then the error stands) and renames it into place. Processes that
-want the same range meanwhile wait on the download lock and then find it
-complete, so each range is downloaded once per node. Keys hold a namespace per
-dataset URL and manifest checksum, so a dataset re-packed at the same URL never
-reads a stale range, and old versions age out by LRU. Ranges are not fsynced:
-the cache can always be downloaded again, and a range of the wrong size is
-discarded on open.
+it fails, then the error stands) and renames it into place: nothing enters the
+cache unchecked, so one bad reply is never served again. Processes that want
+the same range meanwhile wait for the download lock and then find it complete,
+so each range is downloaded once per node. That wait is bounded: a holder
+whose partial file has not grown for ``stall_s`` (a process stopped by SIGSTOP
+or a scheduler) is passed over, and the waiter downloads the range itself.
+Keys hold a namespace per dataset URL and manifest checksum, so a dataset
+re-packed at the same URL never reads a stale range, and old versions age out
+by LRU. Ranges are not fsynced: the cache can always be downloaded again. A
+range of the wrong size is discarded on open, and so is one that fails the
+caller's ``check`` (the first time each process opens it: the node's disk may
+have damaged it), which is then downloaded again.
 
 The folder must be on a node-local filesystem (flock over NFS cannot be
 trusted). Local datasets never come here: they are read in place. Imports
@@ -31,14 +36,13 @@ import threading
 import time
 import urllib.parse
 import weakref
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from shardio.errors import CacheBudgetError, ShardCorruptError
-from shardio.storage.budget import BUDGET_LOCK, LOCKS, PARTIAL, Budget, CacheUsage, Reservation
+from shardio.errors import CacheBudgetError, ChecksumError, ShardCorruptError, StorageError
+from shardio.storage.budget import BUDGET_LOCK, LOCKS, PARTIAL, Budget, CacheUsage
 from shardio.storage.cachedrange import CachedRange
 from shardio.storage.store import Store, check_range
 
@@ -46,6 +50,15 @@ RangeCheck = Callable[[memoryview], None]
 """Verifies a downloaded range (e.g. its record CRCs); raises ``ShardCorruptError`` if bad."""
 
 DEFAULT_WAIT_S = 120.0
+DEFAULT_STALL_S = 30.0
+"""How long another process's download of a range may make no progress before a process
+waiting for that range downloads it itself: a stopped process (SIGSTOP, a scheduler's
+suspend, Ctrl-Z) keeps its locks, and waiting for it had no end. Long enough that a
+download between two retries of a slow store is not repeated (each retry waits less)."""
+MAX_CHECKED = 1 << 16
+"""Cache files this process remembers having checked (then forgets them all and checks
+again): a range is checked once per process, not once per open (a random-access reader
+opens one range per sample)."""
 
 
 def default_cache_dir() -> Path:
@@ -81,6 +94,19 @@ class CacheStats:
     downloads: int = 0
     refetches: int = 0
     """Downloads repeated because the caller's check failed."""
+    discarded: int = 0
+    """Cached ranges that failed the caller's check, deleted and downloaded again."""
+    takeovers: int = 0
+    """Ranges downloaded while another process held their download without progress."""
+
+
+class _DamagedCopy(Exception):
+    """A cached range failed its check (and was discarded); ``error`` says how."""
+
+    def __init__(self, path: Path, error: ShardCorruptError) -> None:
+        super().__init__(str(path))
+        self.path = path
+        self.error = error
 
 
 _CACHES: weakref.WeakSet[RangeCache] = weakref.WeakSet()
@@ -135,7 +161,7 @@ class RangeCache:
     """Remote byte ranges cached in one folder under a hard byte budget; thread- and fork-safe."""
 
     def __init__(self, cache_dir: str | os.PathLike[str] | None = None, *, max_cache_bytes: int,
-                 wait_s: float = DEFAULT_WAIT_S) -> None:
+                 wait_s: float = DEFAULT_WAIT_S, stall_s: float = DEFAULT_STALL_S) -> None:
         """Open (or create) the cache folder.
 
         Args:
@@ -144,15 +170,20 @@ class RangeCache:
             max_cache_bytes: the hard budget of the whole folder, partial downloads included.
             wait_s: how long a download waits for other processes to release space before
                 ``CacheBudgetError``.
+            stall_s: how long another process's download of a wanted range may make no
+                progress before this process downloads the range itself.
         """
         self.root = Path(cache_dir) if cache_dir is not None else default_cache_dir()
         self.max_cache_bytes = max_cache_bytes
         self.wait_s = wait_s
+        self.stall_s = stall_s
         self._budget = Budget(self.root, max_cache_bytes)
         self.stats = CacheStats()
         self._held = 0
         self._pid = os.getpid()
         self._lock = threading.Lock()
+        self._checked: set[tuple[int, int]] = set()
+        """``(st_dev, st_ino)`` of cache files this process checked (``MAX_CHECKED``)."""
         _CACHES.add(self)
 
     def __repr__(self) -> str:
@@ -160,11 +191,12 @@ class RangeCache:
 
     def __getstate__(self) -> dict[str, object]:
         """What a spawned worker needs: the folder and the budget; it holds nothing yet."""
-        return {"root": self.root, "max_cache_bytes": self.max_cache_bytes, "wait_s": self.wait_s}
+        return {"root": self.root, "max_cache_bytes": self.max_cache_bytes, "wait_s": self.wait_s,
+                "stall_s": self.stall_s}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__init__(state["root"], max_cache_bytes=state["max_cache_bytes"],  # type: ignore[misc]
-                      wait_s=state["wait_s"])
+                      wait_s=state["wait_s"], stall_s=state.get("stall_s", DEFAULT_STALL_S))
 
     @property
     def evictions(self) -> int:
@@ -219,12 +251,16 @@ class RangeCache:
             stop: byte after the last; callers use fixed, record-aligned ranges so that
                 every process asks for the same keys.
             version: the dataset version, e.g. the manifest's checksum.
-            check: verifies a fresh download; on failure it is downloaded once more, then
-                the check's error is raised.
+            check: verifies every byte of the range: a fresh download (on failure it is
+                downloaded once more, then the check's error is raised) and, the first
+                time this process opens it, a cached copy (on failure it is discarded and
+                downloaded again).
 
         Raises:
             CacheBudgetError: the range does not fit next to those in use.
-            ShardCorruptError: ``check`` failed twice.
+            ShardCorruptError: ``check`` failed on two downloads (the message names the
+                object); ``ChecksumError`` naming the cache file when a cached copy failed
+                it and the store could not be read to replace it.
             StorageError, FileNotFoundError: the store could not deliver.
         """
         if store.local_path(name) is not None:
@@ -232,21 +268,75 @@ class RangeCache:
                 f"{store.url}: local datasets are read in place (store.local_path), not cached")
         check_range(name, start, stop)
         key = range_key(dataset_namespace(store.url, version), name, start, stop)
-        hit = self._open_complete(key, name, start, stop)
-        if hit is None:
-            with self._download_lock(key):  # another process may be downloading it: wait
-                hit = self._open_complete(key, name, start, stop)
-                if hit is None:
-                    return self._download(store, key, name, start, stop, check)
-        self.stats.hits += 1
-        return hit
+        damaged: _DamagedCopy | None = None
+        for attempt in (0, 1):
+            try:
+                hit = self._open_complete(key, name, start, stop, check)
+            except _DamagedCopy as exc:
+                hit, damaged = None, exc
+            if hit is not None:
+                self.stats.hits += 1
+                return hit
+            fd, holder = self._lock_download(key)
+            if fd is None and holder is None:
+                if not attempt:
+                    continue  # completed by its downloader while we waited: open it
+                holder = "another process"  # yet it cannot be opened (evicted, or locked)
+            try:
+                try:
+                    hit = self._open_complete(key, name, start, stop, check)
+                except _DamagedCopy as exc:
+                    hit, damaged = None, exc
+                if hit is not None:
+                    self.stats.hits += 1
+                    return hit
+                if holder is not None:
+                    self.stats.takeovers += 1
+                return self._fetch(store, key, name, start, stop, check, damaged, holder)
+            finally:
+                if fd is not None:
+                    os.close(fd)
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def _fetch(self, store: Store, key: str, name: str, start: int, stop: int,
+               check: RangeCheck | None, damaged: _DamagedCopy | None,
+               holder: str | None) -> CachedRange:
+        """``_download``, its errors saying what the store was never asked (a damaged cached
+        copy it could not replace) or who holds the download it took over."""
+        try:
+            return self._download(store, key, name, start, stop, check)
+        except (ShardCorruptError, FileNotFoundError):
+            raise  # the store's own copy failed the check, or is gone: the message says so
+        except (StorageError, OSError, CacheBudgetError) as exc:
+            if damaged is not None:
+                where = ("" if damaged.error.record is None
+                         else f" at record {damaged.error.record}")
+                raise ChecksumError(
+                    f"{damaged.path}: this node cache's copy of bytes {start}..{stop} of "
+                    f"{name} failed its check{where} and was deleted (the node's disk damaged "
+                    f"it; the store's copy was not checked), and fetching it again failed: "
+                    f"{exc}; read again once the store answers",
+                    path=damaged.path, record=damaged.error.record,
+                ) from exc
+            if holder is not None and isinstance(exc, CacheBudgetError):
+                raise CacheBudgetError(
+                    f"{exc}; {holder} holds the download of bytes {start}..{stop} of {name} "
+                    f"and has made no progress for over {self.stall_s:g} s (stopped or "
+                    "suspended?): resume or end it",
+                    path=self.root,
+                ) from exc
+            raise
 
     def open_cached(self, store: Store, name: str, start: int, stop: int, *,
-                    version: str) -> CachedRange | None:
+                    version: str, check: RangeCheck | None = None) -> CachedRange | None:
         """Bytes ``start..stop`` of ``name`` if the cache holds them complete now, else None:
-        ``open_range`` without the download (a reader looking ahead, which must not wait)."""
+        ``open_range`` without the download (a reader looking ahead, which must not wait).
+        A cached copy failing ``check`` is discarded (None)."""
         key = range_key(dataset_namespace(store.url, version), name, start, stop)
-        hit = self._open_complete(key, name, start, stop)
+        try:
+            hit = self._open_complete(key, name, start, stop, check)
+        except _DamagedCopy:
+            return None
         if hit is not None:
             self.stats.hits += 1
         return hit
@@ -274,14 +364,22 @@ class RangeCache:
         """The whole object ``name`` of ``size`` bytes as one cache file (an LMDB shard)."""
         return self.open_range(store, name, 0, size, version=version, check=check)
 
-    def _open_complete(self, key: str, name: str, start: int, stop: int) -> CachedRange | None:
+    def _open_complete(self, key: str, name: str, start: int, stop: int,
+                       check: RangeCheck | None = None) -> CachedRange | None:
+        """The complete range ``key``, held, or None if absent.
+
+        Raises:
+            _DamagedCopy: it failed ``check`` (run once per process and file) and was deleted.
+        """
         path = self._budget.range_path(key)
         try:
             fd = os.open(path, os.O_RDONLY)
         except FileNotFoundError:
             return None
         try:
-            fcntl.flock(fd, fcntl.LOCK_SH)  # waits only while an evictor unlinks it
+            if not self._lock_shared(fd):
+                os.close(fd)  # an evictor or committer stopped in the act: download it
+                return None
             st = os.fstat(fd)
             try:
                 current = os.stat(path)
@@ -294,35 +392,103 @@ class RangeCache:
                 os.close(fd)
                 self._budget.discard(key)
                 return None
+            identity = (st.st_dev, st.st_ino)
+            if check is not None and identity not in self._checked:
+                try:
+                    self._check(fd, stop - start, check)
+                except ShardCorruptError as exc:
+                    os.close(fd)
+                    self._budget.discard(key)
+                    self.stats.discarded += 1
+                    raise _DamagedCopy(path, exc) from exc
+                if len(self._checked) >= MAX_CHECKED:
+                    self._checked.clear()
+                self._checked.add(identity)
             now = time.time_ns()  # last use, for LRU; the fine clock, not the fs's coarse one
             os.utime(fd, ns=(now, now))
+        except _DamagedCopy:
+            raise
         except BaseException:
             os.close(fd)
             raise
         self._add_held(stop - start)
         return CachedRange(fd, path, name=name, start=start, stop=stop, release=self._release)
 
+    def _lock_shared(self, fd: int) -> bool:
+        """Take a range file's shared lock, waiting while an evictor (or the committing
+        downloader) holds it exclusively: a moment, unless that process is stopped, so
+        at most ``stall_s``. Returns whether it was taken."""
+        deadline = time.monotonic() + self.stall_s
+        delay = 0.0005
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+                return True
+            except BlockingIOError:
+                if time.monotonic() >= deadline:
+                    return False
+            time.sleep(delay)
+            delay = min(2 * delay, 0.05)
+
     def _release(self, num_bytes: int) -> None:
         self._add_held(-num_bytes)
 
-    @contextmanager
-    def _download_lock(self, key: str) -> Iterator[None]:
+    def _lock_download(self, key: str) -> tuple[int | None, str | None]:
+        """Take range ``key``'s download lock, waiting while another process downloads it.
+
+        Returns ``(fd, None)`` holding the lock; ``(None, None)`` once the range is in
+        the cache (its downloader finished); ``(None, holder)`` when the holder has made
+        no progress for ``stall_s``: its partial file has not grown, or it has none (a
+        stopped process keeps its flocks; blocking on them waited for ever), and the
+        caller downloads the range itself. ``holder`` names it ("process 123").
+        """
         path = self._budget.lock_path(key)
+        final = self._budget.range_path(key)
+        progress, progress_at = self._download_progress(key), time.monotonic()
+        delay = 0.0005
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
         while True:
-            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-            fcntl.flock(fd, fcntl.LOCK_EX)
-            st = os.fstat(fd)
             try:
-                current = os.stat(path)
-            except FileNotFoundError:
-                current = None
-            if current is not None and (current.st_ino, current.st_dev) == (st.st_ino, st.st_dev):
-                break
-            os.close(fd)  # eviction deleted the lock file while we waited: take the new one
-        try:
-            yield
-        finally:
-            os.close(fd)
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                pass
+            else:
+                st = os.fstat(fd)
+                try:
+                    current = os.stat(path)
+                except FileNotFoundError:
+                    current = None
+                if current is not None and (current.st_ino, current.st_dev) == (
+                        st.st_ino, st.st_dev):
+                    return fd, None
+                os.close(fd)  # eviction deleted the lock file while we waited: take the new one
+                fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+                continue
+            if final.exists():
+                os.close(fd)
+                return None, None
+            now, seen = time.monotonic(), self._download_progress(key)
+            if seen != progress:
+                progress, progress_at = seen, now
+            elif now - progress_at >= self.stall_s:
+                os.close(fd)
+                pids = sorted({n.rsplit(".", 1)[-1].split("-", 1)[0] for n, _s, _t in seen})
+                return None, f"process {', '.join(pids)}" if pids else "another process"
+            time.sleep(delay)
+            delay = min(2 * delay, 0.05)
+
+    def _download_progress(self, key: str) -> tuple[tuple[str, int, int], ...]:
+        """``(name, size, mtime)`` of the partial files downloading range ``key`` (named
+        ``<key>.<bytes>.<pid>-<token>`` by ``budget.py``): what grows while it downloads."""
+        found = []
+        prefix = f"{key}."  # a quoted name holds no "@", so no other key starts with this
+        with contextlib.suppress(FileNotFoundError):
+            for entry in os.scandir(self._budget.root / PARTIAL):
+                if entry.name.startswith(prefix):
+                    with contextlib.suppress(FileNotFoundError):
+                        st = entry.stat()
+                        found.append((entry.name, st.st_size, st.st_mtime_ns))
+        return tuple(sorted(found))
 
     def _download(self, store: Store, key: str, name: str, start: int, stop: int,
                   check: RangeCheck | None) -> CachedRange:
@@ -336,24 +502,36 @@ class RangeCache:
                     reservation.fd, chunk, offset))
                 try:
                     if check is not None:
-                        self._check(reservation, check)
+                        self._check(reservation.fd, size, check)
                     break
                 except ShardCorruptError:
                     if attempt:
                         raise
                     self.stats.refetches += 1
+            # a stalled downloader, resumed, finds the range that another process took
+            # over and committed: it keeps that one (replacing it would leave the copy
+            # its readers hold on disk, uncounted by the budget)
+            other = self._open_complete(key, name, start, stop) if self._budget.range_path(
+                key).exists() else None
+            if other is not None:
+                self._budget.abort(reservation)
+                self._add_held(-size)
+                return other
             path = self._budget.commit(reservation, key)
         except BaseException:
             self._budget.abort(reservation)
             self._add_held(-size)
             raise
         self.stats.downloads += 1
+        if check is not None:
+            st = os.fstat(reservation.fd)
+            self._checked.add((st.st_dev, st.st_ino))
         return CachedRange(reservation.fd, path, name=name, start=start, stop=stop,
                            release=self._release)
 
     @staticmethod
-    def _check(reservation: Reservation, check: RangeCheck) -> None:
-        mapped = mmap.mmap(reservation.fd, reservation.num_bytes, access=mmap.ACCESS_READ)
+    def _check(fd: int, num_bytes: int, check: RangeCheck) -> None:
+        mapped = mmap.mmap(fd, num_bytes, access=mmap.ACCESS_READ)
         view = memoryview(mapped)
         try:
             check(view)

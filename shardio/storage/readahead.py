@@ -141,7 +141,7 @@ class ReadAhead:
         looking ahead of its turn: a planned download of the range, if any, is taken or
         passed over in turn as before)."""
         return self.cache.open_cached(self.store, request.name, request.start, request.stop,
-                                      version=self.version)
+                                      version=self.version, check=request.check)
 
     def limit(self, *, max_in_flight: int, max_in_flight_bytes: int) -> None:
         """Lower the limits (never raise them): a shard with larger ranges was opened."""
