@@ -21,6 +21,7 @@ import contextlib
 import fcntl
 import json
 import os
+import re
 import socket
 import time
 from collections.abc import Iterator, Mapping
@@ -195,21 +196,26 @@ def shard_is_intact(path: Path, num_bytes: int, checksum: str) -> bool:
         file_checksum(path, name_of(checksum)) == checksum)
 
 
+_SUFFIXES = "|".join(re.escape(s) for s in SHARD_SUFFIX.values())
+_SHARDIO_NAME = re.compile(
+    rf"shard-\d{{5,}}(?:{_SUFFIXES})(?:-lock)?"  # a shard (an old LMDB writer's lock file)
+    rf"|\.shard-\d{{5,}}(?:-[0-9a-f]{{8}}-[0-9a-f]{{8}})?(?:{_SUFFIXES})\.tmp"  # one being built
+)
+
+
 def is_shardio_file(name: str) -> bool:
-    """Whether ``name`` is one shardio writes into a dataset (shards, journal, manifest, temps)."""
+    """Whether ``name`` is one shardio writes into a dataset (shards, journal, manifest, temps).
+
+    Only exact names at the top of the dataset count: ``--overwrite`` deletes
+    what this accepts, so ``shard-archive/2023.rec`` or ``shard-old.rec``, which
+    a pack never writes, are someone else's.
+    """
     return name in (
         MANIFEST_NAME,
         JOURNAL_NAME,
         f".{MANIFEST_NAME}.tmp",
         f"{JOURNAL_NAME}.tmp",
-    ) or (
-        name.startswith(("shard-", ".shard-"))
-        and name.endswith(
-            tuple(SHARD_SUFFIX.values())
-            + tuple(s + ".tmp" for s in SHARD_SUFFIX.values())
-            + tuple(s + "-lock" for s in SHARD_SUFFIX.values())
-        )
-    )
+    ) or _SHARDIO_NAME.fullmatch(name) is not None
 
 
 def refuse_to_clear(where: str, names: list[str], *, overwrite: bool) -> None:
@@ -223,8 +229,11 @@ def refuse_to_clear(where: str, names: list[str], *, overwrite: bool) -> None:
         )
     foreign = [n for n in names if not is_shardio_file(n)]
     if foreign:
+        shown = ", ".join(repr(n) for n in foreign[:20])
+        more = f" and {len(foreign) - 20} more" if len(foreign) > 20 else ""
         raise OutputExistsError(
-            f"{where}: refusing to overwrite an output that holds files shardio did not "
-            f"write (e.g. {foreign[0]!r}); choose another output folder or prefix",
+            f"{where}: refusing to overwrite an output that holds {len(foreign)} files "
+            f"shardio did not write ({shown}{more}); nothing was deleted. Move them away, "
+            "or choose another output folder or prefix",
             path=where,
         )

@@ -17,6 +17,7 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any, Protocol
 
+from shardio.errors import PackError
 from shardio.journal import (
     JOURNAL_NAME,
     LOCK_NAME,
@@ -27,7 +28,7 @@ from shardio.journal import (
 )
 from shardio.manifest import MANIFEST_NAME, Manifest, fsync_dir, write_manifest
 from shardio.remotetarget import RemoteTarget
-from shardio.storage import RemoteOptions, Store, open_store, split_url
+from shardio.storage import RemoteOptions, RemoteStore, Store, split_url
 
 
 class PackTarget(Protocol):
@@ -88,7 +89,9 @@ class PackTarget(Protocol):
 def prepare_output(out: Path, *, overwrite: bool, resume: bool) -> None:
     """Create ``out`` or check that it may be written; clear old shardio files on overwrite."""
     out.mkdir(parents=True, exist_ok=True)
-    names = sorted(n for n in os.listdir(out) if n != LOCK_NAME)  # held by this writer
+    # a folder is never a shardio file, whatever its name; "/" judges it as the store does
+    names = sorted(e.name + "/" if e.is_dir(follow_symlinks=False) else e.name
+                   for e in os.scandir(out) if e.name != LOCK_NAME)  # held by this writer
     if not names or resume:
         return
     refuse_to_clear(str(out), names, overwrite=overwrite)
@@ -152,11 +155,30 @@ def open_target(out: str | os.PathLike[str], remote: RemoteOptions | None = None
             path, as readers ignore it, so one ``RemoteOptions`` serves both.
 
     Raises:
-        PackError: another pack on this host is writing to the same URL.
+        PackError: another pack on this host is writing to the same URL, or the
+            URL holds a query string or a fragment.
     """
     protocol, local = split_url(out)
     if protocol is not None:
+        _refuse_query(local)
         options = remote or RemoteOptions()
-        return RemoteTarget(open_store(out, storage_options=options.storage_options,
-                                       retry=options.retry))
+        return RemoteTarget(RemoteStore(local, protocol=protocol,
+                                        storage_options=options.storage_options,
+                                        retry=options.retry))
     return LocalTarget(Path(local))  # file:///x is the folder /x, not one named "file:"
+
+
+def _refuse_query(url: str) -> None:
+    """Refuse an output URL with ``?…`` or ``#…``, naming the URL without them.
+
+    fsspec reads ``s3://b/x?versionId=…`` as a version of ``x`` to read, so a
+    pack there would report success having written nothing one can open; a
+    query may also hold a signature, which a message must not echo.
+    """
+    cut = min((i for i in (url.find("?"), url.find("#")) if i >= 0), default=-1)
+    if cut >= 0:
+        raise PackError(
+            f"{url[:cut]}{url[cut]}...: an output URL cannot hold a query string ('?...') "
+            "or a fragment ('#...'); nothing was written. Pack to the plain prefix "
+            f"{url[:cut]} (object versions and signed URLs are for reading)",
+            path=url[:cut])
