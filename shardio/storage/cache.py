@@ -428,7 +428,7 @@ class RangeCache:
                 if time.monotonic() >= deadline:
                     return False
             time.sleep(delay)
-            delay = min(2 * delay, 0.05)
+            delay = min(2 * delay, 0.02)
 
     def _release(self, num_bytes: int) -> None:
         self._add_held(-num_bytes)
@@ -475,7 +475,7 @@ class RangeCache:
                 pids = sorted({n.rsplit(".", 1)[-1].split("-", 1)[0] for n, _s, _t in seen})
                 return None, f"process {', '.join(pids)}" if pids else "another process"
             time.sleep(delay)
-            delay = min(2 * delay, 0.05)
+            delay = min(2 * delay, 0.02)
 
     def _download_progress(self, key: str) -> tuple[tuple[str, int, int], ...]:
         """``(name, size, mtime)`` of the partial files downloading range ``key`` (named
