@@ -95,7 +95,7 @@ def verify(
     start = time.perf_counter()
     try:
         reader = DatasetReader(path, verify=True, remote=remote)
-    except ShardioError as exc:
+    except (ShardioError, OSError) as exc:  # OSError: a file where the folder should be, …
         fault = VerifyFault(MANIFEST_NAME, None, None, str(exc))
         return VerifyReport(False, 0, 0, 0, (fault,), quick, time.perf_counter() - start)
     manifest, root = reader.manifest, reader.root

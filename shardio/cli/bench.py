@@ -8,6 +8,7 @@ or JSON with ``--json``.
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import click
@@ -65,6 +66,10 @@ def bench_command(
 ) -> None:
     """Read DATASET with 0, 1, 2, … workers and recommend num_workers and shuffle_buffer."""
     from shardio.bench import BenchRow, bench, bench_modes
+
+    if math.isnan(min_seconds):  # FloatRange lets nan through: every comparison is false
+        raise click.BadParameter("nan is not a duration: give seconds, e.g. 2",
+                                 param_hint="'--min-seconds'")
 
     def show(row: BenchRow) -> None:
         if not as_json:

@@ -25,6 +25,7 @@ import numpy as np
 
 import shardio
 from shardio.cli.inspect import dataset_errors, format_size
+from shardio.cli.options import LocalPath
 from shardio.reader import open_dataset
 from shardio.synth import make_imagefolder
 from shardio.verify import verify
@@ -143,7 +144,7 @@ def _run(base: Path, num_images: int) -> None:
 @click.command()
 @click.option("--images", "num_images", type=click.IntRange(min=NUM_CLASSES), default=200,
               show_default=True, help=f"Images to generate, spread over {NUM_CLASSES} classes.")
-@click.option("--keep", type=click.Path(file_okay=False, path_type=Path), default=None,
+@click.option("--keep", type=LocalPath("demo folder", file_okay=False), default=None,
               help="Keep the images (DIR/images) and the dataset (DIR/dataset) in DIR "
                    "instead of a temporary folder.")
 def demo(num_images: int, keep: Path | None) -> None:

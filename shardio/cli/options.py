@@ -57,6 +57,8 @@ class LocalPath(click.Path):
     def convert(
         self, value: Any, param: click.Parameter | None, ctx: click.Context | None
     ) -> Any:
+        if isinstance(value, str) and not value.strip():  # Path("") would be this folder
+            self.fail(f"is empty: give the {self.role} folder's path", param, ctx)
         try:
             local_path(value, role=self.role)
         except StorageError as exc:
@@ -76,7 +78,31 @@ class DatasetParam(click.ParamType):  # type: ignore[type-arg]
         if isinstance(value, Path):
             return value
         text = str(value)
-        return text if is_url(text) else Path(text)
+        if not text.strip():  # Path("") is ".": an empty argument would name this folder
+            self.fail("is empty: give a dataset folder or a URL such as s3://bucket/train",
+                      param, ctx)
+        if not is_url(text):
+            return Path(text)
+        scheme, _, rest = text.partition("://")
+        if not rest.strip("/"):
+            self.fail(f"{text!r} names no bucket or host after {scheme}://: give one, as in "
+                      "s3://bucket/train or https://host/train",
+                      param, ctx)
+        if not _known_scheme(scheme.lower()):
+            self.fail(f"{text!r}: no storage is known for the scheme {scheme!r}; shardio reads "
+                      "local folders and fsspec URLs such as s3://, gs://, az://, https://, "
+                      "hf:// (a typo?)", param, ctx)
+        return text
+
+
+def _known_scheme(scheme: str) -> bool:
+    """Whether fsspec has a filesystem for ``scheme``; without fsspec, the reader says what to
+    install, so every scheme passes here."""
+    try:
+        from fsspec.registry import known_implementations, registry
+    except ImportError:
+        return True
+    return scheme in known_implementations or scheme in registry
 
 
 DATASET = DatasetParam()
@@ -104,6 +130,6 @@ def remote_options(command: F) -> F:
         help="Hard budget of the node cache folder for a URL DATASET, e.g. 50GB (default: "
              "half the free space of its disk, at most 100 GB).")(with_remote)
     return click.option(  # type: ignore[return-value]  # click keeps the wrapped signature
-        "--cache-dir", type=click.Path(file_okay=False, path_type=Path), default=None,
+        "--cache-dir", type=LocalPath("node cache", file_okay=False), default=None,
         help="Node cache folder for a URL DATASET, shared by the node's processes (default: "
              "$SHARDIO_CACHE_DIR, else ~/.cache/shardio).")(sized)

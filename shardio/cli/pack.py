@@ -15,7 +15,7 @@ import click
 from click.core import ParameterSource
 
 from shardio.append import appended_options
-from shardio.cli.options import SIZE, LocalPath
+from shardio.cli.options import DATASET, SIZE, LocalPath
 from shardio.codecs import CODEC_NAMES, MAX_ZSTD_LEVEL, MIN_ZSTD_LEVEL
 from shardio.engines import ENGINES
 from shardio.errors import ShardioError
@@ -54,7 +54,7 @@ def format_summary(summary: PackSummary) -> str:
 
 @click.command("pack")
 @click.argument("src", type=LocalPath("source", file_okay=False))
-@click.argument("out", type=click.Path(file_okay=False))  # a folder or a URL (s3://…)
+@click.argument("out", type=DATASET)  # a folder or a URL (s3://…)
 @click.option("--backend", type=click.Choice(BACKENDS), default="records", show_default=True,
               help="Shard file format.")
 @click.option("--codec", type=click.Choice(CODEC_NAMES), default="zstd", show_default=True,
@@ -83,9 +83,12 @@ def format_summary(summary: PackSummary) -> str:
               help="Label every sample with its top-level folder, as torchvision's "
                    "DatasetFolder does for any file type: fields per file as in a generic "
                    "folder, plus `label` (the folder's index among SRC's sorted folders).")
-@click.option("--check-images", is_flag=True, help="Decode every image with Pillow first.")
-@click.option("--skip-bad", is_flag=True,
-              help="Leave out bad inputs (listed in the summary and manifest) instead of failing.")
+@click.option("--check-images/--no-check-images", default=None,
+              help="Decode every image with Pillow first [default: no; with --append, as the "
+                   "dataset was packed].")
+@click.option("--skip-bad/--no-skip-bad", default=None,
+              help="Leave out bad inputs (listed in the summary and manifest) instead of failing "
+                   "[default: no; with --append, as the dataset was packed].")
 @click.option("--overwrite", is_flag=True, help="Replace the dataset in OUT.")
 @click.option("--resume", is_flag=True, help="Finish an interrupted pack into OUT.")
 @click.option("--append", is_flag=True,
@@ -93,6 +96,9 @@ def format_summary(summary: PackSummary) -> str:
                    "given are the dataset's; an interrupted append of the same SRC continues).")
 @click.option("--skip-existing", is_flag=True,
               help="With --append: skip samples whose keys OUT already holds instead of failing.")
+@click.option("--retry-skipped", is_flag=True,
+              help="With --append: pack files OUT lists as skipped if they pass now (they are "
+                   "otherwise left out again).")
 @click.option("--engine", type=click.Choice(ENGINES), default="local", show_default=True,
               help="Where SRC is walked and shards are built: this machine, or a Dask cluster "
                    "(pip install 'shardio[dask]'; SRC and a local OUT on a filesystem every "
@@ -104,12 +110,12 @@ def format_summary(summary: PackSummary) -> str:
               help="Show a progress bar [default: when stderr is a terminal].")
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
 def pack_command(
-    src: Path, out: str, backend: str, codec: str, level: int, max_shard_bytes: int,
+    src: Path, out: Path | str, backend: str, codec: str, level: int, max_shard_bytes: int,
     max_shard_samples: int | None, include: tuple[str, ...], exclude: tuple[str, ...],
     follow_symlinks: bool, seed: int, no_shuffle: bool, num_workers: int | None,
-    imagefolder: bool | None, class_folders: bool, check_images: bool, skip_bad: bool,
-    overwrite: bool,
-    resume: bool, append: bool, skip_existing: bool, engine: str, scheduler: str | None,
+    imagefolder: bool | None, class_folders: bool, check_images: bool | None,
+    skip_bad: bool | None, overwrite: bool, resume: bool, append: bool, skip_existing: bool,
+    retry_skipped: bool, engine: str, scheduler: str | None,
     progress: bool | None, as_json: bool,
 ) -> None:
     """Pack the files under SRC into shuffled, checksummed shards in OUT.
@@ -127,8 +133,9 @@ def pack_command(
             max_shard_samples=max_shard_samples)
     except ValueError as exc:
         raise click.BadParameter(str(exc)) from exc
-    if (skip_existing and not append) or (append and overwrite):
-        raise click.UsageError("--skip-existing goes with --append, and --append never "
+    if ((skip_existing or retry_skipped) and not append) or (append and overwrite):
+        raise click.UsageError("--skip-existing goes with --append (so does --retry-skipped), "
+                               "and --append never "
                                "overwrites: leave --overwrite out")
     if scheduler is not None and engine != "dask":
         raise click.UsageError("--scheduler goes with --engine dask")
@@ -153,10 +160,14 @@ def pack_command(
             shuffle=not no_shuffle, num_workers=num_workers, include=include, exclude=exclude,
             follow_symlinks=follow_symlinks, check_images=check_images, skip_bad=skip_bad,
             overwrite=overwrite, resume=resume, append=append, skip_existing=skip_existing,
+            retry_skipped=retry_skipped,
             progress=progress, engine=engine, scheduler=scheduler,
         )
     except ShardioError as exc:
         raise click.ClickException(str(exc)) from exc
+    except OSError as exc:  # OUT is a file, a folder cannot be made, …: say which and why
+        where = f"{exc.filename}: " if exc.filename else ""
+        raise click.ClickException(f"{where}{exc.strerror or exc}") from exc
     if as_json:
         click.echo(json.dumps(summary.to_json(), indent=1, ensure_ascii=False))
     else:

@@ -19,8 +19,6 @@ from shardio.verify import VerifyReport, verify
 
 
 def _describe(report: VerifyReport, dataset: Path | str) -> str:
-    if not report.ok and report.num_shards == 0:
-        return f"{dataset}: not verified: its manifest cannot be read"
     checked = "shard checksums" if report.quick else f"{report.num_records:,} records"
     where = f"{dataset}: {report.num_shards} shard(s), {checked}, {format_size(report.num_bytes)}"
     if report.ok:
@@ -46,6 +44,8 @@ def verify_command(dataset: Path | str, quick: bool, as_json: bool, remote: Remo
                     remote=remote)
     if as_json:
         click.echo(json.dumps(report.to_json(), indent=1, ensure_ascii=False))
+    elif not report.ok and report.num_shards == 0:  # nothing checked: no manifest to go by
+        raise click.ClickException(f"not verified: {report.faults[0].message}")
     else:
         for fault in report.faults:
             where = fault.shard if fault.record is None else f"{fault.shard} record {fault.record}"
