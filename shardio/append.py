@@ -30,7 +30,7 @@ import shutil
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Final, TypeVar
+from typing import Any, Final, Protocol, TypeVar
 
 from shardio.backends import shard_name
 from shardio.errors import OutputExistsError, PackError, StorageError
@@ -49,7 +49,7 @@ from shardio.manifest import (
 )
 from shardio.packtarget import LocalTarget, PackTarget
 from shardio.reader import DatasetReader
-from shardio.source import Source, SourceSample
+from shardio.source import Bad, Source, SourceSample, display_path
 from shardio.version import __version__
 from shardio.writer import DEFAULT_MAX_SHARD_BYTES, WriteOptions
 
@@ -96,7 +96,12 @@ class AppendTarget(LocalTarget):
         """Nothing: the journal stays until the shards are published."""
 
 
-S = TypeVar("S")
+class _Summary(Protocol):
+    @property
+    def skipped(self) -> tuple[Bad, ...]: ...
+
+
+S = TypeVar("S", bound=_Summary)
 
 
 @dataclass(frozen=True)
@@ -112,12 +117,17 @@ class AppendJob:
     target: AppendTarget
     existing_skipped: int
     """Samples of SRC left out because their keys are in the dataset (``skip_existing``)."""
+    left_skipped: tuple[Bad, ...] = ()
+    """Files of SRC the dataset lists as skipped, left out again (without ``retry_skipped``)."""
 
     def publish(self, summary: S) -> S:
         """Rename the staged shards into the dataset, write its manifest, drop the staging.
 
         ``summary`` (a ``PackSummary`` of the staged pack) comes back naming the
-        dataset, with ``existing_samples`` and ``existing_skipped`` filled in.
+        dataset, with ``existing_samples`` and ``existing_skipped`` filled in, and the
+        files left out as the dataset's skipped ones added to its ``skipped``. The
+        manifest lists a file once, packed or skipped: this append's verdict on a file
+        replaces the dataset's.
         """
         staged = self.target.staged
         assert staged is not None, "publish before the staged pack finished"
@@ -138,20 +148,23 @@ class AppendJob:
             first += info.num_samples
         fsync_dir(self.out)  # the shards' names are durable before a manifest names them
         fields = dict.fromkeys(self.base.fields) | dict.fromkeys(staged.fields)
+        judged = {s.path for s in staged.skipped} | {
+            display_path(rel) for sample in self.source.samples for rel in sample.rel_paths()}
         classes = staged.classes
         write_manifest(self.out, dataclasses.replace(
             self.base, num_samples=first, num_bytes=sum(s.num_bytes for s in shards),
             fields=tuple(fields), shards=tuple(shards), classes=classes,
             class_to_idx=None if classes is None else {c: i for i, c in enumerate(classes)},
             input_bytes=self.base.input_bytes + staged.input_bytes,
-            skipped=tuple(sorted((*self.base.skipped, *staged.skipped),
-                                 key=lambda s: (s.path, s.reason))),
+            skipped=tuple(sorted((*(s for s in self.base.skipped if s.path not in judged),
+                                  *staged.skipped), key=lambda s: (s.path, s.reason))),
             # the new shards are this writer's format: a version 1 dataset's manifest says 2
             shardio_version=__version__, version=max(self.base.version, FORMAT_VERSION)))
         shutil.rmtree(self.target.staging)
         return dataclasses.replace(summary, out=str(self.out),  # type: ignore[type-var]
                                    existing_samples=self.base.num_samples,
-                                   existing_skipped=self.existing_skipped)
+                                   existing_skipped=self.existing_skipped,
+                                   skipped=(*summary.skipped, *self.left_skipped))
 
 
 def next_shard_number(manifest: Manifest) -> int:
@@ -171,16 +184,24 @@ def dataset_folder(target: PackTarget) -> Path:
     return target.staging
 
 
-def appended_mode(target: PackTarget) -> str | None:
-    """The layout of the dataset being appended to (``Manifest.layout``; None: no dataset).
-
-    SRC is read the same way (ImageFolder, class folders or generic) unless the caller
-    says otherwise.
+def pack_choices(target: PackTarget, *, append: bool, imagefolder: bool | None,
+                 class_folders: bool, check_images: bool | None,
+                 skip_bad: bool | None) -> tuple[bool | None, bool, bool, bool]:
+    """``(imagefolder, class_folders, check_images, skip_bad)`` of a pack: what the caller
+    left unsaid (None) is, for an append, as the dataset was packed (its manifest says), so
+    that a file its pack refused is refused again; otherwise ``check_images`` and
+    ``skip_bad`` are off.
     """
-    out = dataset_folder(target)
-    if not (out / MANIFEST_NAME).exists():
-        return None
-    return read_manifest(out).layout
+    out = dataset_folder(target) if append else None
+    if out is None or not (out / MANIFEST_NAME).exists():
+        return imagefolder, class_folders, bool(check_images), bool(skip_bad)
+    base = read_manifest(out)
+    if imagefolder is None and not class_folders:  # SRC read as the dataset's was
+        imagefolder, class_folders = base.layout == IMAGEFOLDER, base.layout == CLASS_FOLDERS
+    recorded = base.options
+    return (imagefolder, class_folders,
+            bool(recorded.get("check_images", False) if check_images is None else check_images),
+            bool(recorded.get("skip_bad", False) if skip_bad is None else skip_bad))
 
 
 def settle_interrupted_append(target: PackTarget, *, overwrite: bool, resume: bool) -> None:
@@ -206,11 +227,14 @@ def settle_interrupted_append(target: PackTarget, *, overwrite: bool, resume: bo
 
 def prepare_append(
     target: PackTarget, source: Source, options: WriteOptions | None, *, skip_existing: bool,
+    retry_skipped: bool = False,
 ) -> AppendJob | None:
     """Check that ``source`` may be appended to the dataset of ``target``; None if there is none.
 
     An absent or empty output folder is no dataset: the caller packs into it as
-    usual. Nothing is written here.
+    usual. A sample with a file the dataset lists as skipped is left out (its
+    entries in ``AppendJob.left_skipped``) unless ``retry_skipped``: a file a
+    pack refused is not let in by an append. Nothing is written here.
 
     Raises:
         StorageError: ``target`` is a URL.
@@ -231,15 +255,27 @@ def prepare_append(
     options = _write_options(out, base, options)
     classes, relabel = _joint_classes(out, base, source)
     samples, existing = _new_samples(out, base, source, skip_existing=skip_existing)
+    left: list[Bad] = []
+    if base.skipped and not retry_skipped:
+        listed = {s.path: s.reason for s in base.skipped}
+        fresh = []
+        for sample in samples:
+            rels = [display_path(rel) for rel in sample.rel_paths()]
+            if any(rel in listed for rel in rels):
+                left += [(rel, listed[rel]) for rel in rels if rel in listed]
+            else:
+                fresh.append(sample)
+        samples = fresh
     if relabel is not None:
         samples = [s._replace(label=None if s.label is None else relabel[s.label])
                    for s in samples]
     # the staged pack resumes only for the same input on the same dataset with the same choice
     digest = hashlib.sha256(b"\0".join([source.digest.encode(), manifest_bytes,
-                                        str(skip_existing).encode()])).hexdigest()
+                                        str(skip_existing).encode(),
+                                        str(retry_skipped).encode()])).hexdigest()
     _remove_unnamed_shards(out, base)
     return AppendJob(out=out, base=base, options=options, target=AppendTarget(out),
-                     existing_skipped=existing,
+                     existing_skipped=existing, left_skipped=tuple(left),
                      source=dataclasses.replace(source, samples=tuple(samples), classes=classes,
                                                 digest=digest))
 

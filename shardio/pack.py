@@ -30,12 +30,12 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from shardio.append import appended_mode, prepare_append, settle_interrupted_append
+from shardio.append import pack_choices, prepare_append, settle_interrupted_append
 from shardio.engines import PackEngine, open_engine
 from shardio.errors import BadInputError, EmptySourceError, PackError, StorageError
 from shardio.journal import dataset_lock
 from shardio.location import is_url
-from shardio.manifest import CLASS_FOLDERS, CLASS_FOLDERS_OPTION, IMAGEFOLDER
+from shardio.manifest import CLASS_FOLDERS_OPTION
 from shardio.packstate import journal_state, pack_manifest, resumable_shards
 from shardio.packtarget import LocalTarget, PackTarget, open_target
 from shardio.shardbuild import ShardFailure, ShardJob
@@ -129,12 +129,13 @@ def pack(
     include: Sequence[str] = (),
     exclude: Sequence[str] = (),
     follow_symlinks: bool = False,
-    check_images: bool = False,
-    skip_bad: bool = False,
+    check_images: bool | None = None,
+    skip_bad: bool | None = None,
     overwrite: bool = False,
     resume: bool = False,
     append: bool = False,
     skip_existing: bool = False,
+    retry_skipped: bool = False,
     progress: bool | None = None,
     remote: RemoteOptions | None = None,
     engine: str = "local",
@@ -174,7 +175,9 @@ def pack(
         exclude: leave out files whose relative path matches one of these globs.
         follow_symlinks: pack what symbolic links point to (otherwise they are bad input).
         check_images: decode every image with Pillow; those that fail are bad input.
-        skip_bad: leave bad inputs out (listed in the summary and manifest) instead of failing.
+            ``None``: as the dataset was packed with ``append``, else off.
+        skip_bad: leave bad inputs out (listed in the summary and manifest) instead of
+            failing. ``None``: as the dataset was packed with ``append``, else off.
         overwrite: replace the dataset in ``out``.
         resume: finish an interrupted pack of the same input with the same options.
         append: add SRC's samples to the dataset in ``out`` as new shards after its own
@@ -182,6 +185,8 @@ def pack(
             codec they must keep. An interrupted append of the same input continues.
         skip_existing: with ``append``, leave out samples whose keys the dataset holds
             (counted in the summary) instead of refusing them.
+        retry_skipped: with ``append``, pack files the dataset lists as skipped if they
+            pass now (they are otherwise left out again, and listed in the summary).
         progress: show a progress bar; ``None`` shows one when stderr is a terminal.
         remote: how a URL ``out`` is reached (``RemoteOptions``); only its
             ``storage_options`` and ``retry`` matter when writing. Ignored for a
@@ -211,10 +216,9 @@ def pack(
             _gc_paused():
         if isinstance(target, LocalTarget):
             _refuse_nested(root, target.staging)
-        if append and imagefolder is None and not class_folders:
-            layout = appended_mode(target)  # read SRC as the dataset was read
-            if layout is not None:
-                imagefolder, class_folders = layout == IMAGEFOLDER, layout == CLASS_FOLDERS
+        imagefolder, class_folders, check_images, skip_bad = pack_choices(
+            target, append=append, imagefolder=imagefolder, class_folders=class_folders,
+            check_images=check_images, skip_bad=skip_bad)
         source = runner.scan(src, imagefolder=imagefolder, include=include, exclude=exclude,
                              follow_symlinks=follow_symlinks, class_folders=class_folders)
         pack_options: dict[str, Any] = {
@@ -226,6 +230,7 @@ def pack(
         return _pack_or_append(source, target, options, pack_options, append=append,
                                skip_existing=skip_existing, seed=seed, shuffle=shuffle,
                                engine=runner, skip_bad=skip_bad, overwrite=overwrite,
+                               retry_skipped=retry_skipped,
                                resume=resume, progress=progress, start=start)
 
 
@@ -240,12 +245,13 @@ def pack_imagefolder(
     include: Sequence[str] = (),
     exclude: Sequence[str] = (),
     follow_symlinks: bool = False,
-    check_images: bool = False,
-    skip_bad: bool = False,
+    check_images: bool | None = None,
+    skip_bad: bool | None = None,
     overwrite: bool = False,
     resume: bool = False,
     append: bool = False,
     skip_existing: bool = False,
+    retry_skipped: bool = False,
     progress: bool | None = None,
     remote: RemoteOptions | None = None,
 ) -> PackSummary:
@@ -261,7 +267,8 @@ def pack_imagefolder(
         "options": options, "seed": seed, "shuffle": shuffle, "num_workers": num_workers,
         "include": include, "exclude": exclude, "check_images": check_images,
         "skip_bad": skip_bad, "overwrite": overwrite, "resume": resume, "append": append,
-        "skip_existing": skip_existing, "progress": progress, "remote": remote}
+        "skip_existing": skip_existing, "retry_skipped": retry_skipped, "progress": progress,
+        "remote": remote}
     if isinstance(dataset_or_root, (str, os.PathLike)):
         return pack(dataset_or_root, out, imagefolder=True, follow_symlinks=follow_symlinks,
                     **common)
@@ -269,12 +276,16 @@ def pack_imagefolder(
     with contextlib.closing(open_target(out, remote)) as target, _write_lock(
             target, append=append, overwrite=overwrite, resume=resume), _gc_paused():
         source = dataset_source(dataset_or_root, include=include, exclude=exclude)
+        _, _, check_images, skip_bad = pack_choices(
+            target, append=append, imagefolder=True, class_folders=False,
+            check_images=check_images, skip_bad=skip_bad)
         pack_options = {"imagefolder": True, "include": list(include), "exclude": list(exclude),
                         "follow_symlinks": True, "check_images": check_images}
         return _pack_or_append(source, target, options, pack_options, append=append,
                                skip_existing=skip_existing, seed=seed, shuffle=shuffle,
                                engine=open_engine("local", num_workers=num_workers),
                                skip_bad=skip_bad, overwrite=overwrite, resume=resume,
+                               retry_skipped=retry_skipped,
                                progress=progress, start=start)
 
 
@@ -314,27 +325,28 @@ def _refuse_nested(src: Path, out: Path) -> None:
 def _pack_or_append(
     source: Source, target: PackTarget, options: WriteOptions | None,
     pack_options: dict[str, Any], *, append: bool, skip_existing: bool, overwrite: bool,
-    resume: bool, skip_bad: bool, start: float, **run: Any,
+    resume: bool, skip_bad: bool, start: float, retry_skipped: bool = False, **run: Any,
 ) -> PackSummary:
     """``_pack_source``; with ``append``, into an append's staging folder, then published."""
-    if (skip_existing and not append) or (append and overwrite):
-        raise ValueError("skip_existing goes with append, and append never overwrites: "
-                         f"got append={append}, skip_existing={skip_existing}, "
-                         f"overwrite={overwrite}")
+    if ((skip_existing or retry_skipped) and not append) or (append and overwrite):
+        raise ValueError("skip_existing and retry_skipped go with append, and append never "
+                         f"overwrites: got append={append}, skip_existing={skip_existing}, "
+                         f"retry_skipped={retry_skipped}, overwrite={overwrite}")
     if not append:
         settle_interrupted_append(target, overwrite=overwrite, resume=resume)
-    job = prepare_append(target, source, options, skip_existing=skip_existing) if append else None
+    job = prepare_append(target, source, options, skip_existing=skip_existing,
+                         retry_skipped=retry_skipped) if append else None
     if job is None:
         return _pack_source(source, target, options or WriteOptions(), pack_options,
                             overwrite=overwrite, resume=resume, skip_bad=skip_bad, start=start,
                             **run)
-    if not job.source.samples and job.existing_skipped:  # nothing new: the dataset stays as is
+    if not job.source.samples and (job.existing_skipped or job.left_skipped):  # nothing new
         if not skip_bad:
             _refuse_bad(source)
         return PackSummary(
             out=str(job.out), samples=0, files=0, shards=0, input_bytes=0, output_bytes=0,
             ratio=0.0, seconds=time.perf_counter() - start, files_per_s=0.0, mb_per_s=0.0,
-            hidden_ignored=source.hidden_ignored, skipped=source.bad,
+            hidden_ignored=source.hidden_ignored, skipped=(*source.bad, *job.left_skipped),
             imagefolder=source.is_imagefolder, class_folders=source.class_folders,
             existing_samples=job.base.num_samples,
             existing_skipped=job.existing_skipped)

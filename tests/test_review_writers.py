@@ -12,8 +12,10 @@ import os
 import subprocess
 import sys
 import textwrap
+from collections.abc import Iterator
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 import shardio
@@ -21,6 +23,7 @@ from shardio import journal
 from shardio.errors import DatasetLockedError
 from shardio.manifest import read_manifest
 from shardio.reader import DatasetReader
+from shardio.synth import make_photo
 
 SHARDIO = [sys.executable, "-m", "shardio"]
 
@@ -79,8 +82,11 @@ HOLD = textwrap.dedent("""
 """)
 
 
+Held = tuple[Path, dict[str, bytes], "subprocess.Popen[str]"]
+
+
 @pytest.fixture
-def held(tmp_path: Path):  # type: ignore[no-untyped-def]
+def held(tmp_path: Path) -> Iterator[Held]:
     """A dataset of 40 samples whose write lock another process holds until the test ends."""
     files = make_files(tmp_path / "base", "base", 40)
     out = tmp_path / "ds"
@@ -92,7 +98,7 @@ def held(tmp_path: Path):  # type: ignore[no-untyped-def]
     holder.communicate("", timeout=30)
 
 
-def test_readers_are_not_blocked_by_a_writer(held: tuple) -> None:
+def test_readers_are_not_blocked_by_a_writer(held: Held) -> None:
     out, files, holder = held
     assert stored(out) == collections.Counter(files.items())
     assert shardio.verify(out).ok
@@ -102,7 +108,7 @@ def test_readers_are_not_blocked_by_a_writer(held: tuple) -> None:
 
 
 def test_a_writer_that_cannot_get_the_lock_says_who_holds_it(
-        held: tuple, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+        held: Held, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     out, files, holder = held
     monkeypatch.setattr(journal, "LOCK_WAIT_S", 0.5)
     make_files(tmp_path / "more", "more", 3)
@@ -125,3 +131,56 @@ def test_a_failed_first_pack_leaves_no_folder_and_no_lock(tmp_path: Path) -> Non
         shardio.pack(tmp_path / "src", tmp_path / "ds", num_workers=1)
     assert not (tmp_path / "ds").exists()
 
+
+# item 15: an append packs as the dataset was packed
+
+
+def broken_jpeg(seed: int) -> bytes:
+    return make_photo(np.random.default_rng(seed), 16, 12)[:40]  # the header, no scan
+
+
+@pytest.mark.parametrize("flags", [(), ("--skip-bad",)])
+def test_append_keeps_the_datasets_check_images_and_skip_bad(
+        tmp_path: Path, flags: tuple[str, ...]) -> None:
+    src = tmp_path / "src"
+    rng = np.random.default_rng(0)
+    (src / "cat").mkdir(parents=True)
+    for n in range(4):
+        (src / "cat" / f"ok{n}.jpg").write_bytes(make_photo(rng, 16, 12))
+    (src / "cat" / "broken.jpg").write_bytes(broken_jpeg(1))
+    (src / "cat" / "empty.jpg").write_bytes(b"")
+    out = tmp_path / "ds"
+    first = run_cli("pack", src, out, "--check-images", "--skip-bad", "--num-workers", "1")
+    assert first.returncode == 0, first.stderr
+    skipped_before = read_manifest(out).skipped
+    assert {s.path for s in skipped_before} == {"cat/broken.jpg", "cat/empty.jpg"}
+    for n in range(4, 6):  # two new images in the same folder, appended by re-running on it
+        (src / "cat" / f"ok{n}.jpg").write_bytes(make_photo(rng, 16, 12))
+    again = run_cli("pack", src, out, "--append", "--skip-existing", "--num-workers", "1", *flags)
+    assert again.returncode == 0, again.stderr
+    manifest = read_manifest(out)
+    with DatasetReader(out) as reader:
+        keys = sorted(reader.keys())
+    assert keys == [f"cat/ok{n}.jpg" for n in range(6)]  # broken.jpg is not let in
+    assert manifest.skipped == skipped_before  # once each, as before
+    assert manifest.options["check_images"] is True and manifest.options["skip_bad"] is True
+    assert run_cli("verify", out).returncode == 0
+
+
+def test_append_never_packs_a_file_the_dataset_skipped_unless_asked(tmp_path: Path) -> None:
+    src = tmp_path / "src"
+    files = make_files(src, "a", 3)
+    (src / "a" / "f0009.bin").write_bytes(b"")  # empty: bad input
+    out = tmp_path / "ds"
+    shardio.pack(src, out, num_workers=1, imagefolder=False, skip_bad=True)
+    (src / "a" / "f0009.bin").write_bytes(b"fixed")  # the file is fine now, but was skipped
+    summary = shardio.pack(src, out, append=True, skip_existing=True, num_workers=1)
+    assert summary.samples == 0 and [p for p, _ in summary.skipped] == ["a/f0009.bin"]
+    assert stored(out) == collections.Counter(files.items())
+    assert [s.path for s in read_manifest(out).skipped] == ["a/f0009.bin"]
+    summary = shardio.pack(src, out, append=True, skip_existing=True, num_workers=1,
+                           retry_skipped=True)
+    assert summary.samples == 1 and summary.skipped == ()
+    assert stored(out) == collections.Counter({**files, "a/f0009": b"fixed"}.items())
+    assert read_manifest(out).skipped == ()  # packed now: no longer listed as skipped
+    assert shardio.verify(out).ok
