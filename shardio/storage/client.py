@@ -10,25 +10,36 @@ no clients: the inherited ones are kept referenced and unused, so no finalizer
 closes the parent's connections from the child, and fsspec's IO loop, thread
 and lock are reset. fsspec's instance cache is never used
 (``skip_instance_cache``). Spawned and forkserver children start empty anyway.
-Imports fsspec only inside ``client_for``.
+The credentials a client is made from (``storage_options`` values under
+credential-like names, every header value, the ``AWS_*``-style environment's
+keys, secrets and tokens) are handed to ``retry.add_secrets``, so no message
+that a store's error becomes ever quotes them. Imports fsspec only inside
+``client_for``.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import sys
 import threading
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 from shardio.errors import MissingDependencyError
-from shardio.storage.retry import RetryPolicy
+from shardio.storage.retry import RetryPolicy, add_secrets
 
 HTTP_PROTOCOLS = ("http", "https")
 CONFIG_ENV_PREFIXES = ("AWS_", "GOOGLE_", "AZURE_", "FSSPEC_")
 """Environment variables that configure a client: part of its key, so a changed endpoint or
 profile gets a new client instead of one resolved for the old settings."""
+SECRET_NAME = re.compile(
+    r"key|secret|token|password|passwd|credential|auth|signature|sas|session|cookie|headers|"
+    r"connection_string",
+    re.IGNORECASE)
+"""Names of options and environment variables whose values (everything below them, for a
+mapping such as ``headers``) are secrets; an ``endpoint_url`` or a region is not."""
 S3_PROTOCOLS = ("s3", "s3a")
 POOL_CONNECTIONS = 32
 """Connections an S3 client keeps open at most (a reading process: ranges ahead + tails)."""
@@ -57,6 +68,20 @@ def _forget_clients_after_fork() -> None:
 
 if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_forget_clients_after_fork)
+
+
+def secret_values(value: Any, *, secret: bool = False) -> Iterator[str]:
+    """The strings of ``value`` (options, nested mappings and sequences) that are secrets: those
+    under a name ``SECRET_NAME`` matches, at any depth."""
+    if isinstance(value, str):
+        if secret:
+            yield value
+    elif isinstance(value, Mapping):
+        for name, item in value.items():
+            yield from secret_values(item, secret=secret or bool(SECRET_NAME.search(str(name))))
+    elif isinstance(value, (list, tuple)):  # aiohttp.BasicAuth is a tuple
+        for item in value:
+            yield from secret_values(item, secret=secret)
 
 
 def missing_dependency(exc: ImportError, protocol: str) -> MissingDependencyError:
@@ -121,5 +146,7 @@ def client_for(protocol: str, options: Mapping[str, Any], policy: RetryPolicy) -
     with _clients_lock:
         entry = _clients.get(key)
         if entry is None:
+            add_secrets(secret_values(options))
+            add_secrets(secret_values(dict(env)))
             entry = _clients[key] = (options, _new_client(protocol, options, policy))
         return entry[1]

@@ -15,7 +15,8 @@ grants a read to whoever holds it), which ``retry`` classifies as for any HTTP
 store. Where a URL cannot be presigned or is refused as signed (no credentials
 resolved, server-side encryption with a customer key, whose headers
 a URL cannot carry, a bucket in another region than the client's: botocore's own
-calls follow S3's redirect there), ``CannotPresign`` sends the caller to
+calls follow S3's redirect there; a presigned GET follows no redirect),
+``CannotPresign`` sends the caller to
 ``get_object``, for this filesystem from then on. Imports aiohttp only when called.
 """
 
@@ -26,6 +27,8 @@ import time
 import weakref
 from collections.abc import Callable
 from typing import Any
+
+from shardio.storage.retry import describe
 
 PRESIGN_SECONDS = 3600
 """Lifetime asked for a presigned URL; it is renewed after half of it."""
@@ -97,7 +100,7 @@ async def _url(fs: Any, state: _Presigned, bucket: str, key: str, version: str |
         url: str = await s3.generate_presigned_url("get_object", Params=params,
                                                    ExpiresIn=PRESIGN_SECONDS)
     except Exception as exc:  # no credentials, say: get_object raises what it means
-        raise CannotPresign(f"{bucket}/{key}: {exc!r}") from exc
+        raise CannotPresign(f"{bucket}/{key}: {describe(exc)}") from exc
     state.urls[(bucket, key, version)] = (url, now + PRESIGN_SECONDS / 2)
     return url
 
@@ -134,10 +137,12 @@ async def stream(fs: Any, path: str, start: int, stop: int, deliver: Callable[[b
     headers = {"Range": f"bytes={start}-{stop - 1}", "Accept-Encoding": "identity"}
     for attempt in range(2):
         url = await _url(fs, state, bucket, key, version, renew=attempt > 0)
-        async with session.get(url, headers=headers) as resp:
+        # redirects are not followed: S3 redirects to another region's endpoint, where the
+        # signature does not hold, and aiohttp's error for a redirect loop quotes the URL
+        async with session.get(url, headers=headers, allow_redirects=False) as resp:
             if resp.status == 403 and attempt == 0:
                 continue  # expired, or credentials rotated since it was signed: sign again
-            if resp.status in (301, 307, 400):  # another region's endpoint, or not S3's auth
+            if 300 <= resp.status < 400 or resp.status == 400:  # not S3's auth, or its region
                 state.refused = True
                 raise CannotPresign(f"{path}: a presigned GET was answered {resp.status}")
             if resp.status == 404:

@@ -8,19 +8,32 @@ many workers hitting a throttled bucket spread out instead of retrying in
 lockstep. Anything else (missing object, access denied, a bad request) fails
 at once. Classification is by exception type *name*, status and error code
 along the cause chain, so this module imports neither botocore nor aiohttp.
-Imports only ``errors``.
+
+``retry_call`` is also where a store's errors leave the libraries that raised
+them, so it is where their secrets are dropped: aiohttp's ``repr`` carries every
+request header (``Authorization`` included), a presigned URL's query string is
+a read grant, and other libraries' texts may quote a credential. What escapes
+``retry_call`` (its ``StorageError``, or the error it did not retry) is a fresh
+exception of the same kind, built by ``describe`` from the type, status and
+reason of the original, with URL query strings, user info and every secret
+``add_secrets`` was told of (``client_for`` tells it those of ``storage_options``
+and the environment) cut out, and raised with no chain to the original, whose
+text a traceback would print. Imports only ``errors``.
 """
 
 from __future__ import annotations
 
 import asyncio
+import errno
 import random
+import re
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import TypeVar
 
-from shardio.errors import StorageError
+from shardio.errors import ShardioError, StorageError
 
 T = TypeVar("T")
 
@@ -46,6 +59,78 @@ TRANSIENT_CODES = frozenset({
 
 class IncompleteBodyError(ConnectionError):
     """A response ended before the requested range did; the rest is requested again."""
+
+
+class StoreCallError(OSError):
+    """A store call's failure as a message may show it: the original's type, status and
+    reason, never its headers, query strings or secrets (``describe``)."""
+
+    def __init__(self, message: str, status: int | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+
+    def __repr__(self) -> str:
+        return str(self)  # callers format it with !r, as they would the original
+
+
+REDACTED = "[redacted]"
+MIN_SECRET_CHARS = 6
+"""Shorter values are not cut out of messages (they would cut common words), and are not
+secrets anyway."""
+_URL_SECRETS = re.compile(r"(?P<scheme>[A-Za-z][A-Za-z0-9+.\-]*://)(?:[^/\s@'\"<>]*@)?"
+                          r"(?P<rest>[^\s?#'\"<>]*)(?:[?#][^\s'\"<>]*)?")
+"""A URL, its user info (``user:password@``) and its query string or fragment (a presigned
+URL's signature and access key id)."""
+_secrets: set[str] = set()
+_secrets_lock = threading.Lock()
+
+
+def add_secrets(values: Iterable[str]) -> None:
+    """Have every message ``redact`` cleans from now on cut out ``values`` (credentials,
+    header values) wherever they occur."""
+    with _secrets_lock:
+        _secrets.update(v for v in values if len(v) >= MIN_SECRET_CHARS)
+
+
+def redact(text: str) -> str:
+    """``text`` without URL user info, query strings and fragments, and without the values
+    ``add_secrets`` was given."""
+    text = _URL_SECRETS.sub(lambda m: m["scheme"] + m["rest"], text)
+    with _secrets_lock:
+        secrets = sorted(_secrets, key=len, reverse=True)  # a secret within another: the longer
+    for secret in secrets:
+        if secret in text:
+            text = text.replace(secret, REDACTED)
+    return text
+
+
+def describe(exc: BaseException) -> str:
+    """``exc`` as a message may show it: its type and its HTTP status and reason, or its text
+    cleaned by ``redact``.
+
+    An HTTP response error is told by its status and reason alone: aiohttp's ``repr`` holds
+    every request header and its text the URL, which may be presigned.
+    """
+    if getattr(exc, "request_info", None) is not None:
+        status, reason = getattr(exc, "status", 0), getattr(exc, "message", "")
+        said = f"HTTP {status} {reason}" if isinstance(status, int) and status > 0 else reason
+        return redact(f"{type(exc).__name__}: {said}".rstrip(": "))
+    text = str(exc)
+    return redact(f"{type(exc).__name__}: {text}" if text else type(exc).__name__)
+
+
+def _clean(exc: Exception) -> Exception:
+    """What ``retry_call`` raises for ``exc``, which it does not retry: shardio's own errors
+    and ImportError as they are; anything else as a fresh exception of the same kind
+    (not found, access denied, or ``StoreCallError``) whose text is ``describe(exc)``."""
+    if isinstance(exc, (ShardioError, ImportError)):
+        return exc
+    if isinstance(exc, FileNotFoundError):
+        return FileNotFoundError(errno.ENOENT, describe(exc))
+    if isinstance(exc, PermissionError):
+        return PermissionError(errno.EACCES, describe(exc))
+    status, _code = _status_and_code(exc)
+    return StoreCallError(describe(exc), status)
 
 
 @dataclass(frozen=True)
@@ -131,7 +216,9 @@ def retry_call(
     progress: Callable[[], int] | None = None,
     sleep: Callable[[float], object] = time.sleep,
 ) -> T:
-    """``call()``, retried on transient errors with backoff; other errors pass through.
+    """``call()``, retried on transient errors with backoff; other errors are raised as their
+    secret-free copies (``FileNotFoundError``, ``PermissionError``, ``StoreCallError``; shardio's
+    own errors and ``ImportError`` as they are).
 
     Args:
         call: the request; it may keep progress between attempts (a resumed range).
@@ -144,27 +231,34 @@ def retry_call(
 
     Raises:
         StorageError: ``max_attempts`` attempts in a row failed transiently without
-            progress; the message names ``what`` and the last error.
+            progress; the message names ``what`` and the last error (``describe``).
     """
     failures = 0
     while True:
         if stats is not None:
             stats.requests += 1
         before = progress() if progress is not None else 0
+        failure: Exception | None = None
         try:
             return call()
         except Exception as exc:
             if not is_transient(exc):
-                raise
-            moved = progress is not None and progress() > before
-            failures = 0 if moved else failures + 1
-            if failures >= policy.max_attempts:
-                raise StorageError(
-                    f"{what}: failed {policy.max_attempts} times in a row, last with {exc!r}; "
-                    "the store is unreachable, overloaded or cutting connections: check the "
-                    "endpoint and the network, or retry later (retry policy: max_attempts)",
-                    path=what,
-                ) from exc
-            if stats is not None:
-                stats.retries += 1
-            sleep(policy.delay_s(max(failures - 1, 0)))
+                failure = _clean(exc)
+            else:
+                moved = progress is not None and progress() > before
+                failures = 0 if moved else failures + 1
+                if failures >= policy.max_attempts:
+                    failure = StorageError(
+                        f"{redact(what)}: failed {policy.max_attempts} times in a row, last "
+                        f"with {describe(exc)}; the store is unreachable, overloaded or "
+                        "cutting connections: check the endpoint and the network, or retry "
+                        "later (retry policy: max_attempts)",
+                        path=redact(what),
+                    )
+        if failure is not None:
+            # raised here, outside the handler, so that it has no __context__: the original's
+            # text (request headers, a signed URL), which a traceback prints, stays behind
+            raise failure
+        if stats is not None:
+            stats.retries += 1
+        sleep(policy.delay_s(max(failures - 1, 0)))
