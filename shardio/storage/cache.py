@@ -377,42 +377,51 @@ class RangeCache:
         except FileNotFoundError:
             return None
         try:
-            if not self._lock_shared(fd):
-                os.close(fd)  # an evictor or committer stopped in the act: download it
-                return None
-            st = os.fstat(fd)
-            try:
-                current = os.stat(path)
-            except FileNotFoundError:
-                current = None
-            if current is None or (current.st_ino, current.st_dev) != (st.st_ino, st.st_dev):
-                os.close(fd)  # evicted between open and lock
-                return None
-            if st.st_size != stop - start:  # a crash between write and rename on some fs
-                os.close(fd)
-                self._budget.discard(key)
-                return None
-            identity = (st.st_dev, st.st_ino)
-            if check is not None and identity not in self._checked:
-                try:
-                    self._check(fd, stop - start, check)
-                except ShardCorruptError as exc:
-                    os.close(fd)
-                    self._budget.discard(key)
-                    self.stats.discarded += 1
-                    raise _DamagedCopy(path, exc) from exc
-                if len(self._checked) >= MAX_CHECKED:
-                    self._checked.clear()
-                self._checked.add(identity)
-            now = time.time_ns()  # last use, for LRU; the fine clock, not the fs's coarse one
-            os.utime(fd, ns=(now, now))
-        except _DamagedCopy:
-            raise
+            verdict = self._inspect(fd, path, stop - start, check)
         except BaseException:
             os.close(fd)
             raise
+        if verdict != "ok":
+            os.close(fd)
+            if verdict == "gone":  # evicted between open and lock, or its lock never came
+                return None
+            self._budget.discard(key)
+            if verdict == "short":  # a crash between write and rename on some fs
+                return None
+            assert isinstance(verdict, ShardCorruptError)
+            self.stats.discarded += 1
+            raise _DamagedCopy(path, verdict) from verdict
         self._add_held(stop - start)
         return CachedRange(fd, path, name=name, start=start, stop=stop, release=self._release)
+
+    def _inspect(self, fd: int, path: Path, num_bytes: int,
+                 check: RangeCheck | None) -> str | ShardCorruptError:
+        """Lock the range file open as ``fd`` shared and judge it: ``ok`` (its last use is
+        now), ``gone`` (evicted, or an evictor stopped in the act), ``short``, or the
+        error of ``check`` (run once per process and file)."""
+        if not self._lock_shared(fd):
+            return "gone"
+        st = os.fstat(fd)
+        try:
+            current = os.stat(path)
+        except FileNotFoundError:
+            return "gone"
+        if (current.st_ino, current.st_dev) != (st.st_ino, st.st_dev):
+            return "gone"
+        if st.st_size != num_bytes:
+            return "short"
+        identity = (st.st_dev, st.st_ino)
+        if check is not None and identity not in self._checked:
+            try:
+                self._check(fd, num_bytes, check)
+            except ShardCorruptError as exc:
+                return exc
+            if len(self._checked) >= MAX_CHECKED:
+                self._checked.clear()
+            self._checked.add(identity)
+        now = time.time_ns()  # last use, for LRU; the fine clock, not the fs's coarse one
+        os.utime(fd, ns=(now, now))
+        return "ok"
 
     def _lock_shared(self, fd: int) -> bool:
         """Take a range file's shared lock, waiting while an evictor (or the committing
