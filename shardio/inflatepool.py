@@ -55,6 +55,12 @@ def give_back(buffers: Sequence[io.BytesIO]) -> None:
         return
     with _lock:
         _idle.extend(buffers)
+        # the garbage collector finalizes (closes) the buffers of a window dropped in a
+        # reference cycle, such as an exception's traceback, in any order with the
+        # generator whose ``finally`` gives them back: a closed one is no use again
+        live = [buffer for buffer in _idle if not buffer.closed]
+        _idle.clear()
+        _idle.extend(live)
         held = sum(buffer.seek(0, io.SEEK_END) for buffer in _idle)
         while len(_idle) > MAX_IDLE or held > MAX_IDLE_BYTES:
             held -= _idle.popleft().seek(0, io.SEEK_END)
@@ -65,6 +71,8 @@ def _take() -> io.BytesIO:
     with _lock:
         for _ in range(len(_idle)):
             buffer = _idle.popleft()
+            if buffer.closed:  # finalized after it was given back (see give_back)
+                continue
             try:
                 buffer.write(b"")  # refused while a view of it is alive
             except BufferError:
