@@ -175,6 +175,8 @@ def pack(
         exclude: leave out files whose relative path matches one of these globs.
         follow_symlinks: pack what symbolic links point to (otherwise they are bad input).
         check_images: decode every image with Pillow; those that fail are bad input.
+            Without it, each JPEG, PNG and WebP is still checked complete (header and
+            end marker, no decode: ``shardio.shardbuild.image_problem``).
             ``None``: as the dataset was packed with ``append``, else off.
         skip_bad: leave bad inputs out (listed in the summary and manifest) instead of
             failing. ``None``: as the dataset was packed with ``append``, else off.

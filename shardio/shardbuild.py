@@ -50,6 +50,7 @@ class ShardJob:
     codec: str
     level: int
     check_images: bool
+    """Decode every image with Pillow; without it, images are checked complete only."""
     skip_bad: bool
     labelled: bool
     """ImageFolder samples: fields ``image`` and ``label`` instead of the file fields."""
@@ -119,10 +120,83 @@ def _read_rest(fd: int) -> bytes:
 
 
 _ADDRESS: Final = re.compile(r" object at 0x[0-9a-fA-F]+")
+_PNG: Final = b"\x89PNG\r\n\x1a\n"
+_JPEG_STANDALONE: Final = frozenset({0x01, *range(0xD0, 0xD8)})
+"""JPEG markers without a length field: TEM and RST0-7."""
+_CUT: Final = "is cut short (a partial download or copy?): "
+
+
+def is_image_field(name: str) -> bool:
+    """Whether field ``name`` holds an image: ``image``, or named by an image extension."""
+    return name == "image" or f".{name}".lower().endswith(IMG_EXTENSIONS)
+
+
+def image_problem(data: bytes | memoryview, *, decode: bool = False) -> str | None:
+    """Why image ``data`` is bad, or ``None``; what is said reads after the file's name.
+
+    Without ``decode``, only what costs no decode: a JPEG's segment headers up to its
+    image data and its end marker (FFD9) after them (image data cannot hold FFD9, and
+    trailing bytes after it are allowed, as decoders allow them); a PNG's chunk chain up
+    to IEND; a WebP's RIFF size. Other formats pass. With ``decode``, Pillow decodes it.
+    """
+    data = bytes(data)
+    if data[:2] == b"\xff\xd8":
+        problem = _jpeg_problem(data)
+    elif data[:8] == _PNG:
+        problem = _png_problem(data)
+    elif data[:4] == b"RIFF" and data[8:12] == b"WEBP":
+        size = int.from_bytes(data[4:8], "little") + 8
+        problem = None if len(data) >= size else (
+            f"{_CUT}its WebP header says {size} bytes, and it has {len(data)}")
+    else:
+        problem = None
+    return problem if problem is not None or not decode else _decode_error(data)
+
+
+def _jpeg_problem(data: bytes) -> str | None:
+    pos, end = 2, len(data)
+    cut = f"{_CUT}its JPEG header ends at byte {end}, before any image data"
+    while True:  # segments up to the first scan (SOS): each FF xx, most with a length
+        if pos >= end:
+            return cut
+        if data[pos] != 0xFF:
+            return f"is not a JPEG: no segment marker at byte {pos} of its header"
+        while pos < end and data[pos] == 0xFF:  # fill bytes may precede a marker
+            pos += 1
+        if pos >= end:
+            continue
+        marker = data[pos]
+        pos += 1
+        if marker in _JPEG_STANDALONE:
+            continue
+        if marker == 0xD9:
+            return "is not a complete JPEG: its end marker comes before any image data"
+        if pos + 2 > end:
+            return cut
+        length = int.from_bytes(data[pos:pos + 2], "big")
+        if length < 2:
+            return f"is not a JPEG: a segment at byte {pos - 2} has length {length}"
+        pos += length
+        if marker == 0xDA:
+            break
+    if data.rfind(b"\xff\xd9", min(pos, end)) < 0:
+        return f"{_CUT}its JPEG image data has no end marker (FFD9)"
+    return None
+
+
+def _png_problem(data: bytes) -> str | None:
+    if len(data) >= 16 and data[12:16] != b"IHDR":
+        return "is not a PNG: its first chunk is not IHDR"
+    pos, end = 8, len(data)
+    while pos + 8 <= end:  # chunks: length, type, data, CRC
+        if data[pos + 4:pos + 8] == b"IEND":
+            return None
+        pos += 12 + int.from_bytes(data[pos:pos + 4], "big")
+    return f"{_CUT}its PNG chunks end at byte {end} without the IEND chunk"
 
 
 def _decode_error(data: bytes) -> str | None:
-    from PIL import Image  # only --check-images needs Pillow here
+    from PIL import Image  # only a full check (--check-images, verify --images) needs Pillow
 
     try:
         with Image.open(io.BytesIO(data)) as image:
@@ -164,8 +238,8 @@ def frame_sample(
             return None, i, f"cannot be read ({exc.strerror or exc})"
         if len(data) != size:
             return None, i, f"changed while packing ({size} bytes when scanned, {len(data)} read)"
-        if check_images and (name == "image" or f".{name}".lower().endswith(IMG_EXTENSIONS)):
-            reason = _decode_error(data)
+        if is_image_field(name):  # always what costs nothing; a decode when asked
+            reason = image_problem(data, decode=check_images)
             if reason is not None:
                 return None, i, reason
         values[name] = data

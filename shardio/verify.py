@@ -5,7 +5,8 @@ a damaged dataset yields one ``VerifyFault`` per problem (the manifest, a
 missing or resized shard, a file checksum, a damaged header, index, key
 block or footer, each bad record, and each record that disagrees with its
 key block or the manifest: its key, fields the manifest does not list, a
-labelled record that is not ``{image, label}``, a key used twice) instead of
+labelled record that is not ``{image, label}``, a key used twice, an image
+that is cut short, or with ``images`` one that does not decode) instead of
 stopping at the first. Parsing stays where it lives: shards are opened through
 ``shardio.reader.DatasetReader`` and records checked by
 ``shardio.record.decode_record``. Torch-free; nothing above the reader is imported.
@@ -35,6 +36,7 @@ from shardio.manifest import (
 )
 from shardio.reader import DatasetReader
 from shardio.record import INDEX_FIELD, KEY_FIELD
+from shardio.shardbuild import image_problem, is_image_field
 from shardio.storage.options import RemoteOptions
 
 
@@ -49,6 +51,8 @@ class VerifyFault:
     offset: int | None
     """Byte offset in the shard file, when known."""
     message: str
+    key: str | None = None
+    """The sample's key, when one record is at fault and its key is known."""
 
 
 @dataclass(frozen=True)
@@ -64,6 +68,8 @@ class VerifyReport:
     faults: tuple[VerifyFault, ...]
     quick: bool = False
     seconds: float = 0.0
+    images: bool = False
+    """Every image was decoded (``verify(images=True)``), not only checked complete."""
 
     def to_json(self) -> dict[str, Any]:
         """The report as a JSON-ready dict (``shardio verify --json``)."""
@@ -71,8 +77,8 @@ class VerifyReport:
 
 
 def verify(
-    path: str | os.PathLike[str], *, quick: bool = False, progress: bool = False,
-    remote: RemoteOptions | None = None,
+    path: str | os.PathLike[str], *, quick: bool = False, images: bool = False,
+    progress: bool = False, remote: RemoteOptions | None = None,
 ) -> VerifyReport:
     """Check the dataset at ``path``: manifest, shard sizes, file checksums and every record.
 
@@ -85,6 +91,9 @@ def verify(
         path: dataset folder (or its manifest.json), or its URL.
         quick: check the manifest, shard sizes and whole-file checksums only,
             without reading records.
+        images: decode every image with Pillow (slow). Without it, each image is
+            checked complete only, as ``shardio pack`` does (its header and end
+            marker: ``shardio.shardbuild.image_problem``).
         progress: show a progress bar on stderr.
         remote: how a URL is reached and cached (``RemoteOptions``).
 
@@ -125,7 +134,8 @@ def verify(
             if quick or (file_faults and (not hashed or manifest.backend == "lmdb")):
                 reader.close_shard(number)  # a remote shard's cached copy: let it go
                 continue
-            checked, record_faults = _record_faults(reader, number, manifest, bar, seen)
+            checked, record_faults = _record_faults(reader, number, manifest, bar, seen,
+                                                    images)
             num_records += checked
             faults.extend(record_faults)
             reader.close_shard(number)
@@ -139,6 +149,7 @@ def verify(
         faults=tuple(faults),
         quick=quick,
         seconds=time.perf_counter() - start,
+        images=images and not quick,
     )
 
 
@@ -260,8 +271,20 @@ def _sample_fault(sample: dict[str, Any], manifest: Manifest, seen: _SeenKeys) -
     return None
 
 
+def _image_fault(sample: dict[str, Any], decode: bool) -> str | None:
+    """What is wrong with the first bad image field of a record, or ``None``."""
+    for name, value in sample.items():
+        if isinstance(value, (bytes, memoryview)) and is_image_field(name):
+            problem = image_problem(value, decode=decode)
+            if problem is not None:
+                return (f"field {name!r} {problem}; it was packed so: replace the file and "
+                        "re-pack (or pack with --skip-bad to leave it out)")
+    return None
+
+
 def _record_faults(
-    reader: DatasetReader, number: int, manifest: Manifest, bar: tqdm[Any], seen: _SeenKeys
+    reader: DatasetReader, number: int, manifest: Manifest, bar: tqdm[Any], seen: _SeenKeys,
+    images: bool,
 ) -> tuple[int, list[VerifyFault]]:
     """Read every record of shard ``number``; returns ``(records read, faults)``."""
     info = manifest.shards[number]
@@ -299,10 +322,15 @@ def _record_faults(
         if why is None and manifest.codec == "none" and FRAME.unpack_from(framed)[2] != CODEC_NONE:
             why = "is stored compressed although the manifest's codec is 'none'"
         if why is not None:
+            why += "; re-pack the dataset"
+        else:
+            why = _image_fault(sample, images)
+        if why is not None:
+            key = sample.get(KEY_FIELD)
             faults.append(VerifyFault(info.name, record, shard.offset(record),
                                       f"{shard.path}: record {record} at byte "
-                                      f"{shard.offset(record)} (key {sample.get(KEY_FIELD)!r}) "
-                                      f"{why}; re-pack the dataset"))
+                                      f"{shard.offset(record)} (key {key!r}) {why}",
+                                      key if isinstance(key, str) else None))
     if checked != info.num_samples:
         faults.append(VerifyFault(info.name, None, None,
                                   f"{shard.path}: read {checked} records but the manifest says "

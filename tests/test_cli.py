@@ -109,7 +109,8 @@ def test_readme_generic_example_packs_every_field(tmp_path: Path) -> None:
     """README, Pack: ``a/b/x.jpg + a/b/x.json -> key a/b/x`` (it used to fail as an ImageFolder)."""
     src = tmp_path / "anything"
     (src / "a" / "b").mkdir(parents=True)
-    (src / "a" / "b" / "x.jpg").write_bytes(b"\xff\xd8\xff fake jpeg")
+    # fake, but whole in form (start, a scan, end marker): pack decodes nothing by default
+    (src / "a" / "b" / "x.jpg").write_bytes(b"\xff\xd8\xff\xda\x00\x02 fake jpeg \xff\xd9")
     (src / "a" / "b" / "x.json").write_bytes(b'{"caption": "a cat"}')
     out = tmp_path / "out" / "any"
     code, text, err, _raw = invoke("pack", str(src), str(out), "--num-workers", "1")

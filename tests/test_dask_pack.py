@@ -231,7 +231,8 @@ def _bad_tree(root: Path) -> Path:
         for i in range(8):
             (root / cls / f"{i}.jpg").parent.mkdir(parents=True, exist_ok=True)
             (root / cls / f"{i}.jpg").write_bytes(make_photo(rng, 24, 16))
-    (root / "dog" / "5.jpg").write_bytes(b"\xff\xd8\xff not really a JPEG")
+    # whole in form (start, a scan, end marker): only a decode (check_images) finds it
+    (root / "dog" / "5.jpg").write_bytes(b"\xff\xd8\xff\xda\x00\x02 not really a JPEG \xff\xd9")
     return root
 
 

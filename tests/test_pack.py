@@ -163,7 +163,8 @@ def test_pack_options_land_in_the_manifest(imagefolder: Path, tmp_path: Path) ->
 
 def _bad_jpeg(path: Path) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_bytes(b"\xff\xd8\xff\xe0 this is not really a JPEG")
+    # whole in form (start, a scan, the end marker), so only a decode (check_images) finds it
+    path.write_bytes(b"\xff\xd8\xff\xda\x00\x02 this is not really a JPEG \xff\xd9")
 
 
 def test_bad_input_fails_naming_the_file_and_the_fix(imagefolder: Path, tmp_path: Path) -> None:
@@ -184,7 +185,7 @@ def test_bad_input_fails_naming_the_file_and_the_fix(imagefolder: Path, tmp_path
 def test_imagefolder_errors_offer_no_imagefolder_beside_skip_bad(tmp_path: Path) -> None:
     src = tmp_path / "src"
     (src / "cat").mkdir(parents=True)
-    (src / "cat" / "1.jpg").write_bytes(b"\xff\xd8\xff one")
+    _bad_jpeg(src / "cat" / "1.jpg")
     (src / "cat" / "labels.csv").write_bytes(b"1,cat")
     with pytest.raises(BadInputError) as info:
         pack(src, tmp_path / "out", num_workers=1)

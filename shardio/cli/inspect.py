@@ -171,7 +171,8 @@ def ls(dataset: Path | str, limit: int | None, as_json: bool, remote: RemoteOpti
     """List the samples of DATASET: stored size, label and key.
 
     Samples are listed in stored (shuffled) order; sizes are bytes as stored.
-    Labels are read without checking the images: `shardio verify` does that.
+    Labels are read without checking the images: `shardio verify` checks that each
+    image is complete, `shardio verify --images` decodes each one.
     """
     with dataset_errors():
         if as_json:

@@ -84,8 +84,9 @@ def format_summary(summary: PackSummary) -> str:
                    "DatasetFolder does for any file type: fields per file as in a generic "
                    "folder, plus `label` (the folder's index among SRC's sorted folders).")
 @click.option("--check-images/--no-check-images", default=None,
-              help="Decode every image with Pillow first [default: no; with --append, as the "
-                   "dataset was packed].")
+              help="Decode every image with Pillow (slow) [default: no; with --append, as the "
+                   "dataset was packed]. Either way each JPEG, PNG and WebP is checked "
+                   "complete (header and end marker or size), which costs no decode.")
 @click.option("--skip-bad/--no-skip-bad", default=None,
               help="Leave out bad inputs (listed in the summary and manifest) instead of failing "
                    "[default: no; with --append, as the dataset was packed].")

@@ -19,7 +19,9 @@ from shardio.verify import VerifyReport, verify
 
 
 def _describe(report: VerifyReport, dataset: Path | str) -> str:
-    checked = "shard checksums" if report.quick else f"{report.num_records:,} records"
+    checked = "shard checksums" if report.quick else (
+        f"{report.num_records:,} records, images " + ("decoded" if report.images else
+                                                       "complete"))
     where = f"{dataset}: {report.num_shards} shard(s), {checked}, {format_size(report.num_bytes)}"
     if report.ok:
         return f"{where} checked in {report.seconds:.2f} s: OK"
@@ -30,18 +32,27 @@ def _describe(report: VerifyReport, dataset: Path | str) -> str:
 @click.argument("dataset", type=DATASET)
 @click.option("--quick", is_flag=True,
               help="Check the manifest, shard sizes and shard checksums only; read no records.")
+@click.option("--images", is_flag=True,
+              help="Also decode every image with Pillow (slow); a fault names the shard, "
+                   "record and key of each image that fails.")
 @click.option("--json", "as_json", is_flag=True,
               help="Print the report as one JSON object (ok, counts, faults), nothing else.")
 @remote_options
-def verify_command(dataset: Path | str, quick: bool, as_json: bool, remote: RemoteOptions) -> None:
+def verify_command(dataset: Path | str, quick: bool, images: bool, as_json: bool,
+                   remote: RemoteOptions) -> None:
     """Check every shard and record of DATASET.
 
-    Exits with status 1 and one line per fault (naming the shard file and the
-    record) when anything is wrong, 0 when the dataset is clean; the same
-    with --json, whose report lists the faults.
+    Checks the manifest, each shard's size and checksum, each record's checksum,
+    framing, key and fields, and that each image is complete (its header parses
+    and its end marker is there, as `shardio pack` checks); --images decodes each
+    image as well. Exits with status 1 and one line per fault (naming the shard
+    file, the record and its key) when anything is wrong, 0 when the dataset is
+    clean; the same with --json, whose report lists the faults.
     """
-    report = verify(dataset, quick=quick, progress=not as_json and sys.stderr.isatty(),
-                    remote=remote)
+    if quick and images:
+        raise click.UsageError("--quick reads no records, so no images: pass one of the two")
+    report = verify(dataset, quick=quick, images=images,
+                    progress=not as_json and sys.stderr.isatty(), remote=remote)
     if as_json:
         click.echo(json.dumps(report.to_json(), indent=1, ensure_ascii=False))
     elif not report.ok and report.num_shards == 0:  # nothing checked: no manifest to go by
