@@ -33,7 +33,7 @@ def _stdout_is_terminal() -> bool:
               help="How many samples to draw.")
 @click.option("--class", "class_name", default=None,
               help="Only samples of this class (ImageFolder packs).")
-@click.option("--seed", type=int, default=0, show_default=True,
+@click.option("--seed", type=click.IntRange(min=0), default=0, show_default=True,
               help="Another seed draws another random selection.")
 @remote_options
 def preview_command(dataset: Path | str, output: Path | None, num_samples: int,
