@@ -27,8 +27,10 @@ import torch
 from torch.utils.data import default_collate, get_worker_info
 
 from shardio import pinned
+from shardio.badimage import SkippedImages
 from shardio.crop import Cropper, PendingCrop
 from shardio.decode import PendingImage, decode_array, decode_image, open_image
+from shardio.errors import DecodeError
 from shardio.fields import FieldDecoder, Fields, as_fields, to_bytes
 from shardio.manifest import Manifest
 from shardio.record import INDEX_FIELD, KEY_FIELD
@@ -177,16 +179,28 @@ def pixel_bytes(pending: Sequence[PendingImage | PendingCrop]) -> int:
 
 def decode_views(
     pending: Sequence[PendingImage | PendingCrop], flat: torch.Tensor,
+    on_error: Callable[[int], object] | None = None,
 ) -> list[torch.Tensor]:
     """Decode ``pending`` one after another into ``flat`` (uint8, ``pixel_bytes`` long),
-    HWC as the decoders write; their ``(3, H, W)`` views."""
+    HWC as the decoders write; their ``(3, H, W)`` views.
+
+    ``on_error``: called with the position of an image that raises ``DecodeError``,
+    which then has no view (the next image takes its place in ``flat``); without it
+    the error propagates.
+    """
     flat_np = flat.numpy()
     views: list[torch.Tensor] = []
     at = 0
-    for image in pending:
+    for i, image in enumerate(pending):
         h, w, c = image.shape
         size = h * w * c
-        image.decode_into(flat_np[at : at + size].reshape(image.shape))
+        try:
+            image.decode_into(flat_np[at : at + size].reshape(image.shape))
+        except DecodeError:
+            if on_error is None:
+                raise
+            on_error(i)
+            continue
         views.append(flat[at : at + size].view(image.shape).permute(2, 0, 1))
         at += size
     return views
@@ -222,12 +236,15 @@ class ImageBatchDecoder:
     ``(B, 3, H, W)`` tensor in ``torch.channels_last`` memory format when all
     images have one size, else a list of ``(3, H, W)`` views of the buffer
     (``.contiguous()`` gives the NCHW order). The pixels are those of
-    ``decode_tensor``; labels as ``collate_tensor`` makes them.
+    ``decode_tensor``; labels as ``collate_tensor`` makes them. With ``skipped``
+    (``on_bad_image="skip"``) a sample whose image does not decode is left out of the
+    batch and counted there; a batch left with none is None.
     """
 
     def __init__(
         self, *, draft_size: tuple[int, int] | None = None, image: str = "image",
         label: str = "label", pin_memory: bool = False, cropper: Cropper | None = None,
+        skipped: SkippedImages | None = None,
     ) -> None:
         self.draft_size = draft_size
         self.cropper = cropper
@@ -236,29 +253,51 @@ class ImageBatchDecoder:
         self.label = label
         self.pin_memory = pin_memory
         """Decode into pinned memory outside workers (``batch_buffer``): the loader pins."""
+        self.skipped = skipped
 
-    def __call__(
-        self, samples: Sequence[dict[str, Any]]
-    ) -> tuple[torch.Tensor | list[torch.Tensor], torch.Tensor]:
+    def __call__(self, samples: Sequence[dict[str, Any]]) -> Any:
         if not samples:
             raise ValueError("ImageBatchDecoder got an empty batch")
-        cropper = self.cropper
-        pending: list[PendingImage | PendingCrop] = [
-            open_image(s[self.image], draft_size=self.draft_size, key=s.get(KEY_FIELD))
-            for s in samples
-        ] if cropper is None else [
-            cropper.open(s[self.image], s[INDEX_FIELD], s.get(KEY_FIELD)) for s in samples]
+        kept: list[dict[str, Any]] = []
+        pending: list[PendingImage | PendingCrop] = []
+        for sample in samples:  # every header before the buffer: a bomb never allocates
+            try:
+                pending.append(self._open(sample))
+            except DecodeError:
+                if self.skipped is None:
+                    raise
+                self.skipped.record(sample.get(KEY_FIELD))
+                continue
+            kept.append(sample)
+        if not pending:
+            return None
         flat = batch_buffer(pixel_bytes(pending), pin=self.pin_memory)
-        views = decode_views(pending, flat)
-        labels = [s[self.label] for s in samples]
+        failed: list[int] = []
+        views = decode_views(pending, flat, None if self.skipped is None else failed.append)
+        if failed:
+            assert self.skipped is not None
+            for i in failed:
+                self.skipped.record(kept[i].get(KEY_FIELD))
+            kept = [s for i, s in enumerate(kept) if i not in failed]
+            pending = [p for i, p in enumerate(pending) if i not in failed]
+            if not pending:
+                return None
+        labels = [s[self.label] for s in kept]
         label_batch = (
             torch.tensor(labels, dtype=torch.int64) if all(type(x) is int for x in labels)
             else default_collate(labels)
         )
         first = pending[0].shape
         if all(p.shape == first for p in pending):
-            return flat.view(len(samples), *first).permute(0, 3, 1, 2), label_batch
+            used = len(pending) * first[0] * first[1] * first[2]
+            return flat[:used].view(len(pending), *first).permute(0, 3, 1, 2), label_batch
         return views, label_batch
+
+    def _open(self, sample: dict[str, Any]) -> PendingImage | PendingCrop:
+        if self.cropper is None:
+            return open_image(sample[self.image], draft_size=self.draft_size,
+                              key=sample.get(KEY_FIELD))
+        return self.cropper.open(sample[self.image], sample[INDEX_FIELD], sample.get(KEY_FIELD))
 
 
 def _pil(data: bytes | memoryview, *, draft_size: tuple[int, int] | None) -> Any:

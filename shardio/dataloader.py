@@ -105,7 +105,7 @@ def _batch_decoder(
     from shardio.collate import ImageBatchDecoder
 
     return ImageBatchDecoder(draft_size=decoder.draft_size, pin_memory=pin,
-                             cropper=decoder.cropper)
+                             cropper=decoder.cropper, skipped=dataset._skipped)
 
 
 class ShardLoader:
@@ -168,6 +168,8 @@ class ShardLoader:
         self._view = dataset.batched(batch_size, wrapped, zero_copy=zero_copy, drop_last=drop_last)
         if decoder is not None:  # the collate decodes: the samples reach it raw
             self._view.decoder = SampleDecoder("raw")
+        # skipped samples (on_bad_image): one warning an epoch here, not one a worker
+        self._view.warn_skipped = workers == 0
         self._source = _Grouped(self._view, self._most)
         if pin and workers > 0:
             shmview.PINNED.add(self._token)
@@ -217,6 +219,7 @@ class ShardLoader:
         self._next_epoch()
         self._position = self._start_position()
         self._running = True
+        skipped = self.dataset.skipped_images.count
         # batches of the workers' groups by position; the DataLoader takes the groups from
         # the workers in turn, so at most a group a worker waits here for its turn
         pending: dict[int, tuple[Any, int, int]] = {}
@@ -236,11 +239,15 @@ class ShardLoader:
                     if self.num_workers > 0:
                         self._pids.add(pid)
                     self._position = stop
-                    yield batch
+                    if batch is not None:  # None: every sample skipped (on_bad_image)
+                        yield batch
             if pending:
                 self._out_of_turn(min(pending), pending[min(pending)][1])
             if self.num_workers > 0:
                 shmview.drop_pages()  # the epoch's last batches' pages: see drop_pages
+                if self.dataset._skipped is not None:
+                    self.dataset._skipped.warn(self.dataset.path, self._epoch,
+                                               self.dataset.skipped_images.count - skipped)
         except GeneratorExit:
             # the loop stopped early; a worker killed meanwhile raised in the caller's code.
             # Only persistent workers outlive the loop: the DataLoader's iterator, dropped

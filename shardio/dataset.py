@@ -19,6 +19,7 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset, IterableDataset, get_worker_info
 
+from shardio.badimage import OnBadImage, Skipped, SkippedImages, check_on_bad_image
 from shardio.classes import ClassAttributes
 from shardio.collate import decode_shared, field_decoder
 from shardio.crop import CenterCrop, Crop, Cropper
@@ -243,6 +244,7 @@ class StreamingDataset(ClassAttributes, IterableDataset[Any]):
         verify: bool = True,
         remote: RemoteOptions | None = None,
         epoch_size: int | None = None,
+        on_bad_image: OnBadImage = "raise",
     ) -> None:
         """Open the dataset at ``path`` (its manifest is read now; shards when iterating).
 
@@ -301,6 +303,13 @@ class StreamingDataset(ClassAttributes, IterableDataset[Any]):
                 local paths.
             epoch_size: samples each epoch draws from the sources (default: their
                 total); with a single path, draws that many of its samples.
+            on_bad_image: a sample that raises ``DecodeError`` (an image that does not
+                decode, or claims too many pixels; with ``fields``, any field) ends the
+                epoch with that error naming it (``"raise"``), or is left out and counted
+                (``"skip"``): the process that ends the epoch warns with the count and
+                the first keys (``shardio.badimage.BadImageWarning``; under a plain
+                DataLoader each worker warns for its share), and ``skipped_images``
+                counts them over all processes.
         """
         if (rank is None) != (world_size is None):
             raise ValueError("pass both rank and world_size, or neither")
@@ -335,6 +344,11 @@ class StreamingDataset(ClassAttributes, IterableDataset[Any]):
         if isinstance(self.reader, MixtureReader):
             self.config = self.reader.mix_config(self.config)
         self.verify = verify
+        self.on_bad_image = check_on_bad_image(on_bad_image)
+        self._skipped = SkippedImages() if self.on_bad_image == "skip" else None
+        self.warn_skipped = True
+        """Whether an iteration that skipped samples warns at its end (``shardio.loader``
+        warns once for its workers instead)."""
         self.batch_size = batch_size
         self.lanes = lanes
         self.collate: Callable[[list[Any]], Any] | None = None
@@ -347,6 +361,12 @@ class StreamingDataset(ClassAttributes, IterableDataset[Any]):
         self._stage: Stage | None = None
         """The stage the last iteration in this process read (with ``_position``)."""
         self._stage_in_main = False
+
+    @property
+    def skipped_images(self) -> Skipped:
+        """Samples left out since the dataset was made (``on_bad_image="skip"``), over
+        every process that read it, with the first keys."""
+        return Skipped(0, ()) if self._skipped is None else self._skipped.read()
 
     @property
     def rank(self) -> int:
@@ -441,6 +461,7 @@ class StreamingDataset(ClassAttributes, IterableDataset[Any]):
         if self._cropper is not None:  # this epoch's boxes, for whichever decoder crops
             self._cropper.epoch = stage.epoch
         self._position = stage.skip
+        skipped_before = 0 if self._skipped is None else self._skipped.mine()
         # the manifest read when the dataset was built, not again: every worker and epoch
         # reads the dataset version the order was planned on
         # ranges of whole blocks when shuffled: each is then wanted by one window only,
@@ -465,6 +486,7 @@ class StreamingDataset(ClassAttributes, IterableDataset[Any]):
                                      zero_copy=self.zero_copy, check_ahead=ahead,
                                      drop_decoded=self.zero_copy and info is not None)
                 yield from self._batches(chunks, split, stage, reader, identity)
+                self._report_skipped(stage, skipped_before)
                 return
             # the first batch a plain DataLoader(batch_size=) makes is what a remote head
             # reads on its own; without a batch size the stream's default head stands in
@@ -490,9 +512,25 @@ class StreamingDataset(ClassAttributes, IterableDataset[Any]):
             else:
                 for sample in samples:
                     self._position += 1
-                    yield decoder(sample)
+                    yield from self._decoded(decoder, sample)
+            self._report_skipped(stage, skipped_before)
         finally:
             reader.close()
+
+    def _decoded(self, decoder: SampleDecoder | FieldDecoder, sample: dict[str, Any]
+                 ) -> list[Any]:
+        """``[decoder(sample)]``, or ``[]`` for a sample skipped (``on_bad_image``)."""
+        try:
+            return [decoder(sample)]
+        except DecodeError:
+            if self._skipped is None:
+                raise
+            self._skipped.record(sample.get(KEY_FIELD))
+            return []
+
+    def _report_skipped(self, stage: Stage, before: int) -> None:
+        if self._skipped is not None and self.warn_skipped:
+            self._skipped.warn(self.path, stage.epoch, self._skipped.mine() - before)
 
     def _decoded_in_groups(
         self, samples: Iterator[dict[str, Any]], decoder: SampleDecoder | FieldDecoder,
@@ -505,7 +543,7 @@ class StreamingDataset(ClassAttributes, IterableDataset[Any]):
             except DecodeError:  # one by one, so that the error comes with its sample
                 for sample in group:
                     self._position += 1
-                    yield decoder(sample)
+                    yield from self._decoded(decoder, sample)
                 continue
             for sample, part in zip(group, parts, strict=True):
                 self._position += 1
@@ -524,13 +562,16 @@ class StreamingDataset(ClassAttributes, IterableDataset[Any]):
             if len(chunk) < size and self.drop_last_batch:
                 return
             # a Chunk reaches only shardio's own collates (zero_copy), which take any sequence
-            batch: Any = chunk if identity else [decoder(sample) for sample in chunk]
+            batch: Any = chunk if identity else [
+                out for sample in chunk for out in self._decoded(decoder, sample)]
             lo, hi = batch_span(
                 stage.count - stage.offset, size, split.worker, split.num_workers,
                 self._position // size,
             )
-            self._position += len(batch)
-            yield self.collate(batch), stage.offset + lo, stage.offset + hi, pid
+            self._position += len(chunk)
+            # every sample skipped (on_bad_image): the positions still pass, with no batch
+            collated = self.collate(batch) if len(batch) else None
+            yield collated, stage.offset + lo, stage.offset + hi, pid
 
     def state_dict(
         self,

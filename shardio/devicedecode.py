@@ -210,7 +210,7 @@ class DeviceDecoder:
         samples = [{self.image: data, INDEX_FIELD: int(index), KEY_FIELD: key, self.label: 0}
                    for data, index, key in zip(datas, batch.indices.tolist(), batch.keys,
                                                strict=True)]
-        images, _labels = self._cpu(samples)
+        images: torch.Tensor | list[torch.Tensor] = self._cpu(samples)[0]
         if isinstance(images, list):
             return [image.to(self.device) for image in images]
         return images.to(self.device)

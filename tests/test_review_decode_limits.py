@@ -18,6 +18,7 @@ import struct
 import subprocess
 import sys
 import textwrap
+from contextlib import nullcontext
 from pathlib import Path
 
 import numpy as np
@@ -284,3 +285,91 @@ def test_hostile_npy_and_json_are_decode_errors_naming_key_and_field(
     for exc in (errors[0], caught.value):
         assert f"sample {key!r}" in str(exc) and f"field {field!r}" in str(exc), exc
         assert says in str(exc), exc
+
+
+# ------------------------------------------------------------------ on_bad_image (item 16)
+
+
+@pytest.fixture(scope="module")
+def two_bombs_pack(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """An ImageFolder pack of 10 good images and 2 bombs (keys ``*bomb*``)."""
+    src = tmp_path_factory.mktemp("two-bombs-src")
+    for cls in ("a", "b"):
+        (src / cls).mkdir()
+        for i in range(5):
+            (src / cls / f"{i}.jpg").write_bytes(_good(i + (10 if cls == "b" else 0)))
+        (src / cls / f"{BOMB}.jpg").write_bytes(bomb_jpeg())
+    out = tmp_path_factory.mktemp("two-bombs") / "pack"
+    shardio.pack(src, out, imagefolder=True, num_workers=1, progress=False)
+    return out
+
+
+def test_on_bad_image_takes_raise_or_skip(two_bombs_pack: Path) -> None:
+    with pytest.raises(ValueError, match="'raise' or 'skip'"):
+        shardio.StreamingDataset(two_bombs_pack, on_bad_image="ignore")  # type: ignore[arg-type]
+    ds = shardio.StreamingDataset(two_bombs_pack, decode="tensor")
+    assert ds.on_bad_image == "raise" and ds.skipped_images.count == 0
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_skip_leaves_bad_images_out_counts_them_and_warns(two_bombs_pack: Path,
+                                                          workers: int) -> None:
+    from shardio.badimage import BadImageWarning
+
+    ds = shardio.StreamingDataset(two_bombs_pack, decode="tensor", on_bad_image="skip")
+    with pytest.warns(BadImageWarning, match="skipped") if workers == 0 else nullcontext():
+        got = list(DataLoader(ds, batch_size=None, num_workers=workers))
+    assert len(got) == len(ds) - 2 == 10
+    skipped = ds.skipped_images
+    assert skipped.count == 2
+    assert sorted(skipped.keys) == sorted(k for k in _keys(two_bombs_pack) if BOMB in k)
+    got = list(DataLoader(ds, batch_size=None, num_workers=workers))  # counts only grow
+    assert len(got) == 10 and ds.skipped_images.count == 4
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_shardio_loader_skips_in_its_batch_decoder_and_warns_once_an_epoch(
+    two_bombs_pack: Path, workers: int,
+) -> None:
+    from shardio.badimage import BadImageWarning
+
+    for crop in (None, shardio.CenterCrop(16)):
+        ds = shardio.StreamingDataset(two_bombs_pack, decode="tensor", crop=crop,
+                                      on_bad_image="skip", shuffle=False)
+        loader = shardio.loader(ds, 4, num_workers=workers)
+        with pytest.warns(BadImageWarning) as caught:
+            images = [len(labels) for _images, labels in loader]
+        assert sum(images) == 10
+        assert [str(w.message) for w in caught if "skipped 2 sample" in str(w.message)]
+        assert len([w for w in caught if w.category is BadImageWarning]) == 1
+        assert ds.skipped_images.count == 2
+
+
+def test_a_batch_decoder_leaves_out_an_image_that_fails_after_its_header() -> None:
+    from shardio.badimage import SkippedImages
+    from shardio.collate import ImageBatchDecoder
+
+    good = [make_photo(np.random.default_rng(i), 32, 24) for i in range(3)]
+    cut = good[1][: len(good[1]) // 2]  # the header reads; the pixels do not
+    samples = [{"__key__": f"k{i}", "__index__": i, "image": data, "label": i}
+               for i, data in enumerate([good[0], cut, good[2]])]
+    with pytest.raises(DecodeError, match="'k1'"):
+        ImageBatchDecoder()(samples)
+    skipped = SkippedImages()
+    images, labels = ImageBatchDecoder(skipped=skipped)(samples)
+    assert labels.tolist() == [0, 2] and tuple(images.shape) == (2, 3, 24, 32)
+    assert skipped.read().count == 1 and skipped.read().keys == ("k1",)
+    assert ImageBatchDecoder(skipped=skipped)(samples[1:2]) is None
+
+
+def test_skip_with_fields_in_workers_counts_over_processes(fields_pack: Path) -> None:
+    ds = shardio.StreamingDataset(fields_pack, fields=("jpg", "cls"), decode="tensor",
+                                  on_bad_image="skip")
+    got = list(DataLoader(ds, batch_size=None, num_workers=2))
+    assert len(got) == 5
+    assert ds.skipped_images.count == 1 and ds.skipped_images.keys == (BOMB,)
+
+
+def _keys(path: Path) -> list[str]:
+    return [str(s["__key__"]) for s in shardio.StreamingDataset(path, decode="raw")]
+
