@@ -379,16 +379,20 @@ def test_indexed_tensor_decode_with_workers_shares_a_block_a_batch(
 def test_a_bad_image_fails_at_its_own_sample_in_a_worker(
     imagefolder: Path, tmp_path: Path
 ) -> None:
-    import shutil
-
-    src = tmp_path / "src"
-    shutil.copytree(imagefolder, src)
-    victim, junk = sorted(src.rglob("*.jpg"))[5:9:3]
-    victim.write_bytes(victim.read_bytes()[:-400])  # the header survives, the pixels do not
-    junk.write_bytes(b"not an image at all")  # refused at its header, before any pixels
+    files = sorted(imagefolder.rglob("*.jpg"))
+    victim, junk = files[5:9:3]
+    classes = sorted(p.name for p in imagefolder.iterdir() if p.is_dir())
     out = tmp_path / "ds"
-    shardio.pack(src, out, num_workers=1, progress=False, shuffle=False)
-    key = victim.relative_to(src).as_posix()
+    with ShardWriter(out, classes=classes) as writer:  # pack itself refuses both files
+        for path in files:
+            data = path.read_bytes()
+            if path == victim:
+                data = data[:-400]  # the header survives, the pixels do not
+            elif path == junk:
+                data = b"not an image at all"  # refused at its header, before any pixels
+            writer.write({"__key__": path.relative_to(imagefolder).as_posix(), "image": data,
+                          "label": classes.index(path.parent.name)})
+    key = victim.relative_to(imagefolder).as_posix()
     raw = StreamingDataset(out, decode="raw", shuffle=False)
     keys = [s["__key__"] for s in raw]
     assert key in keys
@@ -399,7 +403,7 @@ def test_a_bad_image_fails_at_its_own_sample_in_a_worker(
             got += 1
     assert got == keys.index(key)  # every sample before it, none after
     indexed = IndexedDataset(out, decode="tensor")
-    pair = [keys.index(key), keys.index(junk.relative_to(src).as_posix())]
+    pair = [keys.index(key), keys.index(junk.relative_to(imagefolder).as_posix())]
     with pytest.raises(Exception, match=re.escape(repr(key))):  # the first bad one names it
         list(DataLoader(indexed, batch_size=2, sampler=pair, num_workers=1, collate_fn=list))
 
