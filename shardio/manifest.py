@@ -43,6 +43,16 @@ class ShardInfo:
     readers check it on open, so a shard file exchanged for another of the same size is
     refused instead of read as the wrong samples. ``None`` in manifests written before it."""
 
+    def __post_init__(self) -> None:
+        # JSON gives any type: a count that is a string or a float fails here, as a malformed
+        # manifest, never later as an untyped comparison inside a reader
+        for name, kind in (("name", str), ("num_samples", int), ("first_index", int),
+                           ("num_bytes", int), ("checksum", str), ("keys_crc32", int)):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, kind) and not (
+                    name == "keys_crc32" and value is None):
+                raise TypeError(f"shard {name} is {value!r}, not {kind.__name__}")
+
 
 @dataclass(frozen=True)
 class SkippedFile:
