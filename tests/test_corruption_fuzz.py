@@ -19,11 +19,16 @@ import numpy as np
 import pytest
 
 from benchmarks.stress_corruption import (
+    ALLOCATED_MB,
+    bomb_cases,
     flip_cases,
+    hostile_manifest_cases,
     make_dataset,
+    run_bombs,
     run_cases,
     shard_files,
     summarize,
+    summarize_bombs,
     truncate_cases,
     zero_cases,
 )
@@ -78,3 +83,33 @@ def test_the_check_fails_on_a_miss_a_signal_and_a_hang(tmp_path: Path) -> None:
     assert _holds(outcomes[2]), "the next child goes on after a crash"
     assert outcomes[3]["crash"] and "no progress" in outcomes[3]["fault"]
     assert _holds(outcomes[4]) and outcomes[4]["get"] == "raised", "and after a hang"
+
+
+def test_a_manifest_claiming_counts_no_shard_holds_is_refused_without_allocating(
+    tmp_path: Path,
+) -> None:
+    """10^7, 10^10, 2^62 and negative counts and sizes: refused, never planned or allocated."""
+    root = tmp_path / "ds"
+    make_dataset(root, backend="records", codec="zstd", seed=5)
+    cases = hostile_manifest_cases(root)
+    outcomes = run_cases(root, cases, torch=True, unpack=False)
+
+    bad = [(case, out) for case, out in zip(cases, outcomes, strict=True)
+           if not _holds(out) or out["streaming"] not in ("raised", "exact")
+           or out["indexed"] not in ("raised", "exact")]
+    assert not bad, f"{len(bad)} of {len(cases)} hostile manifests broke a guarantee: {bad[:3]}"
+    assert summarize(cases, outcomes)["total"]["allocated"] == 0
+    assert all(out["streaming"] == "raised" for out in outcomes), "every claim must be refused"
+
+
+def test_header_bombs_raise_decode_error_on_every_path_without_the_allocation() -> None:
+    """A JPEG, a PNG, a .npy and a JSON claiming sizes they do not hold, through every path."""
+    picked = {("jpeg", 20000), ("png", 30000), ("npy", 10**10), ("json", 10**6)}
+    cases = [c for c in bomb_cases() if (c["make"], c["claim"][0]) in picked]
+    outcomes = run_bombs(cases)
+
+    summary = summarize_bombs(cases, outcomes)
+    assert not summary["misses"], summary["misses"]
+    for kind, counts in summary["by_kind"].items():
+        assert counts["found"] == counts["tried"] == 1, kind
+        assert counts["max_growth_mb"] < ALLOCATED_MB, kind
