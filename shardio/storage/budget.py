@@ -8,48 +8,129 @@ that outlives a crash anywhere else)::
     partial/<key>.<bytes>.<token>   downloads in flight; the name says the bytes reserved;
                                     the downloader holds LOCK_EX until it renames it or dies
     locks/<key>.lock                per-range download locks (empty files)
+    waiting/<pid>-<token>           a download waiting for space (LOCK_EX while it waits)
 
 Processes agree on the usage by counting those files under the budget lock:
 complete ranges at the size their names say (``…@start-stop``, ``cache.range_key``:
-a listing, no ``stat`` per file), partial files at the size they reserved. A
-reservation creates its partial file under that lock, so the folder never
-holds more than the budget, downloads in flight included. A partial file whose
-lock is free belongs to a dead process (flocks die with their process, so a
-reused pid cannot fool this) and is deleted by the next count. Eviction takes
-LOCK_EX|LOCK_NB on a range file, so a range any reader holds is skipped, and
-the oldest unused ranges go first. Imports only ``errors``.
+a listing, no ``stat`` per file), partial files at the size they reserved, each
+rounded up to whole blocks of the filesystem: what it occupies on disk (10 KB
+ranges counted at their sizes took 22% more on disk). A reservation creates its
+partial file under that lock, so the folder's files never occupy more than the
+budget, downloads in flight included. A partial file whose lock is free belongs
+to a dead process (flocks die with their process, so a reused pid cannot fool
+this) and is deleted by the next count. Eviction takes LOCK_EX|LOCK_NB on a
+range file, so a range any reader holds is skipped, and the oldest unused ranges
+go first.
+
+Jobs sharing the folder each size their read-ahead to the whole budget, so read-ahead
+yields. A download that must wait for space first has this process give back ranges
+it holds only ahead of its readers (``hold_ahead``; the furthest ahead first, as few
+as make room), and while it waits, read-ahead downloads of every process take no
+space (``waiting/``). A read-ahead download (``reading_ahead``) waits for room as
+long as its reader does not need it, and from the moment it does is a download like
+any other; one its reader drops gives up. Two jobs each holding the budget ahead
+of themselves otherwise waited for each other until both failed.
+
+The folder is disposable: removed while readers run, it is made again where it is
+needed. Imports only ``errors``.
 """
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import os
 import secrets
+import threading
 import time
+import weakref
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol
 
 from shardio.errors import CacheBudgetError
 
-RANGES, PARTIAL, LOCKS = "ranges", "partial", "locks"
+RANGES, PARTIAL, LOCKS, WAITING = "ranges", "partial", "locks", "waiting"
 BUDGET_LOCK = ".budget.lock"
 EVICT_SLACK = 32
 """An eviction frees up to 1/32 of the budget more than the download needs, in whole ranges:
 eviction stats every range (for the least recently used), under the budget lock that every
 download takes; under a full budget of small ranges (one plan block, ~190 KB) that was done
 for every download, 0.7 s of CPU in one 871-range epoch and the downloads waiting on it."""
+DEFAULT_BLOCK_BYTES = 4096
+"""The block size assumed where the filesystem does not say one."""
+
+
+class AheadHolder(Protocol):
+    """Holds ranges for a reader before it asks for them (``readahead.ReadAhead``)."""
+
+    def give_back(self, num_bytes: int) -> int:
+        """Release ranges held only ahead of the reader, the furthest ahead first, until
+        ``num_bytes`` are released or none is left; the bytes released."""
+
+
+class AheadTicket:
+    """The standing of one read-ahead download: its reader does not need it yet, needs it
+    now (``want``), or will never take it (``drop``)."""
+
+    def __init__(self) -> None:
+        self._decided = threading.Event()
+        self.dropped = False
+
+    @property
+    def wanted(self) -> bool:
+        """Whether the reader waits for this download now."""
+        return self._decided.is_set() and not self.dropped
+
+    def want(self) -> None:
+        """The reader waits for it: from now on it reserves like any download."""
+        self._decided.set()
+
+    def drop(self) -> None:
+        """The reader will never take it: a reservation still waiting gives up."""
+        self.dropped = True
+        self._decided.set()
+
+    def wait(self, timeout_s: float) -> None:
+        """Sleep ``timeout_s``, or less if the reader decides meanwhile."""
+        self._decided.wait(timeout_s)
+
+
+_HOLDERS: weakref.WeakKeyDictionary[AheadHolder, str] = weakref.WeakKeyDictionary()
+"""This process's read-ahead holders, by the cache folder they hold ranges of."""
+_THREAD = threading.local()
+
+
+def hold_ahead(root: str | os.PathLike[str], holder: AheadHolder) -> None:
+    """Register ``holder``: a download into ``root`` that must wait for space first makes it
+    give back what it holds ahead (a holder in a forked child gives back nothing)."""
+    _HOLDERS[holder] = os.path.abspath(root)
+
+
+@contextmanager
+def reading_ahead(ticket: AheadTicket) -> Iterator[None]:
+    """Make this thread's reservations read-ahead ones, standing as ``ticket`` says: until
+    wanted they wait for room with no deadline and take none while another download
+    waits for space; dropped, they give up (``CacheBudgetError``)."""
+    before = getattr(_THREAD, "ahead", None)
+    _THREAD.ahead = ticket
+    try:
+        yield
+    finally:
+        _THREAD.ahead = before
 
 
 @dataclass(frozen=True)
 class CacheUsage:
-    """What a cache folder holds, as the budget counts it."""
+    """What a cache folder holds, as the budget counts it: each file at the whole
+    filesystem blocks it occupies."""
 
     range_bytes: int
     num_ranges: int
     partial_bytes: int
-    """Bytes reserved by downloads in flight (their files are at most this large)."""
+    """Bytes reserved by downloads in flight (their files occupy at most this much)."""
     num_partial: int
 
     @property
@@ -65,6 +146,17 @@ class Reservation:
     fd: int
     path: Path
     num_bytes: int
+
+
+@dataclass(frozen=True)
+class _Count:
+    """One count of the folder: sizes as the files' names or ``stat`` say them."""
+
+    partial_bytes: int
+    partial_disk: int
+    num_partial: int
+    ranges: list[tuple[int, int, str]]
+    """``(mtime, size, path)`` of each complete range."""
 
 
 def _try_lock(path: str | Path, kind: int) -> int | None:
@@ -105,6 +197,24 @@ def _reserved_bytes(name: str) -> int | None:
     return int(parts[1]) if len(parts) == 3 and parts[1].isdigit() else None
 
 
+def _scandir(folder: Path) -> list[os.DirEntry[str]]:
+    """The entries of ``folder``; none when it was removed (with the cache folder)."""
+    try:
+        return list(os.scandir(folder))
+    except FileNotFoundError:
+        return []
+
+
+def _give_back_ahead(root: str, num_bytes: int) -> int:
+    """Have this process's read-ahead holders of ``root`` release ``num_bytes`` they hold
+    ahead, or all they hold if less; the bytes released."""
+    released = 0
+    for holder, held_root in list(_HOLDERS.items()):
+        if held_root == root and released < num_bytes:
+            released += holder.give_back(num_bytes - released)
+    return released
+
+
 class Budget:
     """The space accounting of one cache folder, shared by every process that opens it."""
 
@@ -113,42 +223,73 @@ class Budget:
             raise ValueError(f"max_cache_bytes must be positive, got {max_bytes}")
         self.root = root
         self.max_bytes = max_bytes
-        for sub in (RANGES, PARTIAL, LOCKS):
-            (root / sub).mkdir(parents=True, exist_ok=True)
+        self._make_folders()
+        try:
+            block = os.statvfs(root).f_frsize
+        except (OSError, AttributeError):  # no statvfs (not POSIX)
+            block = 0
+        self.block_bytes = block if block > 0 else DEFAULT_BLOCK_BYTES
+        """What the filesystem allocates a file in: each file is counted in whole blocks."""
+        self._key = os.path.abspath(root)
         self.evictions = 0
         self.reclaimed = 0
         self._partials: set[str] = set()
         """Partial files this process is downloading into: alive, so not lock-tested."""
         self._partials_pid = os.getpid()
 
+    def _make_folders(self) -> None:
+        """Make the folder and its subfolders (again, after someone removed them)."""
+        for sub in (RANGES, PARTIAL, LOCKS, WAITING):
+            (self.root / sub).mkdir(parents=True, exist_ok=True)
+
+    def disk_bytes(self, num_bytes: int) -> int:
+        """What a file of ``num_bytes`` occupies on the cache's filesystem: whole blocks."""
+        return -(-num_bytes // self.block_bytes) * self.block_bytes
+
     def range_path(self, key: str) -> Path:
         """Where the complete range ``key`` lives."""
         return self.root / RANGES / key
 
     def lock_path(self, key: str) -> Path:
-        """The download lock file of range ``key``."""
-        return self.root / LOCKS / f"{key}.lock"
+        """The download lock file of range ``key``, its folder made again if it was removed."""
+        folder = self.root / LOCKS
+        if not folder.is_dir():  # the cache folder was removed under a running reader
+            self._make_folders()
+        return folder / f"{key}.lock"
 
     @contextmanager
     def locked(self) -> Iterator[None]:
-        """Hold the folder's budget lock (a fresh descriptor: threads exclude each other too)."""
-        fd = os.open(self.root / BUDGET_LOCK, os.O_RDWR | os.O_CREAT, 0o644)
-        try:
+        """Hold the folder's budget lock (a fresh descriptor: threads exclude each other too).
+
+        The folder is made again if it was removed, and the lock taken again if it was
+        removed while this process waited for it (the lock of a deleted file locks nothing).
+        """
+        path = self.root / BUDGET_LOCK
+        while True:
+            try:
+                fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+            except FileNotFoundError:
+                self._make_folders()
+                continue
             fcntl.flock(fd, fcntl.LOCK_EX)
+            if _same_file(fd, path):
+                break
+            os.close(fd)
+        try:
             yield
         finally:
             os.close(fd)
 
-    def _scan(self, *, mtimes: bool = True) -> tuple[int, int, list[tuple[int, int, str]]]:
-        """``(partial bytes, partial files, [(mtime, size, path) of ranges])``; reclaims stale.
+    def _scan(self, *, mtimes: bool = True) -> _Count:
+        """Count the folder; reclaims the partial files of dead processes.
 
         Partials are listed before ranges so that a download renamed in between is
         counted twice, never missed. ``mtimes=False``: sizes from the names and mtimes 0
         (no ``stat``), enough to count the usage.
         """
-        partial_bytes = num_partial = 0
+        partial_bytes = partial_disk = num_partial = 0
         mine = self._own_partials()
-        for entry in os.scandir(self.root / PARTIAL):
+        for entry in _scandir(self.root / PARTIAL):
             fd = None if entry.path in mine else _try_lock(entry.path, fcntl.LOCK_EX)
             if fd is not None:  # nobody downloads into it: its process died
                 try:
@@ -160,10 +301,16 @@ class Budget:
                     os.close(fd)
                 continue
             reserved = _reserved_bytes(entry.name)
-            partial_bytes += reserved if reserved is not None else entry.stat().st_size
+            if reserved is None:
+                try:
+                    reserved = entry.stat().st_size
+                except FileNotFoundError:
+                    continue
+            partial_bytes += reserved
+            partial_disk += self.disk_bytes(reserved)
             num_partial += 1
         ranges = []
-        for entry in os.scandir(self.root / RANGES):
+        for entry in _scandir(self.root / RANGES):
             size = None if mtimes else _range_bytes(entry.name)
             if size is not None:
                 ranges.append((0, size, entry.path))
@@ -173,23 +320,29 @@ class Budget:
             except FileNotFoundError:
                 continue
             ranges.append((st.st_mtime_ns, st.st_size, entry.path))
-        return partial_bytes, num_partial, ranges
+        return _Count(partial_bytes, partial_disk, num_partial, ranges)
+
+    def _used(self, count: _Count) -> int:
+        """Bytes on disk that ``count`` found."""
+        return count.partial_disk + sum(self.disk_bytes(size) for _m, size, _p in count.ranges)
 
     def _evict(self, ranges: list[tuple[int, int, str]], need: int, extra: int = 0) -> int:
-        """Delete unused ranges, least recently used first, until ``need`` bytes are free,
-        then more while they fit in ``extra`` bytes beyond it."""
+        """Delete unused ranges, least recently used first, until ``need`` bytes on disk are
+        free, then more while they fit in ``extra`` bytes beyond it; returns the bytes freed."""
         freed = 0
         for _mtime, size, path in sorted(ranges):
-            if freed >= need and freed + size > need + extra:
+            disk = self.disk_bytes(size)
+            if freed >= need and freed + disk > need + extra:
                 break
             fd = _try_lock(path, fcntl.LOCK_EX)
             if fd is None:  # a reader holds it
                 continue
             try:
                 if _same_file(fd, path):
-                    os.unlink(path)
-                    freed += size
-                    self.evictions += 1
+                    with contextlib.suppress(FileNotFoundError):  # the folder was removed
+                        os.unlink(path)
+                        freed += disk
+                        self.evictions += 1
             finally:
                 os.close(fd)
             self._drop_lock_file(os.path.basename(path))
@@ -197,69 +350,154 @@ class Budget:
 
     def _drop_lock_file(self, key: str) -> None:
         """Delete a range's download lock file unless a downloader holds it."""
-        path = self.lock_path(key)
+        path = self.root / LOCKS / f"{key}.lock"
         fd = _try_lock(path, fcntl.LOCK_EX)
         if fd is not None:
             try:
                 if _same_file(fd, path):
-                    os.unlink(path)
+                    with contextlib.suppress(FileNotFoundError):
+                        os.unlink(path)
             finally:
                 os.close(fd)
+
+    def _waiting(self) -> bool:
+        """Whether a download waits for space now (the waiting files of dead ones deleted)."""
+        for entry in _scandir(self.root / WAITING):
+            fd = _try_lock(entry.path, fcntl.LOCK_EX)
+            if fd is None:
+                return True
+            try:  # nobody waits on it: its process died
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(entry.path)
+            finally:
+                os.close(fd)
+        return False
+
+    @contextmanager
+    def _waiter(self) -> Iterator[None]:
+        """Say, while inside, that a download of this process waits for space."""
+        path = self.root / WAITING / f"{os.getpid()}-{secrets.token_hex(4)}"
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
+        except FileNotFoundError:  # the folder was removed: read-ahead yields a moment less
+            yield
+            return
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            yield
+        finally:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(path)
+            os.close(fd)
 
     def usage(self) -> CacheUsage:
         """The folder's usage now (stale partial files are reclaimed first)."""
         with self.locked():
-            partial_bytes, num_partial, ranges = self._scan()
-        return CacheUsage(sum(size for _m, size, _p in ranges), len(ranges),
-                          partial_bytes, num_partial)
+            count = self._scan()
+        return CacheUsage(sum(self.disk_bytes(size) for _m, size, _p in count.ranges),
+                          len(count.ranges), count.partial_disk, count.num_partial)
+
+    def _try_reserve(self, key: str, num_bytes: int, *,
+                     ahead: bool) -> Reservation | tuple[int, int]:
+        """A reservation if the budget has room now (after evicting unused ranges), else
+        ``(bytes on disk in use, bytes in use as the files' sizes)``; none for read-ahead
+        (``ahead``) while a download waits for space."""
+        need = self.disk_bytes(num_bytes)
+        with self.locked():
+            if ahead and self._waiting():
+                return self.max_bytes, 0
+            count = self._scan(mtimes=False)
+            used = self._used(count)
+            if used + need > self.max_bytes:  # count again, with the LRU order
+                count = self._scan()
+                used = self._used(count)
+                freed = self._evict(count.ranges, used + need - self.max_bytes,
+                                    self.max_bytes // EVICT_SLACK)
+                if freed:
+                    count = self._scan(mtimes=False)
+                    used = self._used(count)
+            if used + need <= self.max_bytes:
+                return self._create_partial(key, num_bytes)
+            return used, count.partial_bytes + sum(size for _m, size, _p in count.ranges)
 
     def reserve(self, key: str, num_bytes: int, *, own_bytes: Callable[[], int],
                 wait_s: float) -> Reservation:
         """Reserve ``num_bytes`` for downloading range ``key``, evicting unused ranges.
 
+        Without room, this process first gives back ranges it holds ahead of its readers
+        (``hold_ahead``), then waits for other processes to release theirs. A read-ahead
+        download (``reading_ahead``) waits for room without a deadline until its reader
+        wants it, then like any download.
+
         Args:
             key: the range's key.
             num_bytes: its size.
             own_bytes: bytes this process holds in the cache (open ranges and downloads):
-                when nobody else holds anything, waiting cannot help.
+                when nobody else holds anything and none of it is still downloading,
+                waiting cannot help.
             wait_s: how long to wait for other processes to release ranges.
 
         Raises:
             CacheBudgetError: the budget cannot hold this range next to those in use; at
-                once when this process alone holds them, else after ``wait_s``.
+                once when this process alone holds them, else after ``wait_s``; at once
+                for a read-ahead download its reader dropped.
         """
-        if num_bytes > self.max_bytes:
+        need = self.disk_bytes(num_bytes)
+        if need > self.max_bytes:
             raise CacheBudgetError(
-                f"{self.root}: a range of {num_bytes} bytes does not fit in max_cache_bytes="
-                f"{self.max_bytes}; the minimum is {num_bytes} bytes per range in flight on "
-                "this node: raise max_cache_bytes",
+                f"{self.root}: a range of {num_bytes} bytes ({need} on disk) does not fit in "
+                f"max_cache_bytes={self.max_bytes}; the minimum is {need} bytes per range in "
+                "flight on this node: raise max_cache_bytes",
                 path=self.root,
             )
-        deadline = time.monotonic() + wait_s
+        ticket: AheadTicket | None = getattr(_THREAD, "ahead", None)
+        deadline: float | None = None
         delay = 0.005
-        while True:
-            with self.locked():
-                partial_bytes, _num_partial, ranges = self._scan(mtimes=False)
-                used = partial_bytes + sum(size for _m, size, _p in ranges)
-                if used + num_bytes > self.max_bytes:  # count again, with the LRU order
-                    partial_bytes, _num_partial, ranges = self._scan()
-                    used = partial_bytes + sum(size for _m, size, _p in ranges)
-                    used -= self._evict(ranges, used + num_bytes - self.max_bytes,
-                                        self.max_bytes // EVICT_SLACK)
-                if used + num_bytes <= self.max_bytes:
-                    return self._create_partial(key, num_bytes)
+        with contextlib.ExitStack() as waiting:
+            while True:
+                pending = ticket is not None and not ticket.wanted
+                got = self._try_reserve(key, num_bytes, ahead=pending)
+                if isinstance(got, Reservation):
+                    return got
+                if ticket is not None and pending:  # nobody needs it yet: wait, no deadline
+                    if ticket.dropped:
+                        raise CacheBudgetError(
+                            f"{self.root}: a read-ahead of {num_bytes} bytes was dropped while "
+                            "it waited for room", path=self.root)
+                    ticket.wait(delay)
+                    delay = min(2 * delay, 0.2)
+                    continue
+                used, used_size = got
+                if _give_back_ahead(self._key, used + need - self.max_bytes):
+                    continue  # ranges held only ahead were released: count again at once
                 mine = own_bytes()
-            if used <= mine or time.monotonic() >= deadline:
-                raise CacheBudgetError(
-                    f"{self.root}: max_cache_bytes={self.max_bytes} cannot hold a range of "
-                    f"{num_bytes} bytes next to the {used} bytes that readers on this node "
-                    f"hold or are downloading ({mine} of them by this process); the minimum "
-                    f"is {used + num_bytes} bytes: raise max_cache_bytes, or read with fewer "
-                    "workers or fewer ranges in flight",
-                    path=self.root,
-                )
-            time.sleep(delay)
-            delay = min(2 * delay, 0.2)
+                others = max(0, used_size - mine)
+                if not others and not self._own_partials():
+                    raise CacheBudgetError(
+                        f"{self.root}: max_cache_bytes={self.max_bytes} cannot hold a range "
+                        f"of {num_bytes} bytes next to the {mine} bytes ({used} on disk) that "
+                        f"this process holds; the minimum is {used + need} bytes: raise "
+                        "max_cache_bytes, or read with fewer workers or fewer ranges in flight",
+                        path=self.root,
+                    )
+                now = time.monotonic()
+                if deadline is None:  # read-ahead download: the wait starts when it is wanted
+                    deadline = now + wait_s
+                    # read-ahead everywhere on the node yields until this is done
+                    waiting.enter_context(self._waiter())
+                elif now >= deadline:
+                    raise CacheBudgetError(
+                        f"{self.root}: max_cache_bytes={self.max_bytes} had no room for a "
+                        f"range of {num_bytes} bytes for {wait_s:g} s: other processes on "
+                        f"this node (other jobs, or workers of this one) held {others} bytes "
+                        f"of it and this process {mine}; it needs at least {mine + num_bytes} "
+                        "bytes beside what the others hold: raise max_cache_bytes to hold "
+                        "every job that reads through this cache folder at once, or give "
+                        "the jobs cache folders of their own",
+                        path=self.root,
+                    )
+                time.sleep(delay)
+                delay = min(2 * delay, 0.2)
 
     def _own_partials(self) -> set[str]:
         if self._partials_pid != os.getpid():  # a forked child downloads nothing of its own yet
@@ -268,18 +506,31 @@ class Budget:
 
     def _create_partial(self, key: str, num_bytes: int) -> Reservation:
         path = self.root / PARTIAL / f"{key}.{num_bytes}.{os.getpid()}-{secrets.token_hex(4)}"
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
+        except FileNotFoundError:  # the folder was removed since it was counted
+            self._make_folders()
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
         fcntl.flock(fd, fcntl.LOCK_EX)  # a new file, under the budget lock: cannot block
         self._own_partials().add(str(path))
         return Reservation(fd, path, num_bytes)
 
     def commit(self, reservation: Reservation, key: str) -> Path:
-        """Move a finished download into ``ranges/`` and keep it locked shared for the caller."""
+        """Move a finished download into ``ranges/`` and keep it locked shared for the caller.
+
+        If the cache folder was removed meanwhile, the caller keeps the download through
+        its descriptor (held, not cached: nobody else will find it).
+        """
         final = self.range_path(key)
         now = time.time_ns()  # the fine clock: LRU order within one coarse fs tick
         os.utime(reservation.fd, ns=(now, now))
         with self.locked():
-            os.rename(reservation.path, final)
+            try:
+                os.rename(reservation.path, final)
+            except FileNotFoundError:
+                if reservation.path.exists():  # only ranges/ is gone
+                    self._make_folders()
+                    os.rename(reservation.path, final)
             self._own_partials().discard(str(reservation.path))
             # flock converts EX -> SH by dropping and re-taking; under the budget lock no
             # evictor can take the file in between.

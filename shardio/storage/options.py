@@ -95,7 +95,7 @@ class RemoteOptions:
 
 
 def _cached_bytes(cache_dir: Path) -> int:
-    """Bytes the cache folder holds now (complete ranges and partial downloads)."""
+    """Bytes the cache folder's ranges and partial downloads occupy on disk now."""
     total = 0
     for sub in (RANGES, PARTIAL):
         try:
@@ -104,7 +104,7 @@ def _cached_bytes(cache_dir: Path) -> int:
             continue
         for entry in entries:
             try:
-                total += entry.stat().st_size
+                total += entry.stat().st_blocks * 512  # st_blocks counts 512-byte units
             except FileNotFoundError:  # evicted meanwhile
                 continue
     return total

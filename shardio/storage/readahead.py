@@ -31,17 +31,30 @@ planned again later (a stream plans one a run) and in the cache when taken is
 opened from there, the queue left as it is: read as a jump to its later
 entry, it dropped the downloads in between. One thread
 reads; downloads run in ``max_in_flight`` threads that wait on the network
-with the GIL released. Imports only the storage modules.
+with the GIL released.
+
+Read-ahead is a guest in a cache other jobs may share, each sizing its own
+read-ahead to the whole budget (``budget.py``): a download ahead takes no space
+while another download waits for some, waits for room with no deadline until
+``take`` wants it (its ``AheadTicket``), and gives up once the reader passes it
+over. Ranges held ahead are given back (``give_back``, the furthest ahead first)
+when a download of this process must wait for space; ``take`` then opens them
+again, from the cache while they are still there. Imports only the storage
+modules.
 """
 
 from __future__ import annotations
 
 import contextlib
+import os
+import threading
 from collections import Counter, deque
 from collections.abc import Iterable
 from concurrent.futures import Future, ThreadPoolExecutor
 from types import TracebackType
 
+from shardio.errors import CacheBudgetError
+from shardio.storage.budget import AheadTicket, hold_ahead, reading_ahead
 from shardio.storage.cache import RangeCache
 from shardio.storage.cachedrange import CachedRange
 from shardio.storage.fetch import (
@@ -91,7 +104,7 @@ class ReadAhead:
         """How often each slot is in ``_planned``, so that ``take`` knows in one step whether
         the reader jumped ahead (a list of a window's planned slots per take was quadratic
         once cached ranges at the queue's head stopped being kept, below)."""
-        self._pending: deque[tuple[_Slot, Future[CachedRange] | None]] = deque()
+        self._pending: deque[tuple[_Slot, Future[CachedRange | None] | None]] = deque()
         """Planned ranges in the reader's order: downloading or downloaded (a future), or
         found in the cache when planned (``None``: opened when taken). ``None`` entries at
         the head are dropped (``_fill``): ``take`` opens such a range all the same, and a
@@ -101,13 +114,22 @@ class ReadAhead:
         """Entries of ``_pending`` with a future: what ``max_in_flight`` counts."""
         self._pending_bytes = 0
         self._pool: ThreadPoolExecutor | None = None
-        self._first: dict[_Slot, Future[CachedRange]] = {}
+        self._first: dict[_Slot, Future[CachedRange | None]] = {}
         """Ranges ``fetch_first`` started beside the queue, by slot, until taken."""
         self._first_bytes = 0
         self._first_pool: ThreadPoolExecutor | None = None
-        self._fetched: list[CachedRange] = []
-        """Ranges fetched ahead and not taken: what a forked child must let go of (a plain
-        list, readable after a fork without a lock a parent thread may have held)."""
+        self._fetched: list[tuple[int, CachedRange]] = []
+        """``(order, range)`` fetched ahead and not taken (nor given back): what
+        ``give_back`` releases, the latest ``order`` (furthest ahead) first, and a forked
+        child must let go of (readable after a fork without the lock, which a parent
+        thread may have held)."""
+        self._lock = threading.Lock()
+        """Guards ``_fetched``: ``give_back`` runs in whichever thread waits for space."""
+        self._tickets: dict[Future[CachedRange | None], AheadTicket] = {}
+        """The standing of each download ahead not yet taken or passed over."""
+        self._submitted = 0
+        self._pid = os.getpid()
+        hold_ahead(cache.root, self)
 
     def plan(self, requests: Iterable[RangeRequest]) -> None:
         """Append ``requests`` to the order in which the reader will ``take`` them."""
@@ -120,15 +142,67 @@ class ReadAhead:
         return self.cache.open_range(self.store, request.name, request.start, request.stop,
                                      version=self.version, check=request.check)
 
-    def _open_ahead(self, request: RangeRequest) -> CachedRange:
-        cached = self._open(request)
-        self._fetched.append(cached)
+    def _submit(self, pool: ThreadPoolExecutor,
+                request: RangeRequest) -> Future[CachedRange | None]:
+        ticket = AheadTicket()
+        future = pool.submit(self._open_ahead, request, ticket, self._submitted)
+        self._submitted += 1
+        self._tickets[future] = ticket
+        return future
+
+    def _open_ahead(self, request: RangeRequest, ticket: AheadTicket,
+                    order: int) -> CachedRange | None:
+        """The range of ``request`` held ahead of the reader; None if the reader passed it
+        over while it waited for room."""
+        try:
+            with reading_ahead(ticket):
+                cached = self._open(request)
+        except CacheBudgetError:
+            if ticket.dropped:
+                return None
+            raise
+        with self._lock:
+            self._fetched.append((order, cached))
         return cached
 
-    def _taken(self, future: Future[CachedRange]) -> CachedRange:
+    def _claim(self, future: Future[CachedRange | None], *, want: bool) -> CachedRange | None:
+        """What ``future`` fetched ahead, now the caller's (``want``: the reader waits for it;
+        else it is passed over); None if it fetched nothing or its range was given back."""
+        ticket = self._tickets.pop(future, None)
+        if ticket is not None:
+            if want:
+                ticket.want()
+            else:
+                ticket.drop()
         cached = future.result()
-        self._fetched.remove(cached)
-        return cached
+        with self._lock:
+            for i, (_order, held) in enumerate(self._fetched):
+                if held is cached:
+                    del self._fetched[i]
+                    return cached
+        return None
+
+    def _taken(self, future: Future[CachedRange | None], request: RangeRequest) -> CachedRange:
+        cached = self._claim(future, want=True)
+        return self._open(request) if cached is None else cached
+
+    def give_back(self, num_bytes: int) -> int:
+        """Release ranges fetched ahead and not taken yet, the furthest ahead first, until
+        ``num_bytes`` are released (a download of this process waits for space they hold);
+        ``take`` opens them again. Returns the bytes released."""
+        if self._pid != os.getpid():
+            return 0  # a forked child's copy: it holds nothing of its parent's
+        given: list[CachedRange] = []
+        released = 0
+        with self._lock:
+            self._fetched.sort(key=lambda entry: entry[0])
+            while self._fetched and released < num_bytes:
+                cached = self._fetched.pop()[1]
+                given.append(cached)
+                released += cached.size
+        for cached in given:
+            cached.close()
+        return released
 
     def cached(self, request: RangeRequest) -> bool:
         """Whether the range of ``request`` is in the node cache now (a hint: see ``holds``)."""
@@ -175,7 +249,7 @@ class ReadAhead:
             self._first_pool = ThreadPoolExecutor(self.max_in_flight,
                                                   thread_name_prefix="shardio-first")
         for slot, request in fresh.items():  # a slot asked twice: the second take opens it
-            self._first[slot] = self._first_pool.submit(self._open_ahead, request)
+            self._first[slot] = self._submit(self._first_pool, request)
         self._first_bytes += size
         return True
 
@@ -188,7 +262,7 @@ class ReadAhead:
             del self._planned_slots[slot]
         return request
 
-    def _pop(self) -> Future[CachedRange] | None:
+    def _pop(self) -> Future[CachedRange | None] | None:
         (_name, start, stop), future = self._pending.popleft()
         if future is not None:
             self._pending_count -= 1
@@ -210,7 +284,7 @@ class ReadAhead:
             if self._pool is None:
                 self._pool = ThreadPoolExecutor(self.max_in_flight,
                                                 thread_name_prefix="shardio-readahead")
-            self._pending.append((_slot(request), self._pool.submit(self._open_ahead, request)))
+            self._pending.append((_slot(request), self._submit(self._pool, request)))
         while self._pending and self._pending[0][1] is None:
             self._pending.popleft()  # nothing before it to pass over: take opens it anyway
 
@@ -228,7 +302,7 @@ class ReadAhead:
         if first is not None:
             self._first_bytes -= request.stop - request.start
             self._fill()
-            return self._taken(first)
+            return self._taken(first, request)
         for position, (pending, future) in enumerate(self._pending):
             if pending == slot:
                 if position and future is None:
@@ -241,7 +315,7 @@ class ReadAhead:
                 future = self._pop()
                 self._fill()
                 # in the cache when planned: opened now (downloaded if evicted since)
-                return self._open(request) if future is None else self._taken(future)
+                return self._open(request) if future is None else self._taken(future, request)
         if self._planned_slots[slot]:
             cached = self.open_cached(request)
             if cached is not None:  # as above, its later entry not queued yet
@@ -257,18 +331,26 @@ class ReadAhead:
         while self._pending:
             self._discard(self._pop())
 
-    def _discard(self, future: Future[CachedRange] | None) -> None:
+    def _discard(self, future: Future[CachedRange | None] | None) -> None:
         """Release a range fetched ahead and never taken (its error, if any, matters no more)."""
-        if future is None or future.cancel():
+        if future is None:
+            return
+        if future.cancel():
+            self._tickets.pop(future, None)
             return
         with contextlib.suppress(Exception):  # a skipped range's failure is nobody's to report
-            self._taken(future).close()
+            cached = self._claim(future, want=False)
+            if cached is not None:
+                cached.close()
 
     def forget(self) -> None:
         """In a forked child: drop the parent's ranges fetched ahead, touching no lock."""
-        for cached in self._fetched:
+        for _order, cached in self._fetched:
             cached.forget()
         self._fetched = []
+        self._tickets = {}
+        self._lock = threading.Lock()
+        self._pid = os.getpid()
 
     @property
     def num_pending(self) -> int:
@@ -285,6 +367,8 @@ class ReadAhead:
         firsts, self._first, self._first_bytes = list(self._first.values()), {}, 0
         for future in firsts:
             future.cancel()
+        for ticket in self._tickets.values():
+            ticket.drop()  # downloads still waiting for room give up: the pools can stop
         for pool in (self._pool, self._first_pool):
             if pool is not None:
                 pool.shutdown(wait=True)
