@@ -145,6 +145,11 @@ class MixtureReader:
         source, own = self._shards[shard]
         return self.readers[source].shard(own)
 
+    def opened(self, shard: int) -> ShardFileReader | None:
+        """The reader of shard ``shard`` if it is open now, without opening it."""
+        source, own = self._shards[shard]
+        return self.readers[source].opened(own)
+
     def prefetch(self, shards: Iterable[int]) -> None:
         """Start opening ``shards`` where an open is a round trip (remote sources)."""
         by_source: dict[int, list[int]] = {}

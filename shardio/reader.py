@@ -165,6 +165,10 @@ class DatasetReader:
             self._open[shard] = reader
         return reader
 
+    def opened(self, shard: int) -> ShardFileReader | None:
+        """The reader of shard ``shard`` if it is open now, without opening it."""
+        return self._open.get(shard)
+
     def _open_checked(self, shard: int) -> ShardFileReader:
         info: ShardInfo = self.manifest.shards[shard]
         path = self.shard_path(shard)

@@ -58,6 +58,8 @@ class RunReader(Protocol):
 
     def shard(self, shard: int) -> ShardFileReader: ...
 
+    def opened(self, shard: int) -> ShardFileReader | None: ...
+
     def prefetch(self, shards: Iterable[int]) -> None: ...
 
 
@@ -269,8 +271,10 @@ class _OpenWindow:
         self.columns = WindowColumns(plan.unique) if columns or self._local else None
         self._complete = False
         self._drop_decoded = drop_decoded
-        self._defer_drops = defer_drops
-        """Drop the window's pages on the checker thread when it closes (a core is free)."""
+        self._defer_drops = defer_drops and bool(self._checks)
+        """Drop the window's pages on the checker thread when it closes (a core is free), where
+        checks were handed to it: closing never starts the thread (at interpreter exit,
+        starting one waits forever)."""
         number = {run: r for r, run in enumerate(self._runs)}
         self._head_of: dict[int, Run] = {}
         """The head run read on its own (``advise_first``) of each rank it holds, until loaded."""
@@ -468,16 +472,17 @@ class _OpenWindow:
         keep: dict[int, list[tuple[int, int]]] = {}
         for shard, start, stop in self.keep:
             keep.setdefault(shard, []).append((start, stop))
+        # only through shards still open: one closed since (the iteration ended first) has
+        # no pages left to drop, and opened again its file may be gone (interpreter exit)
+        drops = [(shard, drop) for shard in spans
+                 if (drop := getattr(self._reader.opened(shard), "drop_pages", None))]
         # on the checker thread, before the checks queued there, so the reader does not
         # wait for it: unmapping a window took about a fifth of a warm image epoch here
-        later = checker().later if self._defer_drops and spans else None
-        for shard, (start, stop) in spans.items():
-            drop = getattr(self._reader.shard(shard), "drop_pages", None)
-            if drop is None:
-                continue
+        later = checker().later if self._defer_drops and drops else None
+        for shard, drop in drops:
             # kept: the next window's runs of this shard (only a records shard's are checked
             # ahead, so only it has any)
-            drop(start, stop, keep.get(shard, ()), later=later)
+            drop(*spans[shard], keep.get(shard, ()), later=later)
 
 
 def _windows(reader: RunReader, order: IndexArray, window: int, max_run: int, skip: int,
