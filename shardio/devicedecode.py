@@ -17,9 +17,10 @@ three components, ending with their end-of-image marker. Everything else (PNG, C
 JPEGs, lossless and arithmetic-coded JPEGs, files cut short), and any image nvJPEG
 refuses, is decoded by shardio's CPU decoder and copied over, so a batch never fails
 for one odd file; bytes neither decodes raise ``DecodeError`` naming the sample.
-Without CUDA, or without torchvision (the ``shardio[gpu]`` extra), the whole batch
-takes the CPU path: the same pixels ``StreamingDataset(decode="tensor", crop=...)``
-gives. Imports torch.
+On the CPU (``"cpu"`` or ``device=None``), or without torchvision (the ``shardio[gpu]``
+extra), the whole batch takes the CPU path: the same pixels
+``StreamingDataset(decode="tensor", crop=...)`` gives. ``"cuda"`` where CUDA is not
+available raises, as torch does. Imports torch.
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ from shardio.collate import ImageBatchDecoder
 from shardio.crop import CenterCrop, Crop, Cropper, RandomResizedCrop
 from shardio.decode import check_pixels, open_image
 from shardio.errors import DecodeError
+from shardio.prefetch import resolve_device
 from shardio.record import INDEX_FIELD, KEY_FIELD
 from shardio.resize import resize_box
 
@@ -110,15 +112,15 @@ class DeviceDecoder:
     being read (``shardio.loader``'s ``loader.epoch``) so that random crops differ
     between epochs and match what ``StreamingDataset(crop=..., seed=...)`` draws.
 
-    ``self.device`` is where batches land: CPU when CUDA is asked for but absent.
-    ``self.gpu`` says whether nvJPEG decodes (CUDA and torchvision present).
+    ``self.device`` is where batches land: the CPU for ``"cpu"`` or ``device=None``.
+    ``self.gpu`` says whether nvJPEG decodes (a CUDA device and torchvision).
     ``DevicePrefetcher(loader, device, decode=decoder)`` calls it one batch ahead
     with the loader's epoch.
     """
 
     def __init__(
         self,
-        device: str | torch.device = "cuda",
+        device: str | torch.device | None = "cuda",
         *,
         crop: Crop | None = None,
         seed: int = 0,
@@ -128,29 +130,24 @@ class DeviceDecoder:
         """Choose the device, the crop and the fields.
 
         Args:
-            device: where the decoded batch goes; ``"cuda"`` without CUDA gives CPU.
+            device: where the decoded batch goes; ``"cpu"`` or None decodes on the CPU.
             crop: every image cropped and resized to one size (None: full images).
             seed: the seed of the random crops: the dataset's, for the same boxes.
             image: the field holding the encoded images.
             label: the int field returned as labels.
 
         Raises:
+            RuntimeError: ``device`` is a CUDA device but CUDA is not available.
             TypeError: ``crop`` is not a ``RandomResizedCrop`` or ``CenterCrop``.
         """
         if crop is not None and not isinstance(crop, (RandomResizedCrop, CenterCrop)):
             raise TypeError(
                 f"crop must be shardio.RandomResizedCrop or shardio.CenterCrop, got {crop!r}")
-        wanted = torch.device(device)
-        cuda = wanted.type == "cuda" and torch.cuda.is_available()
-        if wanted.type == "cuda" and not cuda:
-            wanted = torch.device("cpu")
-        elif cuda and wanted.index is None:
-            wanted = torch.device("cuda", torch.cuda.current_device())
-        self.device = wanted
+        self.device = resolve_device(device)
         self.crop = crop
         self.seed = seed
         self.image, self.label = image, label
-        self._io = _torchvision_io() if cuda else None
+        self._io = _torchvision_io() if self.device.type == "cuda" else None
         self._cropper = None if crop is None else Cropper(crop, seed, resize=resize_box)
         self._cpu = ImageBatchDecoder(image=image, label=label, cropper=self._cropper)
 
@@ -169,7 +166,9 @@ class DeviceDecoder:
         if self._io is not None:
             version = getattr(importlib.import_module("torchvision"), "__version__", "?")
             return f"nvjpeg (torchvision {version})"
-        return "CPU (shardio's decoder; no CUDA or no torchvision)"
+        if self.device.type == "cuda":
+            return "CPU (shardio's decoder; torchvision, shardio[gpu], is missing or broken)"
+        return f"CPU (shardio's decoder, to {self.device})"
 
     def __call__(self, batch: RecordBatch, *, epoch: int = 0
                  ) -> tuple[torch.Tensor | list[torch.Tensor], torch.Tensor | None]:

@@ -7,9 +7,9 @@ tensors are pinned (unless the DataLoader already did with
 with ``non_blocking=True``, optionally converted on the device (uint8 →
 float, mean/std normalisation, channels_last), and handed over with
 ``wait_stream`` + ``record_stream`` so the caching allocator never reuses
-their memory while the consumer's stream still reads it. On CPU, or when
-CUDA is unavailable, batches pass through unchanged apart from the optional
-conversion.
+their memory while the consumer's stream still reads it. On the CPU
+(``"cpu"`` or ``device=None``) batches pass through unchanged apart from the
+optional conversion; ``"cuda"`` where CUDA is not available raises, as torch does.
 
 Every device runs the same one-batch look-ahead: batch N+1 is taken from the
 loader (and, on CUDA, its copy started) before batch N is handed over. So the
@@ -57,7 +57,7 @@ class DevicePrefetcher(Generic[T]):
     def __init__(
         self,
         loader: Iterable[T],
-        device: str | torch.device,
+        device: str | torch.device | None,
         *,
         convert_float: bool = False,
         mean: Sequence[float] | None = None,
@@ -69,8 +69,8 @@ class DevicePrefetcher(Generic[T]):
 
         Args:
             loader: any iterable of batches, usually a ``torch.utils.data.DataLoader``.
-            device: target device. ``"cuda"`` without CUDA falls back to the
-                CPU pass-through; ``self.device`` is the device actually used.
+            device: target device; ``"cpu"`` or None for the CPU pass-through.
+                ``self.device`` is the device used (``"cuda"`` gains its index).
             convert_float: convert image tensors to float32 in [0, 1] (divide by 255).
             mean: per-channel mean subtracted after ``convert_float`` (e.g. ImageNet's).
             std: per-channel standard deviation divided by after ``mean``.
@@ -83,6 +83,7 @@ class DevicePrefetcher(Generic[T]):
                 as ``shardio.loader`` has, else its dataset's).
 
         Raises:
+            RuntimeError: ``device`` is a CUDA device but CUDA is not available.
             ValueError: ``mean``/``std`` given without each other, of different
                 lengths, with a zero in ``std``, or without ``convert_float``;
                 ``decode`` decodes to another device.
@@ -103,7 +104,7 @@ class DevicePrefetcher(Generic[T]):
             if any(s == 0 for s in std):
                 raise ValueError(f"std must not contain 0, got {list(std)}")
         self.loader = loader
-        self.device = _resolve(torch.device(device))
+        self.device = resolve_device(device)
         if decode is not None and decode.device != self.device:
             raise ValueError(f"decode= decodes to {decode.device}, but the prefetcher hands "
                              f"batches over on {self.device}: give both the same device")
@@ -293,13 +294,24 @@ class DevicePrefetcher(Generic[T]):
         return cached
 
 
-def _resolve(device: torch.device) -> torch.device:
-    """The device batches will land on: CPU when CUDA is asked for but absent."""
-    if device.type != "cuda":
-        return device
+def resolve_device(device: str | torch.device | None) -> torch.device:
+    """The device batches will land on: ``device``, CPU for None, CUDA with its index.
+
+    A CUDA device where CUDA is absent is refused here, not silently replaced by the
+    CPU: a script asking for the GPU would otherwise train on the CPU without a word.
+
+    Raises:
+        RuntimeError: ``device`` is a CUDA device but CUDA is not available.
+    """
+    wanted = torch.device("cpu" if device is None else device)
+    if wanted.type != "cuda":
+        return wanted
     if not torch.cuda.is_available():
-        return torch.device("cpu")
-    index = torch.cuda.current_device() if device.index is None else device.index
+        why = ("this torch is built without CUDA" if torch.version.cuda is None
+               else "torch finds no CUDA device")
+        raise RuntimeError(f"device {str(wanted)!r} asked for, but CUDA is not available "
+                           f"({why}); pass \"cpu\" or device=None to run on the CPU")
+    index = torch.cuda.current_device() if wanted.index is None else wanted.index
     return torch.device("cuda", index)
 
 

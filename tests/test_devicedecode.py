@@ -34,6 +34,8 @@ from shardio.errors import DecodeError  # noqa: E402
 from shardio.resize import resize_box  # noqa: E402
 
 CUDA = torch.cuda.is_available() and _torchvision_io() is not None
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+"""Where the GPU path is tested: the device itself, else the CPU through the stand-in."""
 
 
 def _photo(width: int, height: int, seed: int = 0, **kw: Any) -> bytes:
@@ -167,7 +169,7 @@ def _pixels(data: bytes) -> Any:
 @pytest.mark.parametrize("gpu_path", [False, True])
 def test_full_images_of_one_size_stack_and_of_several_sizes_are_a_list(gpu_path: bool
                                                                        ) -> None:
-    decoder = DeviceDecoder("cuda")
+    decoder = DeviceDecoder(DEVICE)
     nvjpeg = decoder.gpu
     if gpu_path and not nvjpeg:
         _gpu_path(decoder)
@@ -287,12 +289,9 @@ def test_what_no_decoder_reads_is_named(bad: str) -> None:
         DeviceDecoder("cpu", crop=(32, 32))  # type: ignore[arg-type]
 
 
-def test_without_cuda_the_decoder_says_it_decodes_on_the_cpu() -> None:
-    decoder = DeviceDecoder("cuda")
-    if torch.cuda.is_available():
-        assert decoder.device.type == "cuda"
-    else:
-        assert decoder.device.type == "cpu" and not decoder.gpu
+def test_on_the_cpu_the_decoder_says_it_decodes_on_the_cpu() -> None:
+    for decoder in (DeviceDecoder("cpu"), DeviceDecoder(None)):
+        assert decoder.device == torch.device("cpu") and not decoder.gpu
         assert "CPU" in decoder.describe()
 
 
@@ -333,7 +332,7 @@ def test_every_sample_once_with_the_crop_the_dataset_draws(
     reference = _by_index(pack, crop, seed, epochs=2)
     dataset = shardio.StreamingDataset(pack, decode="raw", seed=seed)
     loader = shardio.loader(dataset, batch_size=6, num_workers=num_workers)
-    decoder = DeviceDecoder("cuda", crop=crop, seed=seed)
+    decoder = DeviceDecoder(DEVICE, crop=crop, seed=seed)
     if gpu_path and not decoder.gpu:
         _gpu_path(decoder)
     exact = not decoder.gpu and not gpu_path  # the dataset's own decoder
@@ -382,7 +381,7 @@ def test_the_prefetcher_decodes_raw_batches_for_the_epoch_the_loader_reads(
                                                       crop=crop, lanes=1),
                              batch_size=6, num_workers=0)
     prefetcher = shardio.DevicePrefetcher(
-        raw, "cuda", decode=DeviceDecoder("cuda", crop=crop, seed=seed), convert_float=True,
+        raw, DEVICE, decode=DeviceDecoder(DEVICE, crop=crop, seed=seed), convert_float=True,
         mean=MEAN, std=STD)
     reference = shardio.DevicePrefetcher(decoded, "cpu", convert_float=True, mean=MEAN, std=STD)
     nvjpeg = prefetcher.decode is not None and prefetcher.decode.gpu

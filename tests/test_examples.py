@@ -21,7 +21,6 @@ name, and nothing else (``FIXTURE`` below is the whole list):
 * names the Python examples use without defining them: ``shardio`` and ``torch``
   imported; ``my_samples()`` yielding ``(key, jpeg bytes, label)``; ``tf``, a transform
   from a PIL image to a 3×32×32 uint8 tensor; ``epochs = 1``;
-* ``"cuda"`` needs nothing: ``DevicePrefetcher`` falls back to the CPU without CUDA;
 * buckets the examples name (``s3://my-bucket/…``): moto's S3 server on 127.0.0.1
   (``storage_servers.MotoS3``), emptied and with those buckets made for each example,
   the ``AWS_*`` environment pointing at it (``AWS_ENDPOINT_URL``, as a user of an
