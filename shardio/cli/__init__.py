@@ -3,12 +3,16 @@
 Sizes like ``256MB`` are parsed here and nowhere else; the library takes bytes.
 A command's module is imported only when that command runs, so ``shardio --help``
 imports click and nothing heavy (no torch, numpy, zstandard, lmdb, Pillow, tqdm).
+Every failure ends in one ``Error:`` line and exit status 1; ``--debug`` (or
+``SHARDIO_DEBUG=1``) also prints the traceback behind it.
 """
 
 from __future__ import annotations
 
 import importlib
-from typing import Final
+import sys
+import traceback
+from typing import Any, Final
 
 import click
 
@@ -51,6 +55,27 @@ class LazyGroup(click.Group):
     def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
         return load_command(cmd_name) if cmd_name in COMMANDS else None
 
+    def invoke(self, ctx: click.Context) -> Any:
+        """Run the command; what it raises ends in one ``Error:`` line, with the traceback
+        behind it only under ``--debug``."""
+        try:
+            return super().invoke(ctx)
+        except (click.ClickException, click.exceptions.Exit, click.Abort, EOFError):
+            if ctx.params.get("debug"):
+                cause = sys.exc_info()[1]
+                if cause is not None and cause.__cause__ is not None:
+                    traceback.print_exception(type(cause.__cause__), cause.__cause__,
+                                              cause.__cause__.__traceback__)
+            raise
+        except Exception as exc:
+            if ctx.params.get("debug"):
+                raise
+            from shardio.storage.retry import describe  # its text without URL secrets
+
+            raise click.ClickException(
+                f"{describe(exc)} (unexpected: run again with --debug, or SHARDIO_DEBUG=1, to "
+                "see where, and report it)") from exc
+
     def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
         with formatter.section("Commands"):
             formatter.write_dl([(name, help_) for name, (_, help_) in COMMANDS.items()])
@@ -59,5 +84,7 @@ class LazyGroup(click.Group):
 @click.group(cls=LazyGroup,
              context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
 @click.version_option(__version__, prog_name="shardio")
-def main() -> None:
+@click.option("--debug", is_flag=True, envvar="SHARDIO_DEBUG", show_envvar=True,
+              help="On an error, also print the traceback behind it.")
+def main(debug: bool) -> None:
     """Pack small files into shuffled, checksummed shards and stream them into PyTorch."""

@@ -10,8 +10,10 @@ What it guarantees above fsspec:
   a ranged GET cut mid-body resumes at the first byte not received
   (``shardio.storage.transfer``).
 * **Errors** translated at this boundary: ``FileNotFoundError`` for a missing
-  object, ``StorageError`` otherwise, ``MissingDependencyError`` naming
-  ``shardio[remote]`` when fsspec or a protocol's package is not installed.
+  object, ``StorageError`` otherwise (saying what to set or check when the store
+  found no credentials, denied access or has no such bucket: ``client.refusal``),
+  ``MissingDependencyError`` naming ``shardio[remote]`` when fsspec or a
+  protocol's package is not installed. Messages carry no URL query string.
 
 Writes: an object PUT is atomic (multipart for large S3 files, part by part),
 so there are no temporary names; a caller that needs "complete" semantics
@@ -28,8 +30,14 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from shardio.errors import MissingDependencyError, StorageError
-from shardio.storage.client import HTTP_PROTOCOLS, S3_PROTOCOLS, client_for, missing_dependency
-from shardio.storage.retry import IncompleteBodyError, RetryPolicy, StoreStats, retry_call
+from shardio.storage.client import (
+    HTTP_PROTOCOLS,
+    S3_PROTOCOLS,
+    client_for,
+    missing_dependency,
+    refusal,
+)
+from shardio.storage.retry import IncompleteBodyError, RetryPolicy, StoreStats, redact, retry_call
 from shardio.storage.store import RangeWriter, check_name, check_range
 from shardio.storage.transfer import (
     abort_s3_uploads,
@@ -88,7 +96,8 @@ class RemoteStore:
     def _fs(self) -> Any:
         """The client of this process (a fork or spawn gets a new one)."""
         if self._pid != os.getpid() or self._client is None:
-            self._client = client_for(self.protocol, self.storage_options, self.retry)
+            self._client = client_for(self.protocol, self.storage_options, self.retry,
+                                      url=self.url)
             self._pid = os.getpid()
             self.stats = StoreStats()
         return self._client
@@ -98,24 +107,23 @@ class RemoteStore:
 
     def _call(self, path: str, op: str, call: Callable[[], T],
               progress: Callable[[], int] | None = None) -> T:
-        """``call`` (operation ``op`` on ``path``) with retries, its errors translated."""
-        what = f"{path}: {op}"
+        """``call`` (operation ``op`` on ``path``) with retries, its errors translated: a
+        refusal (no credentials, access denied, no such bucket) says what to set or check."""
+        where = redact(path)  # a presigned URL's query string is a read grant
+        what = f"{where}: {op}"
         try:
             return retry_call(call, policy=self.retry, what=what, stats=self.stats,
                               progress=progress)
         except (StorageError, MissingDependencyError):
             raise
-        except FileNotFoundError as exc:
-            raise FileNotFoundError(errno.ENOENT, "no such object", path) from exc
-        except PermissionError as exc:
-            raise StorageError(
-                f"{what}: access denied ({exc}); check the credentials (AWS_* environment or "
-                "profile, GOOGLE_APPLICATION_CREDENTIALS, ...) or pass storage_options",
-                path=what,
-            ) from exc
         except ImportError as exc:
             raise missing_dependency(exc, self.protocol) from exc
         except Exception as exc:
+            refused = refusal(self.protocol, self.storage_options, self.url, exc)
+            if refused is not None:
+                raise StorageError(f"{what}: {refused}", path=what) from exc
+            if isinstance(exc, FileNotFoundError):
+                raise FileNotFoundError(errno.ENOENT, "no such object", where) from exc
             raise StorageError(f"{what}: {exc!r}", path=what) from exc
 
     def local_path(self, name: str) -> Path | None:
