@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import functools
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -31,7 +31,7 @@ from shardio.badimage import SkippedImages
 from shardio.crop import Cropper, PendingCrop
 from shardio.decode import PendingImage, decode_array, decode_image, open_image
 from shardio.errors import DecodeError
-from shardio.fields import FieldDecoder, Fields, as_fields, to_bytes
+from shardio.fields import FieldDecoder, Fields, ImageDecoder, as_fields, to_bytes
 from shardio.manifest import Manifest
 from shardio.record import INDEX_FIELD, KEY_FIELD
 from shardio.shmring import active_ring
@@ -294,18 +294,40 @@ class ImageBatchDecoder:
         return views, label_batch
 
     def _open(self, sample: dict[str, Any]) -> PendingImage | PendingCrop:
-        if self.cropper is None:
-            return open_image(sample[self.image], draft_size=self.draft_size,
-                              key=sample.get(KEY_FIELD))
-        return self.cropper.open(sample[self.image], sample[INDEX_FIELD], sample.get(KEY_FIELD))
+        return open_pending(sample[self.image], sample, draft_size=self.draft_size,
+                            cropper=self.cropper)
 
 
-def _pil(data: bytes | memoryview, *, draft_size: tuple[int, int] | None) -> Any:
-    return decode_image(data, draft_size=draft_size)
+def open_pending(data: bytes | memoryview, sample: Mapping[str, Any], *,
+                 draft_size: tuple[int, int] | None, cropper: Cropper | None
+                 ) -> PendingImage | PendingCrop:
+    """An image of ``sample`` opened for decoding: its crop, drawn from the sample's
+    ``__index__``, where ``cropper`` is given, else the whole image (at ``draft_size``)."""
+    if cropper is None:
+        return open_image(data, draft_size=draft_size, key=sample.get(KEY_FIELD))
+    return cropper.open(data, sample[INDEX_FIELD], sample.get(KEY_FIELD))
 
 
-def _tensor(data: bytes | memoryview, *, draft_size: tuple[int, int] | None) -> torch.Tensor:
-    return decode_tensor(data, draft_size=draft_size)
+def _field_image(data: bytes | memoryview, sample: Mapping[str, Any], *, mode: str,
+                 draft_size: tuple[int, int] | None, cropper: Cropper | None) -> Any:
+    """An image field as ``mode`` gives it: a PIL RGB image, or a uint8 CHW tensor."""
+    if cropper is None:
+        if mode == "pil":
+            return decode_image(data, draft_size=draft_size)
+        return decode_tensor(data, draft_size=draft_size)
+    pending = cropper.open(data, sample[INDEX_FIELD], sample.get(KEY_FIELD))
+    pixels = np.empty(pending.shape, np.uint8)
+    pending.decode_into(pixels)
+    if mode == "pil":
+        from PIL import Image
+
+        return Image.fromarray(pixels)
+    return torch.from_numpy(pixels).permute(2, 0, 1)
+
+
+def _raw_image(data: Any, sample: Mapping[str, Any]) -> Any:
+    """An image field of ``decode="raw"``: its bytes."""
+    return to_bytes(data)
 
 
 def field_decoder(
@@ -317,9 +339,14 @@ def field_decoder(
     transform: Callable[[Any], Any] | None = None,
     target_transform: Callable[[Any], Any] | None = None,
     draft_size: tuple[int, int] | None = None,
+    cropper: Cropper | None = None,
 ) -> FieldDecoder:
     """The decoder of a dataset built with ``fields=``: image fields per ``mode``
     (``"pil"``: PIL RGB, ``"tensor"``: uint8 CHW, ``"raw"``: bytes), the rest by name.
+
+    With ``cropper`` (``crop=``, ``"pil"`` or ``"tensor"``) every image field the
+    built-in decoder decodes is cropped to one size; the fields of one sample draw
+    the same box (an image and its mask of one size stay aligned).
 
     Raises:
         TypeError: ``fields`` is a str or holds something other than names.
@@ -340,20 +367,22 @@ def field_decoder(
             f"{list(manifest.fields)} (a field is the part of a file name after the sample "
             "key's first dot: x.seg.png -> 'seg.png')"
         )
-    image: Callable[[Any], Any] = to_bytes
+    image: ImageDecoder = _raw_image
     if mode in ("pil", "tensor"):
-        image = functools.partial(_pil if mode == "pil" else _tensor, draft_size=draft_size)
-    together = functools.partial(_tensors_shared, draft_size=draft_size)
+        image = functools.partial(_field_image, mode=mode, draft_size=draft_size,
+                                  cropper=cropper)
+    together = functools.partial(_tensors_shared, draft_size=draft_size, cropper=cropper)
     return FieldDecoder(spec, mode=mode, image=image, path=path, transform=transform,
                         images=together if mode == "tensor" else None)
 
 
 def _tensors_shared(
-    values: list[Any], keys: list[str | None], *, draft_size: tuple[int, int] | None,
+    values: list[Any], samples: list[Mapping[str, Any]], *,
+    draft_size: tuple[int, int] | None, cropper: Cropper | None,
 ) -> list[torch.Tensor]:
-    """``decode_tensor``'s tensors of ``values``, views of one shared block."""
-    return decode_shared([open_image(v, draft_size=draft_size, key=k)
-                          for v, k in zip(values, keys, strict=True)])
+    """``_field_image``'s tensors of ``values``, views of one shared block."""
+    return decode_shared([open_pending(v, s, draft_size=draft_size, cropper=cropper)
+                          for v, s in zip(values, samples, strict=True)])
 
 
 def collate_fields(batch: Sequence[Any]) -> Any:

@@ -295,8 +295,10 @@ class StreamingDataset(ClassAttributes, IterableDataset[Any]):
             crop: with ``decode="pil"`` or ``"tensor"``, every image cropped and resized
                 to one size as it is decoded, at the smallest JPEG scale that covers
                 the box (``shardio.RandomResizedCrop``, ``shardio.CenterCrop``); a
-                sample's random box depends only on ``(seed, epoch, index)``. Batches
-                of ``shardio.loader`` are then one ``(B, 3, H, W)`` tensor.
+                sample's random box depends only on ``(seed, epoch, index)``. With
+                ``fields=``, every image field without a custom decoder is cropped,
+                the fields of one sample by one draw. Batches of ``shardio.loader``
+                then hold one ``(B, 3, H, W)`` tensor per image field.
             verify: check each record's CRC-32 as it is read.
             remote: how a URL is reached and cached (``shardio.RemoteOptions``:
                 ``storage_options``, ``cache_dir``, ``max_cache_bytes``); ignored for
@@ -322,14 +324,14 @@ class StreamingDataset(ClassAttributes, IterableDataset[Any]):
         self.manifest = self.reader.manifest
         self._rank_arg, self._world_arg = rank, world_size
         mode = resolve_decode(decode, self.manifest.is_imagefolder or fields is not None, self.path)
-        cropper = _cropper(self.path, crop, seed, mode, fields, draft_size)
+        cropper = _cropper(self.path, crop, seed, mode, draft_size)
         self._cropper = cropper
         self.decoder: SampleDecoder | FieldDecoder = SampleDecoder(
             mode, transform=transform, target_transform=target_transform, draft_size=draft_size,
             cropper=cropper,
         ) if fields is None else field_decoder(
             fields, mode=mode, manifest=self.manifest, path=self.path, transform=transform,
-            target_transform=target_transform, draft_size=draft_size,
+            target_transform=target_transform, draft_size=draft_size, cropper=cropper,
         )
         mean = self.manifest.num_bytes / max(self.manifest.num_samples, 1)
         window = shuffle_buffer if shuffle_buffer is not None else default_window(mean)
@@ -685,18 +687,19 @@ class StreamingDataset(ClassAttributes, IterableDataset[Any]):
         self._shared.write({"epoch": progress.epoch, "resume": progress_to_state(progress)})
 
 
-def _cropper(path: str, crop: Crop | None, seed: int, mode: str, fields: object,
+def _cropper(path: str, crop: Crop | None, seed: int, mode: str,
              draft_size: tuple[int, int] | None) -> Cropper | None:
     """The ``Cropper`` of ``crop=``, or None; refused where it cannot apply."""
     if crop is None:
         return None
-    if fields is not None or mode not in ("pil", "tensor") or draft_size is not None:
+    if mode not in ("pil", "tensor"):
         raise ValueError(
-            f"{path}: crop= decodes the images of an ImageFolder pack with "
-            f"decode='pil' or 'tensor' and no fields= or draft_size= (it picks the "
-            f"JPEG scale itself); got decode={mode!r}"
-            + (", fields=" if fields is not None else "")
-            + (", draft_size=" if draft_size is not None else ""))
+            f"{path}: crop= crops decoded images, but decode={mode!r} yields their bytes: "
+            "pass decode='pil' or 'tensor' (on a pack that is no ImageFolder, with fields= "
+            "naming its image fields, e.g. fields=('jpg', 'cls'))")
+    if draft_size is not None:
+        raise ValueError(f"{path}: crop= picks each JPEG's decode scale itself; pass crop= "
+                         "or draft_size=, not both")
     return Cropper(crop, seed, resize=resize_box)
 
 
@@ -734,13 +737,13 @@ class IndexedDataset(ClassAttributes, Dataset[Any]):
                 f"{self.path}: IndexedDataset takes crop=shardio.CenterCrop only, got {crop!r}: "
                 "a random crop drawn per epoch needs the epoch in every DataLoader worker; "
                 "use StreamingDataset(crop=...), which has it")
-        cropper = _cropper(self.path, crop, 0, mode, fields, draft_size)
+        cropper = _cropper(self.path, crop, 0, mode, draft_size)
         self.decoder: SampleDecoder | FieldDecoder = SampleDecoder(
             mode, transform=transform, target_transform=target_transform, draft_size=draft_size,
             cropper=cropper,
         ) if fields is None else field_decoder(
             fields, mode=mode, manifest=self.manifest, path=self.path, transform=transform,
-            target_transform=target_transform, draft_size=draft_size,
+            target_transform=target_transform, draft_size=draft_size, cropper=cropper,
         )
 
     def _reader_here(self) -> DatasetReader:

@@ -39,6 +39,11 @@ Kind = Literal["image", "int", "text", "json", "npy", "bytes"]
 Missing = Literal["error", "none"]
 ValueDecoder = Callable[[Any], Any]
 """Stored value (bytes for a packed file; whatever ``ShardWriter`` was given) → decoded value."""
+ImageDecoder = Callable[[Any, Mapping[str, Any]], Any]
+"""An image field's stored value and its sample → the decoded image. The sample's
+``__index__`` draws its crop (``crop=``), its ``__key__`` names it in errors."""
+ImagesDecoder = Callable[[list[Any], list[Mapping[str, Any]]], list[Any]]
+"""Many image values and their samples → their images, decoded as ``ImageDecoder`` would."""
 
 
 def extension(name: str) -> str:
@@ -222,8 +227,9 @@ class FieldDecoder:
 
     Built by the torch layer (``shardio.collate.field_decoder``), which checks
     the names against the dataset's fields and passes the image decoder of the
-    decode mode. ``mode`` and ``transform`` are what ``shardio.loader`` reads to
-    choose its collate.
+    decode mode (and of ``crop=``: every image field the built-in decoder decodes
+    is cropped, the fields of one sample with the same draws). ``mode`` and
+    ``transform`` are what ``shardio.loader`` reads to choose its collate.
     """
 
     def __init__(
@@ -231,20 +237,21 @@ class FieldDecoder:
         spec: Fields,
         *,
         mode: str,
-        image: ValueDecoder,
+        image: ImageDecoder,
         path: str,
         transform: Callable[[Any], Any] | None = None,
-        images: Callable[[list[Any], list[str | None]], list[Any]] | None = None,
+        images: ImagesDecoder | None = None,
     ) -> None:
-        """``images``, where given, decodes many image values at once (their keys beside
-        them) as ``image`` decodes each: ``decode_group`` uses it."""
+        """``images``, where given, decodes many image values at once (their samples
+        beside them) as ``image`` decodes each: ``decode_group`` uses it."""
         self.fields = spec
         self.mode = mode
         self.transform = transform
         self.path = path
         transforms = spec.transforms or (None,) * len(spec.names)
+        self._image = image
         self._plan = tuple(
-            (name, spec.decoders.get(name), image if field_kind(name) == "image"
+            (name, spec.decoders.get(name), None if field_kind(name) == "image"
              else _BY_KIND[field_kind(name)], tf)
             for name, tf in zip(spec.names, transforms, strict=True)
         )
@@ -273,7 +280,7 @@ class FieldDecoder:
         if not where:  # every image field missing (missing="none")
             return [{} for _ in samples]
         decoded = self._images([samples[i][name] for i, name in where],
-                               [samples[i].get(KEY_FIELD) for i, _name in where])
+                               [samples[i] for i, _name in where])
         parts: list[dict[str, Any]] = [{} for _ in samples]
         for (i, name), value in zip(where, decoded, strict=True):
             parts[i][name] = value
@@ -303,7 +310,7 @@ class FieldDecoder:
                 value = self._custom(custom, value, sample, name)
             else:
                 try:
-                    value = builtin(value)
+                    value = self._image(value, sample) if builtin is None else builtin(value)
                 except (ValueError, TypeError) as exc:  # DecodeError (an image) is a ValueError
                     raise DecodeError(self._where(sample, name) + (
                         f"does not decode as {field_kind(name)} ({exc}); decode it yourself "

@@ -321,8 +321,8 @@ def test_a_bad_image_field_in_a_worker_fails_at_its_sample_naming_the_field(
 def test_a_group_without_image_values_decodes_none_of_them() -> None:
     from shardio.fields import FieldDecoder
 
-    def refuse(values: list[Any], keys: list[str | None]) -> list[Any]:
-        raise AssertionError(f"asked to decode {keys}")
+    def refuse(values: list[Any], samples: list[Any]) -> list[Any]:
+        raise AssertionError(f"asked to decode {samples}")
 
     decoder = FieldDecoder(Fields(("jpg", "cls"), missing="none"), mode="tensor",
                            image=bytes, path="p", images=refuse)
