@@ -181,13 +181,41 @@ def parse_journal(data: bytes, identity: Mapping[str, Any], *, where: str) -> di
     if not isinstance(state, dict):
         raise PackError(f"{where}: the pack journal {JOURNAL_NAME} is damaged ({state!r}); "
                         "use --overwrite to pack again", path=f"{where}/{JOURNAL_NAME}")
-    if state.get("identity") != json.loads(json.dumps(dict(identity))):
+    wanted = json.loads(json.dumps(dict(identity)))
+    if state.get("identity") != wanted:
         raise PackError(
-            f"{where}: the interrupted pack used other options or input "
-            f"({state.get('identity')}); resume with the same options, or use --overwrite",
+            f"{where}: the interrupted pack used other options or input: "
+            f"{identity_changes(state.get('identity'), wanted)}. Resume with the SRC and options "
+            "it began with, or use --overwrite to start again",
             path=f"{where}/{JOURNAL_NAME}",
         )
     return state
+
+
+def identity_changes(old: Any, new: Mapping[str, Any]) -> str:
+    """What differs between a journal's identity and a resuming pack's, named option by option
+    (the options as ``shardio.pack`` and its flags name them), old value then new."""
+    if not isinstance(old, Mapping):
+        return "its journal records no options"
+
+    def flat(identity: Mapping[str, Any]) -> dict[str, Any]:  # {"write": {"level": 3}} -> level
+        return {k: v for key, value in identity.items() for k, v in (
+            value.items() if key in ("write", "pack") and isinstance(value, Mapping)
+            else [(key, value)])}
+
+    was, now = flat(old), flat(new)
+    changes = []
+    for name in [*now, *(n for n in was if n not in now)]:
+        if was.get(name) == now.get(name):
+            continue
+        if name == "source":
+            changes.append("the files in SRC changed since it began (added, removed or modified)")
+        elif name == "plan":
+            changes.append(f"it was planned by another shardio version (plan {was.get(name)}, "
+                           f"now {now.get(name)})")
+        else:
+            changes.append(f"{name} was {was.get(name)!r}, now {now.get(name)!r}")
+    return "; ".join(changes) or "its journal records other options"
 
 
 def shard_is_intact(path: Path, num_bytes: int, checksum: str) -> bool:

@@ -19,6 +19,7 @@ uploaded one by one, the manifest last). Nothing here imports torch.
 from __future__ import annotations
 
 import contextlib
+import functools
 import gc
 import itertools
 import os
@@ -26,22 +27,28 @@ import random
 import sys
 import time
 from collections.abc import Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 from shardio.append import pack_choices, prepare_append, settle_interrupted_append
 from shardio.engines import PackEngine, open_engine
-from shardio.errors import BadInputError, EmptySourceError, PackError, StorageError
-from shardio.journal import dataset_lock
+from shardio.errors import (
+    BadInputError,
+    EmptySourceError,
+    PackError,
+    StorageError,
+)
+from shardio.journal import JOURNAL_NAME, dataset_lock
 from shardio.location import is_url
-from shardio.manifest import CLASS_FOLDERS_OPTION
+from shardio.manifest import CLASS_FOLDERS_OPTION, MANIFEST_NAME
 from shardio.packstate import journal_state, pack_manifest, resumable_shards
 from shardio.packtarget import LocalTarget, PackTarget, open_target
-from shardio.shardbuild import ShardFailure, ShardJob
+from shardio.shardbuild import ShardFailure, ShardJob, file_image_problem, is_image_field
 from shardio.shardplan import PLAN_VERSION, framed_bounds, plan_shards
 from shardio.shardpool import ProgressBar
-from shardio.source import IMAGEFOLDER_RULES, Bad, Source, dataset_source
+from shardio.source import IMAGEFOLDER_RULES, Bad, Source, dataset_source, display_path
 from shardio.storage import RemoteOptions
 from shardio.writer import WriteOptions
 
@@ -94,26 +101,58 @@ def _gc_paused() -> Iterator[None]:
             gc.enable()
 
 
-def _refuse_bad(source: Source) -> None:
-    if not source.bad:
-        return
-    first = source.bad[0][0]
-    listing = "".join(f"\n  {p}: {r}" for p, r in source.bad[:10])
-    more = f"\n  … and {len(source.bad) - 10} more" if len(source.bad) > 10 else ""
+def _refuse_bad(source: Source, check_images: bool) -> None:
+    """Refuse the bad inputs the walk found, with every image a build would refuse."""
+    if source.bad:
+        raise _bad_inputs(source, check_images)
+
+
+def _bad_inputs(source: Source, check_images: bool, failed: Bad | None = None) -> BadInputError:
+    """Every bad input of ``source`` at once: the walk's, and the images a build would refuse,
+    read now (``failed``: the file a build stopped at), so that a source fixed once packs.
+
+    Reading every image costs what a pack's read does, and only when the pack fails anyway.
+    """
+    found = {*source.bad, *([] if failed is None else [failed]),
+             *_image_problems(source, check_images)}
+    bad = sorted(found)
+    first = bad[0][0]
+    listing = "".join(f"\n  {p}: {r}" for p, r in bad[:10])
+    more = f"\n  … and {len(bad) - 10} more" if len(bad) > 10 else ""
     generic = ""
-    if source.is_imagefolder and any(r in IMAGEFOLDER_RULES for _, r in source.bad):
+    if source.is_imagefolder and any(r in IMAGEFOLDER_RULES for _, r in bad):
         # these files are bad only as ImageFolder input: --skip-bad alone would drop
         # them, which is wrong when they are the other fields of their samples
         generic = ("; or, if SRC is not an ImageFolder (say a/x.jpg comes with a/x.json), "
                    "pass --no-imagefolder (imagefolder=False) to keep every file, grouped "
                    "into generic samples by name stem, without labels")
-    raise BadInputError(
-        f"{os.path.join(source.root, first)}: {source.bad[0][1]}. {len(source.bad)} input(s) "
-        f"in {source.root} cannot be packed:{listing}{more}\nFix or remove them, or pass "
-        "--skip-bad (skip_bad=True) to pack without them (they are then listed in the summary "
-        f"and the manifest){generic}",
+    fix = ("Fix or remove them and pack again with --overwrite, or add --skip-bad --resume "
+           "(skip_bad=True, resume=True) to keep the shards finished and pack without them"
+           if failed is not None else
+           "Fix or remove them, or pass --skip-bad (skip_bad=True) to pack without them")
+    return BadInputError(
+        f"{os.path.join(source.root, first)}: {bad[0][1]}. {len(bad)} input(s) "
+        f"in {source.root} cannot be packed:{listing}{more}\n{fix} (they are then listed in "
+        f"the summary and the manifest){generic}",
         path=os.path.join(source.root, first),
     )
+
+
+def _image_problems(source: Source, decode: bool) -> list[Bad]:
+    """The image files of ``source``'s samples that a shard build would refuse, read in
+    threads (reads release the GIL); named relative to SRC, as the walk names its files."""
+    paths = [path for sample in source.samples
+             for name, path in zip(sample.fields, sample.paths, strict=True)
+             if is_image_field(name)]
+    with ThreadPoolExecutor(min(32, len(paths) or 1), "shardio-check") as pool:
+        reasons = list(pool.map(functools.partial(file_image_problem, decode=decode), paths))
+    return [(_relative(source, path), reason) for path, reason in zip(paths, reasons, strict=True)
+            if reason is not None]
+
+
+def _relative(source: Source, path: str) -> str:
+    """``path`` (a sample's file) relative to SRC, as the walk names bad files."""
+    return display_path(os.path.relpath(path, source.root).replace(os.sep, "/"))
 
 
 def pack(
@@ -140,6 +179,7 @@ def pack(
     remote: RemoteOptions | None = None,
     engine: str = "local",
     scheduler: str | None = None,
+    force: bool = False,
 ) -> PackSummary:
     """Pack the folder ``src`` into a shardio dataset at ``out``, a folder or a URL.
 
@@ -199,6 +239,7 @@ def pack(
             on a filesystem every worker sees at the same path.
         scheduler: with ``"dask"``, the scheduler's address (``tcp://host:8786``);
             ``None`` starts a local cluster of ``num_workers`` processes.
+        force: pack ``src`` even when it is a shardio dataset (its shard files become samples).
 
     Raises:
         BadInputError: an input cannot be packed (and not ``skip_bad``); names the file.
@@ -208,10 +249,13 @@ def pack(
         PackError: with ``append``, keys already in the dataset, another backend or codec,
             or new classes sorting before old ones.
         StorageError: ``src`` is a URL, or ``out``'s store failed after retries.
-        PackError: another pack on this host is writing to the same ``out`` URL.
+        PackError: another pack on this host is writing to the same ``out`` URL, or ``src``
+            is a shardio dataset (and not ``force``).
     """
     start = time.perf_counter()
     root = _local_source(src)
+    if not force:
+        _refuse_dataset(root)
     with contextlib.closing(open_target(out, remote)) as target, _write_lock(
             target, append=append, overwrite=overwrite, resume=resume), contextlib.closing(
             open_engine(engine, num_workers=num_workers, scheduler=scheduler)) as runner, \
@@ -315,6 +359,20 @@ def _local_source(src: str | os.PathLike[str]) -> Path:
     return Path(src)
 
 
+def _refuse_dataset(src: Path) -> None:
+    """Refuse a SRC that is a shardio dataset (or a pack's unfinished output): its shard files
+    would be packed as samples, which is never what reading or adding to it needs."""
+    marks = [name for name in (MANIFEST_NAME, JOURNAL_NAME) if (src / name).is_file()]
+    if marks:
+        what = "a shardio dataset" if marks[0] == MANIFEST_NAME else "an unfinished shardio pack"
+        raise PackError(
+            f"{src}: the source is {what} (it holds {marks[0]}), not a folder of files: packing "
+            "it would store its shard files as samples. Read it as it is (StreamingDataset, "
+            "`shardio ls`), combine datasets with `shardio merge`, or restore its files with "
+            "`shardio unpack` and pack those; pass --force (force=True) to pack its files "
+            "anyway", path=src)
+
+
 def _refuse_nested(src: Path, out: Path) -> None:
     src_abs, out_abs = src.resolve(), out.resolve()
     if out_abs == src_abs or (src_abs in out_abs.parents and not any(
@@ -344,7 +402,7 @@ def _pack_or_append(
                             **run)
     if not job.source.samples and (job.existing_skipped or job.left_skipped):  # nothing new
         if not skip_bad:
-            _refuse_bad(source)
+            _refuse_bad(source, bool(pack_options["check_images"]))
         return PackSummary(
             out=str(job.out), samples=0, files=0, shards=0, input_bytes=0, output_bytes=0,
             ratio=0.0, seconds=time.perf_counter() - start, files_per_s=0.0, mb_per_s=0.0,
@@ -363,7 +421,7 @@ def _pack_source(
     skip_bad: bool, overwrite: bool, resume: bool, progress: bool | None, start: float,
 ) -> PackSummary:
     if not skip_bad:
-        _refuse_bad(source)
+        _refuse_bad(source, bool(pack_options["check_images"]))
     if not source.samples:
         raise EmptySourceError(
             f"{source.root}: nothing to pack ({source.hidden_ignored} hidden entries ignored, "
@@ -394,12 +452,20 @@ def _pack_source(
         with contextlib.closing(results):
             for result in results:
                 if isinstance(result, ShardFailure):
-                    raise BadInputError(
-                        f"{result.path}: {result.reason}. Fix it and run the same command "
-                        "with --resume, or add --skip-bad --resume to leave it out",
-                        path=result.path)
+                    raise _bad_inputs(source, job.check_images,
+                                      (_relative(source, result.path), result.reason))
                 done[result.number] = result  # the engine put it in the output
                 target.write_journal(journal_state(identity, done))
+    except KeyboardInterrupt as exc:  # the engine stopped its workers; say what is kept
+        # still a KeyboardInterrupt, so that Python exits as Ctrl-C does (signal status): a
+        # note (``add_note`` from 3.11 on; the CLI reads the first) says what the pack kept
+        kept = sum(r.num_samples for r in done.values())
+        exc.__notes__ = [*getattr(exc, "__notes__", []),
+                         f"{len(done):,} of {len(plan):,} shards ({kept:,} of {len(stream):,} "
+                         f"samples) are finished and kept in {target.url}",
+                         "finish the pack with resume=True (--resume) and the same source and "
+                         "options"]
+        raise
     finally:
         bar.close()
     left_out = [stream[i] for r in done.values() for i in r.left_out]

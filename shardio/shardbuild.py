@@ -153,6 +153,16 @@ def image_problem(data: bytes | memoryview, *, decode: bool = False) -> str | No
     return problem if problem is not None or not decode else _decode_error(data)
 
 
+def file_image_problem(path: str, *, decode: bool = False) -> str | None:
+    """``image_problem`` of the image file at ``path``, or why it cannot be read."""
+    try:
+        with open(path, "rb") as fh:
+            data = fh.read()
+    except OSError as exc:
+        return f"cannot be read ({exc.strerror or exc})"
+    return image_problem(data, decode=decode)
+
+
 def _jpeg_problem(data: bytes) -> str | None:
     pos, end = 2, len(data)
     cut = f"{_CUT}its JPEG header ends at byte {end}, before any image data"

@@ -39,9 +39,8 @@ from shardio.errors import (
     StorageError,
     TruncatedShardError,
 )
-from shardio.location import RemoteDataset, open_remote
+from shardio.location import RemoteDataset, open_remote, read_local_manifest
 from shardio.manifest import MANIFEST_NAME, Manifest, ShardInfo
-from shardio.manifest import read_manifest as read_local_manifest
 from shardio.storage.cache import RangeCache
 from shardio.storage.cachedrange import CachedRange
 from shardio.storage.fetch import (

@@ -9,6 +9,7 @@ message and exit status 1. OUT may be a URL; SRC is a local folder.
 from __future__ import annotations
 
 import json
+import shlex
 from pathlib import Path
 
 import click
@@ -107,6 +108,8 @@ def format_summary(summary: PackSummary) -> str:
 @click.option("--scheduler", metavar="ADDRESS", default=None,
               help="With --engine dask: the scheduler, e.g. tcp://host:8786 [default: a local "
                    "cluster of --num-workers processes].")
+@click.option("--force", is_flag=True,
+              help="Pack SRC even when it is a shardio dataset (its shard files become samples).")
 @click.option("--progress/--no-progress", default=None,
               help="Show a progress bar [default: when stderr is a terminal].")
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
@@ -116,7 +119,7 @@ def pack_command(
     follow_symlinks: bool, seed: int, no_shuffle: bool, num_workers: int | None,
     imagefolder: bool | None, class_folders: bool, check_images: bool | None,
     skip_bad: bool | None, overwrite: bool, resume: bool, append: bool, skip_existing: bool,
-    retry_skipped: bool, engine: str, scheduler: str | None,
+    retry_skipped: bool, engine: str, scheduler: str | None, force: bool,
     progress: bool | None, as_json: bool,
 ) -> None:
     """Pack the files under SRC into shuffled, checksummed shards in OUT.
@@ -162,10 +165,12 @@ def pack_command(
             follow_symlinks=follow_symlinks, check_images=check_images, skip_bad=skip_bad,
             overwrite=overwrite, resume=resume, append=append, skip_existing=skip_existing,
             retry_skipped=retry_skipped,
-            progress=progress, engine=engine, scheduler=scheduler,
+            progress=progress, engine=engine, scheduler=scheduler, force=force,
         )
     except ShardioError as exc:
         raise click.ClickException(str(exc)) from exc
+    except KeyboardInterrupt as exc:  # click would print a bare "Aborted!"
+        _interrupted(ctx, exc, out, append=append)
     except OSError as exc:  # OUT is a file, a folder cannot be made, …: say which and why
         where = f"{exc.filename}: " if exc.filename else ""
         raise click.ClickException(f"{where}{exc.strerror or exc}") from exc
@@ -173,6 +178,38 @@ def pack_command(
         click.echo(json.dumps(summary.to_json(), indent=1, ensure_ascii=False))
     else:
         click.echo(format_summary(summary))
+
+
+def _interrupted(ctx: click.Context, exc: KeyboardInterrupt, out: Path | str, *,
+                 append: bool) -> None:
+    """Say what a Ctrl-C kept and the command that finishes the pack; exit 130 as shells do."""
+    notes = getattr(exc, "__notes__", [])  # shardio.pack's: what it kept, and where
+    kept = notes[0] if notes else f"no shard was finished yet; whatever {out} holds is kept"
+    click.echo(f"Interrupted: {kept}. Finish the pack with:\n  {resume_command(ctx, append)}",
+               err=True)
+    ctx.exit(130)
+
+
+def resume_command(ctx: click.Context, append: bool) -> str:
+    """This command as given, without --overwrite, with --resume: the line that finishes it.
+
+    An interrupted append continues when the same command runs again (``--append``).
+    """
+    words = ["shardio", "pack"]
+    for param in ctx.command.params:
+        name, value = param.name or "", ctx.params.get(param.name or "")
+        if isinstance(param, click.Argument):
+            words.append(str(value))
+        elif (isinstance(param, click.Option) and name not in ("overwrite", "resume")
+              and ctx.get_parameter_source(name) not in (None, ParameterSource.DEFAULT)):
+            if param.is_flag and param.secondary_opts:
+                words.append(param.opts[0] if value else param.secondary_opts[0])
+            elif param.is_flag:
+                words += [param.opts[0]] if value else []
+            else:
+                words += [w for v in (tuple(value or ()) if param.multiple else [value])
+                          for w in (param.opts[0], str(v))]
+    return shlex.join(words if append else [*words, "--resume"])
 
 
 COMMANDS = [pack_command]
