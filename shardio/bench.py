@@ -220,9 +220,11 @@ def bench(
     target_mode = "tensor" if "tensor" in chosen else chosen[0]
     recommended = recommend(rows, target_mode)
     mean = manifest.num_bytes / max(manifest.num_samples, 1)
-    window = default_window(mean)
+    # a window beyond the dataset holds nothing more: it is the whole dataset, shuffled
+    window = max(1, min(default_window(mean), manifest.num_samples))
     notes = [f"shuffle_buffer {window} holds about {window * mean / 1e6:.0f} MB of records "
-             "per worker"]
+             "per worker" + (f" (the whole dataset: {manifest.num_samples:,} samples)"
+                             if window == manifest.num_samples else "")]
     short = [r for r in rows if not r.measured]
     if short:
         notes.append(

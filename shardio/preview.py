@@ -3,9 +3,11 @@
 Before a long run people look at a few samples with their labels. ``make_sheet``
 chooses samples (``choose_indices``), reads each by global index through
 ``DatasetReader.get`` (one read per sample, never a scan), and draws every image
-field as a thumbnail captioned with the sample's class name (ImageFolder packs)
-or key (generic packs), whose other fields it keeps as short reprs for the CLI
-to print (``shardio.fields.is_image_field`` says which fields are images).
+field as a thumbnail captioned with the sample's key (an ImageFolder key starts
+with its class folder, left out when the sheet shows one class), so a bad tile
+can be traced to its file; a generic sample's other fields are kept as short
+reprs for the CLI to print (``shardio.fields.is_image_field`` says which fields
+are images).
 ``preview`` saves the sheet. Pillow only; torch-free; nothing here imports above
 the reader.
 """
@@ -83,6 +85,8 @@ class Sheet:
     rows: int
     problems: tuple[str, ...]
     """One message per image field that could not be decoded (drawn as a placeholder)."""
+    captions: tuple[str, ...] = ()
+    """The caption drawn under each cell, in the order drawn (cut to fit in the middle)."""
 
 
 def _class_error(root: Path | str, classes: tuple[str, ...] | None, class_name: str) -> ValueError:
@@ -145,12 +149,17 @@ def _describe(sample: Mapping[str, Any], classes: tuple[str, ...] | None) -> Pre
 
 
 def _fit(draw: ImageDraw.ImageDraw, text: str, font: Any, width: int) -> str:
-    """``text``, cut at the end with … until it fits ``width`` pixels."""
+    """``text``, cut in the middle with … until it fits ``width`` pixels: a key's start (its
+    folder) and end (its file name) stay readable."""
     if draw.textlength(text, font=font) <= width:
         return text
-    while text and draw.textlength(text + "…", font=font) > width:
-        text = text[:-1]
-    return text + "…"
+    head, tail = text[: len(text) // 2], text[len(text) // 2:]
+    while head + tail and draw.textlength(f"{head}…{tail}", font=font) > width:
+        if len(head) >= len(tail):
+            head = head[:-1]
+        else:
+            tail = tail[1:]
+    return f"{head}…{tail}"
 
 
 def _thumbnail(data: Any, key: str) -> Image.Image:
@@ -183,7 +192,8 @@ def make_sheet(
             sample = reader.get(index)
             info = _describe(sample, classes)
             described.append(info)
-            caption = info.class_name if info.class_name is not None else info.key
+            # one class shown: its folder, the start of every key, is said once, by --class
+            caption = info.key if class_name is None else info.key.removeprefix(class_name + "/")
             for name in info.images:
                 label = caption if len(info.images) == 1 else f"{caption} {name}"
                 try:
@@ -199,7 +209,8 @@ def make_sheet(
     sheet = Image.new("RGB", (columns * width, rows * height), _BACKGROUND)
     draw = ImageDraw.Draw(sheet)
     font = ImageFont.load_default()
-    for number, (thumb, caption) in enumerate(cells):
+    captions = [_fit(draw, caption, font, THUMB_PX) for _thumb, caption in cells]
+    for number, ((thumb, _caption), caption) in enumerate(zip(cells, captions, strict=True)):
         left, top = number % columns * width, number // columns * height
         if isinstance(thumb, str):
             box = (left + PAD_PX, top + PAD_PX, left + PAD_PX + THUMB_PX - 1,
@@ -209,9 +220,8 @@ def make_sheet(
         else:
             sheet.paste(thumb, (left + PAD_PX + (THUMB_PX - thumb.width) // 2,
                                 top + PAD_PX + (THUMB_PX - thumb.height) // 2))
-        draw.text((left + PAD_PX, top + PAD_PX + THUMB_PX + 2),
-                  _fit(draw, caption, font, THUMB_PX), fill=_TEXT, font=font)
-    return Sheet(sheet, tuple(described), columns, rows, tuple(problems))
+        draw.text((left + PAD_PX, top + PAD_PX + THUMB_PX + 2), caption, fill=_TEXT, font=font)
+    return Sheet(sheet, tuple(described), columns, rows, tuple(problems), tuple(captions))
 
 
 def preview(
@@ -220,9 +230,8 @@ def preview(
 ) -> Path:
     """Draw a contact sheet of up to ``n`` random samples of ``path`` into the image ``out``.
 
-    Thumbnails carry the class name on ImageFolder packs and the key on
-    generic ones (see ``make_sheet``). The format follows the suffix of
-    ``out``; without one it is PNG.
+    Thumbnails are captioned with the sample's key (see ``make_sheet``). The
+    format follows the suffix of ``out``; without one it is PNG.
 
     Example::
 

@@ -198,7 +198,7 @@ def test_ls_lists_keys_sizes_and_labels(labelled: Path) -> None:
     assert all(e["class"] == e["key"].split("/")[0] for e in entries)
     assert all(e["bytes"] > len(s["image"]) for e, s in zip(entries, stored, strict=True))
     code, out, _err, _raw = invoke("ls", str(labelled))
-    assert len(out.splitlines()) == len(keys)
+    assert len(out.splitlines()) == len(keys) + 1  # the header row
     assert keys[-1] in out.splitlines()[-1]
 
 

@@ -17,16 +17,19 @@ import sys
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
 import click
 
 from shardio.cli.options import DATASET as DATASET  # re-exported: verify, unpack, bench use it
-from shardio.cli.options import remote_options
+from shardio.cli.options import LocalPath, remote_options
 from shardio.errors import ShardioError
 from shardio.location import read_manifest
 from shardio.manifest import Manifest
 from shardio.storage.options import RemoteOptions
+
+if TYPE_CHECKING:
+    from shardio.reader import DatasetReader
 
 MAX_LISTED: Final = 10
 """Classes and shards beyond this many are abbreviated in ``info``."""
@@ -120,9 +123,7 @@ def info(dataset: Path | str, as_json: bool) -> None:
         click.echo(line)
 
 
-def _entries(
-    dataset: Path | str, limit: int | None, remote: RemoteOptions
-) -> Iterator[dict[str, Any]]:
+def _entries(reader: DatasetReader, limit: int | None) -> Iterator[dict[str, Any]]:
     """Key, stored size and (for labelled data) label of each sample, in stored order.
 
     Sizes come from the shard index (a ``.rec`` shard's record offsets: a remote
@@ -131,32 +132,30 @@ def _entries(
     shard whose labels are listed has its ranges read ahead in stored order.
     """
     from shardio.catalog import read_label
-    from shardio.reader import open_dataset
 
-    with open_dataset(dataset, remote=remote) as reader:
-        classes = reader.manifest.classes
-        by_offsets = reader.manifest.backend == "records"
-        index = 0
-        for number, shard_info in enumerate(reader.manifest.shards):
-            shard = reader.shard(number)
-            if classes is not None and reader.is_remote and shard.num_records:
-                left = shard.num_records if limit is None else limit - index
-                if left > 0:
-                    shard.will_need(0, min(shard.num_records, left))
-            for record, key in enumerate(shard.keys()):
-                if limit is not None and index >= limit:
-                    return
-                size = (shard.offset(record + 1) - shard.offset(record) if by_offsets
-                        else len(shard.frame(record)))
-                entry: dict[str, Any] = {"index": index, "key": key, "shard": shard_info.name,
-                                         "bytes": size}
-                if classes is not None:
-                    label = read_label(reader, index)
-                    entry["label"] = label
-                    entry["class"] = classes[label]
-                yield entry
-                index += 1
-            reader.close_shard(number)
+    classes = reader.manifest.classes
+    by_offsets = reader.manifest.backend == "records"
+    index = 0
+    for number, shard_info in enumerate(reader.manifest.shards):
+        shard = reader.shard(number)
+        if classes is not None and reader.is_remote and shard.num_records:
+            left = shard.num_records if limit is None else limit - index
+            if left > 0:
+                shard.will_need(0, min(shard.num_records, left))
+        for record, key in enumerate(shard.keys()):
+            if limit is not None and index >= limit:
+                return
+            size = (shard.offset(record + 1) - shard.offset(record) if by_offsets
+                    else len(shard.frame(record)))
+            entry: dict[str, Any] = {"index": index, "key": key, "shard": shard_info.name,
+                                     "bytes": size}
+            if classes is not None:
+                label = read_label(reader, index)
+                entry["label"] = label
+                entry["class"] = classes[label]
+            yield entry
+            index += 1
+        reader.close_shard(number)
 
 
 @click.command(name="ls")
@@ -170,25 +169,34 @@ def _entries(
 def ls(dataset: Path | str, limit: int | None, as_json: bool, remote: RemoteOptions) -> None:
     """List the samples of DATASET: stored size, label and key.
 
-    Samples are listed in stored (shuffled) order; sizes are bytes as stored.
+    Samples are listed in stored (shuffled) order, under a header row; sizes are
+    bytes as stored.
     Labels are read without checking the images: `shardio verify` checks that each
     image is complete, `shardio verify --images` decodes each one.
     """
-    with dataset_errors():
+    from shardio.reader import open_dataset
+
+    with dataset_errors(), open_dataset(dataset, remote=remote) as reader:
         if as_json:
             # one document, written as it is produced: a listing of millions stays streamed
             separator = "["
-            for entry in _entries(dataset, limit, remote):
+            for entry in _entries(reader, limit):
                 click.echo(separator + json.dumps(entry, ensure_ascii=False), nl=False)
                 separator = ",\n"
             click.echo("[]" if separator == "[" else "]")
             return
-        for entry in _entries(dataset, limit, remote):
-            if "label" in entry:
-                click.echo(f"{entry['bytes']:>10}  {entry['label']:>4} {entry['class']:<16} "
-                           f"{entry['key']}")
-            else:
-                click.echo(f"{entry['bytes']:>10}  {entry['key']}")
+        click.echo(_ls_row({"bytes": "bytes", "label": "label", "class": "class", "key": "key"}
+                           if reader.manifest.classes is not None
+                           else {"bytes": "bytes", "key": "key"}))
+        for entry in _entries(reader, limit):
+            click.echo(_ls_row(entry))
+
+
+def _ls_row(entry: dict[str, Any]) -> str:
+    """One line of ``shardio ls``: its header when given the column names."""
+    if "label" in entry:
+        return f"{entry['bytes']:>10}  {entry['label']:>5} {entry['class']:<16} {entry['key']}"
+    return f"{entry['bytes']:>10}  {entry['key']}"
 
 
 def _default_field(sample: dict[str, Any], *, layout: str) -> str:
@@ -212,12 +220,16 @@ def _default_field(sample: dict[str, Any], *, layout: str) -> str:
 @click.argument("dataset", type=DATASET)
 @click.argument("key")
 @click.argument("field", required=False)
+@click.option("-o", "--output", type=LocalPath("output", dir_okay=False), default=None,
+              help="Write the bytes to this file instead of stdout.")
 @remote_options
-def cat(dataset: Path | str, key: str, field: str | None, remote: RemoteOptions) -> None:
+def cat(dataset: Path | str, key: str, field: str | None, output: Path | None,
+        remote: RemoteOptions) -> None:
     """Print the raw bytes of one field of sample KEY.
 
     FIELD defaults to "image" on ImageFolder packs and to the only field of
-    the sample otherwise. Redirect the output: shardio cat DATASET KEY > file.
+    the sample otherwise. Binary bytes go to a file (-o FILE) or a pipe, never
+    to a terminal: shardio cat DATASET KEY > file.
     The key is found from the shards' key blocks; no other record is read.
     """
     from shardio.catalog import find_key
@@ -241,9 +253,35 @@ def cat(dataset: Path | str, key: str, field: str | None, remote: RemoteOptions)
                 f"sample {key!r} has no field {name!r}; its fields are "
                 f"{', '.join(map(repr, fields))}"
             )
+        data = field_bytes(sample[name])
+        if output is None and _stdout_is_terminal() and not _is_text(data):
+            raise click.UsageError(
+                f"sample {key!r} field {name!r} is {format_size(len(data))} of binary data, "
+                "which a terminal would show as garbage: write it to a file with "
+                f"-o FILE, or redirect it: shardio cat {dataset} {key} > FILE")
+        if output is not None:
+            try:
+                output.write_bytes(data)
+            except OSError as exc:
+                raise click.ClickException(f"{output}: {exc.strerror or exc}") from exc
+            return
         stream = sys.stdout.buffer
-        stream.write(field_bytes(sample[name]))
+        stream.write(data)
         stream.flush()
+
+
+def _stdout_is_terminal() -> bool:
+    """Whether stdout is a terminal (binary bytes are never written to one)."""
+    return sys.stdout.isatty()
+
+
+def _is_text(data: bytes) -> bool:
+    """Whether ``data`` is UTF-8 text a terminal shows as written (tabs and newlines allowed)."""
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError:
+        return False
+    return all(char.isprintable() or char in "\t\n\r" for char in text)
 
 
 COMMANDS = [info, ls, cat]

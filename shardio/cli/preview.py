@@ -40,9 +40,10 @@ def preview_command(dataset: Path | str, output: Path | None, num_samples: int,
                     class_name: str | None, seed: int, remote: RemoteOptions) -> None:
     """Draw a contact sheet of random samples of DATASET with their labels.
 
-    ImageFolder packs are captioned with class names; generic packs show
-    their image fields (image, jpg, png, webp, …) captioned with the key, and
-    their other fields are printed as key  field=repr lines.
+    Each thumbnail is captioned with its sample's key (on ImageFolder packs
+    it starts with the class; with --class it is left out). Generic packs show
+    their image fields (image, jpg, png, webp, …), and their other fields are
+    printed as key  field=repr lines.
     """
     from shardio.preview import make_sheet
 
