@@ -31,7 +31,7 @@ from torch.utils.data import DataLoader, IterableDataset, default_collate, defau
 
 from shardio import pinned, shmring, shmview
 from shardio.batch import RecordBatch
-from shardio.dataset import SampleDecoder, StreamingDataset, local_roots
+from shardio.dataset import SampleDecoder, StreamingDataset, check_batch_size, local_roots
 from shardio.fields import FieldDecoder
 
 GROUP_BATCHES = 4
@@ -133,8 +133,7 @@ class ShardLoader:
         drop_last: bool = False,
     ) -> None:
         """See ``shardio.loader``."""
-        if batch_size < 1:
-            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        batch_size = check_batch_size(batch_size, "shardio.loader")
         self.dataset = dataset
         self.batch_size = batch_size
         self.drop_last = drop_last
@@ -204,9 +203,11 @@ class ShardLoader:
 
     def _next_epoch(self) -> None:
         """Choose this iteration's epoch: the dataset's if set since, else the next one."""
-        generation = int(self.dataset._shared.read()["generation"])
-        if generation == self._generation:
+        shared = self.dataset._shared.read()
+        if int(shared["generation"]) == self._generation:
             self.dataset.set_epoch(self._epoch + 1)
+        elif self.dataset.epoch != int(shared["epoch"]):  # passes read outside this loader
+            self.dataset.set_epoch(self.dataset.epoch)
         self._epoch = self.dataset.epoch
         self._generation = int(self.dataset._shared.read()["generation"])
 
@@ -361,7 +362,8 @@ def loader(
 
     Args:
         dataset: the ``StreamingDataset`` to read.
-        batch_size: samples per batch; every batch is full but the epoch's last.
+        batch_size: samples per batch (an int, 1 or more); every batch is full but the
+            epoch's last.
         num_workers: worker processes (default: the core count, at most 8).
         collate_fn: override the batch format (default: ``RecordBatch`` for raw
             samples, stacked uint8 tensors for ``decode="tensor"``,

@@ -10,7 +10,10 @@ DataLoader workers, and the per-sample output format.
 from __future__ import annotations
 
 import itertools
+import operator
 import os
+import sys
+import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal
@@ -44,7 +47,7 @@ from shardio.resume import (
     rank_state,
     stage_split,
 )
-from shardio.state import SharedState
+from shardio.state import SharedState, pass_state
 from shardio.storage.options import RemoteOptions
 from shardio.stream import iter_chunks, iter_samples
 
@@ -105,6 +108,42 @@ def default_window(mean_sample_bytes: float) -> int:
     """Shuffle window in samples: about 256 MB of records, between 256 and 16,384 samples."""
     fit = int(DEFAULT_WINDOW_BYTES / max(mean_sample_bytes, 1.0))
     return max(MIN_WINDOW, min(MAX_WINDOW, fit))
+
+
+def check_batch_size(batch_size: object, where: str) -> int:
+    """``batch_size`` as an int of 1 or more, or an error naming ``where`` it was passed.
+
+    Raises:
+        TypeError: not a whole number (None, a float, a string).
+        ValueError: below 1.
+    """
+    try:
+        if isinstance(batch_size, bool):
+            raise TypeError
+        size = operator.index(batch_size)  # type: ignore[arg-type]
+    except TypeError:
+        raise TypeError(
+            f"{where}: batch_size must be a whole number of samples per batch, e.g. "
+            f"batch_size=64; got {batch_size!r}") from None
+    if size < 1:
+        raise ValueError(f"{where}: batch_size must be 1 or more, got {size}")
+    return int(size)
+
+
+def loader_batch_size(dataset: object, frame: Any) -> int | None:
+    """The ``batch_size`` of the DataLoader whose fetcher called ``next()`` on an iterator of
+    ``dataset`` from ``frame``; None when it is not such a fetcher or does not batch.
+
+    Torch tells a dataset nothing of its DataLoader; the fetcher that takes a batch's
+    samples one ``next()`` at a time holds the dataset and the batch's indices. Read by
+    identity and attribute only: another caller, or another torch, gives None.
+    """
+    owner = frame.f_locals.get("self") if frame is not None else None
+    if getattr(owner, "dataset", None) is not dataset or not getattr(
+            owner, "auto_collation", False):
+        return None
+    indices = frame.f_locals.get("possibly_batched_index")
+    return len(indices) if hasattr(indices, "__len__") else None
 
 
 class SampleDecoder:
@@ -212,6 +251,10 @@ class StreamingDataset(ClassAttributes, IterableDataset[Any]):
     an int after ``target_transform``) and has its ``classes``, ``class_to_idx``
     and ``targets`` (``shardio.classes``), so a training script changes one line;
     ``fields=`` yields chosen fields of any pack, decoded by name.
+    It shuffles itself, a new order each epoch: give the DataLoader no ``shuffle=``
+    (torch refuses ``shuffle=True`` for every iterable dataset, in ``DataLoader()``,
+    before the dataset sees it). Each new pass (an ``iter()`` of the DataLoader)
+    reads the next epoch by itself; ``set_epoch`` chooses one instead.
     Each epoch's order is a pure function of ``(seed, epoch)`` and the split;
     every rank yields ``len(ds)`` samples per epoch (tail padded by repeating
     samples, or dropped with ``drop_last``), and with one rank every sample
@@ -315,8 +358,8 @@ class StreamingDataset(ClassAttributes, IterableDataset[Any]):
         """
         if (rank is None) != (world_size is None):
             raise ValueError("pass both rank and world_size, or neither")
-        if batch_size is not None and batch_size < 1:
-            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        if batch_size is not None:
+            batch_size = check_batch_size(batch_size, f"StreamingDataset({str(path)!r})")
         if lanes is not None and lanes < 1:
             raise ValueError(f"lanes must be >= 1, got {lanes}")
         self.reader = open_reader(path, epoch_size=epoch_size, verify=verify, remote=remote)
@@ -357,6 +400,9 @@ class StreamingDataset(ClassAttributes, IterableDataset[Any]):
         self.zero_copy = False
         self.drop_last_batch = False
         self._shared = SharedState()
+        self.count_passes = True
+        """Whether each iteration that starts reads the next epoch (``SharedState.begin_pass``);
+        ``shardio.loader`` chooses the epoch of each of its iterations itself."""
         self._worker_state: dict[str, Any] | None = None
         self._position = 0
         self._split = Split()
@@ -393,14 +439,24 @@ class StreamingDataset(ClassAttributes, IterableDataset[Any]):
 
     @property
     def epoch(self) -> int:
-        """The epoch the next iteration will yield."""
-        return int(self._shared.read()["epoch"])
+        """The epoch the next iteration will yield (with the worker count of the last one)."""
+        return int(self._pass_shared(ahead=True)["epoch"])
+
+    def _pass_shared(self, *, ahead: bool) -> dict[str, Any]:
+        """The shared epoch and resume as the pass started last (``ahead``: the next one)
+        reads them; before any pass of the generation, as its first pass reads them."""
+        shared = self._shared.read()
+        last = self._shared.last_pass(int(shared["generation"])) if self.count_passes else None
+        return shared if last is None else pass_state(shared, last + ahead)
 
     def set_epoch(self, epoch: int) -> None:
         """Select the epoch (and so the order) of the next iteration, also in persistent workers.
 
-        A resume loaded for this same epoch is kept; ``shardio.loader`` follows
-        the epoch set here instead of counting on by itself.
+        Without it each new pass over the dataset (an ``iter()`` of the DataLoader, with
+        workers or without, persistent or not) reads the epoch after the last one; after
+        it the next pass reads ``epoch`` and the passes after it count on from there. A
+        resume loaded for this same epoch is kept; ``shardio.loader`` follows the epoch
+        set here instead of counting on by itself.
         """
         current = self._shared.read()
         resume = current.get("resume") if int(current["epoch"]) == epoch else None
@@ -435,6 +491,7 @@ class StreamingDataset(ClassAttributes, IterableDataset[Any]):
         view.collate = collate
         view.zero_copy = zero_copy
         view.drop_last_batch = drop_last
+        view.count_passes = False  # the loader sets each iteration's epoch (``set_epoch``)
         return view
 
     def _current_split(self) -> Split:
@@ -444,16 +501,34 @@ class StreamingDataset(ClassAttributes, IterableDataset[Any]):
             return Split(rank, world_size)
         return Split(rank, world_size, info.id, info.num_workers)
 
-    def plan_stage(self, split: Split | None = None) -> Stage:
-        """What the given (default: current) split reads next, and where it starts."""
+    def plan_stage(self, split: Split | None = None, shared: Mapping[str, Any] | None = None
+                   ) -> Stage:
+        """What the given (default: current) split reads next, and where it starts;
+        ``shared``: the epoch and resume of the pass (default: the next pass's)."""
         return plan_stage(
-            self.config, self.batch_size, self._shared.read(), self._worker_state,
+            self.config, self.batch_size,
+            self._pass_shared(ahead=True) if shared is None else shared, self._worker_state,
             split or self._current_split(), self.lanes,
         )
 
     def __iter__(self) -> Iterator[Any]:
         split = self._current_split()
-        stage = self.plan_stage(split)
+        if self.batch_size is not None and self.collate is None and split.num_workers > 1:
+            # (the body runs at the first next(): frame 1 is the one that called it)
+            self._check_loader_batch_size(loader_batch_size(self, sys._getframe(1)),
+                                          split.num_workers)
+        shared = self._shared.read()
+        if self.count_passes:  # each pass reads the next epoch, unless set_epoch chose one
+            done = self._shared.begin_pass(int(shared["generation"]), split.worker,
+                                           split.num_workers)
+            if done is None:
+                warnings.warn(
+                    f"{self.path}: with {split.num_workers} DataLoader workers (more than "
+                    f"{SharedState.MAX_PASS_WORKERS}) the epoch does not advance by itself: "
+                    "every pass reads the same order; call dataset.set_epoch(epoch) before "
+                    "each epoch", stacklevel=2)
+            shared = pass_state(shared, done or 0)
+        stage = self.plan_stage(split, shared)
         info = get_worker_info()
         if info is not None:
             self._shared.mark_workers(stage.generation, info.num_workers, stage.split.lanes,
@@ -518,6 +593,19 @@ class StreamingDataset(ClassAttributes, IterableDataset[Any]):
             self._report_skipped(stage, skipped_before)
         finally:
             reader.close()
+
+    def _check_loader_batch_size(self, size: int | None, num_workers: int) -> None:
+        """Refuse a DataLoader whose ``batch_size`` is not the dataset's: its workers take
+        whole batches of the dataset's size in turn, so the loader's batches would be cut
+        short and out of order mid-epoch."""
+        if size is None or size == self.batch_size:
+            return
+        raise ValueError(
+            f"{self.path}: StreamingDataset(batch_size={self.batch_size}) is read by a "
+            f"DataLoader(batch_size={size}) with {num_workers} workers: each worker takes "
+            f"whole batches of {self.batch_size} samples in turn, so batches of {size} would "
+            f"come short mid-epoch: give the dataset the DataLoader's size, "
+            f"StreamingDataset(..., batch_size={size})")
 
     def _decoded(self, decoder: SampleDecoder | FieldDecoder, sample: dict[str, Any]
                  ) -> list[Any]:
@@ -624,7 +712,7 @@ class StreamingDataset(ClassAttributes, IterableDataset[Any]):
                 return self.progress_state(stage.epoch, 1, [stage.offset + self._position])
             return self.start_state()
         readers = max(workers, num_workers or 0)
-        stage = self.plan_stage(Split(self.rank, self.world_size))
+        stage = self.plan_stage(Split(self.rank, self.world_size), self._pass_shared(ahead=False))
         position = position_after_batches(
             stage, num_batches, loader_batch_size=batch_size, dataset_batch_size=self.batch_size,
             workers=readers, path=self.path,
@@ -649,7 +737,9 @@ class StreamingDataset(ClassAttributes, IterableDataset[Any]):
         """
         shared = self._shared.read()
         split = Split(self.rank, self.world_size, 0, num_workers)
-        if num_workers == 1 and int(shared["epoch"]) == epoch:
+        # the generation's passes read its epoch and the next ones, all in the lanes marked
+        last = self._shared.last_pass(int(shared["generation"])) if self.count_passes else None
+        if num_workers == 1 and 0 <= epoch - int(shared["epoch"]) <= (last or 0):
             marked = self._shared.lanes_read(int(shared["generation"]))
             if marked is None:
                 reading = Split(self.rank, self.world_size, 0, max(1, workers or 1))

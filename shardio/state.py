@@ -14,7 +14,7 @@ import torch
 
 from shardio.resume import merge_states
 
-__all__ = ["SharedState", "merge_states"]
+__all__ = ["SharedState", "merge_states", "pass_state"]
 
 
 class SharedState:
@@ -27,14 +27,29 @@ class SharedState:
     the generation it read, its worker count and the lanes of the order it
     reads, so the main process can tell that workers, not itself, consumed the
     current epoch, and in which arrangement its positions count.
+
+    Passes: each iteration that starts counts as a pass of the generation, and
+    pass ``k`` reads epoch ``epoch + k`` (``begin_pass``). A pass is counted per
+    reader: worker ``j`` of ``n`` (the main process is worker 0 of 1) counts the
+    passes it started, in a slot only it writes, so the workers of one pass agree
+    on it without a lock, whether they persist between passes or are new each time.
     """
 
     CAPACITY = 1 << 20
+    MAX_PASS_WORKERS = 128
+    """Workers per DataLoader whose passes are counted: a slot each for every worker
+    count up to this (8,256 slots, 132 KB)."""
 
     def __init__(self) -> None:
         self._buf = torch.zeros(self.CAPACITY, dtype=torch.uint8).share_memory_()  # type: ignore[no-untyped-call]
         # [generation workers last read, their num_workers, lanes, batch]; -1: none yet
         self._workers = torch.full((4,), -1, dtype=torch.int64).share_memory_()  # type: ignore[no-untyped-call]
+        # per (num_workers, worker): [generation, passes it started in it]; one row per
+        # worker count, so that loaders of different worker counts never mix their counts
+        slots = self.MAX_PASS_WORKERS * (self.MAX_PASS_WORKERS + 1) // 2
+        self._passes = torch.full((slots, 2), -1, dtype=torch.int64).share_memory_()  # type: ignore[no-untyped-call]
+        # [generation, pass] of the pass started last (its readers all write the same values)
+        self._last = torch.full((2,), -1, dtype=torch.int64).share_memory_()  # type: ignore[no-untyped-call]
         self._generation = 0
         self.write({"epoch": 0, "resume": None})
 
@@ -65,6 +80,28 @@ class SharedState:
         self._workers[3] = batch
         self._workers[0] = generation
 
+    def begin_pass(self, generation: int, worker: int, num_workers: int) -> int | None:
+        """Count a pass that worker ``worker`` of ``num_workers`` starts in ``generation``.
+
+        Returns:
+            The passes this reader started in ``generation`` before (so 0 for the first);
+            None for more than ``MAX_PASS_WORKERS`` workers, whose passes are not counted.
+        """
+        if num_workers > self.MAX_PASS_WORKERS:
+            return None
+        slot = self._passes[num_workers * (num_workers - 1) // 2 + worker]
+        done = int(slot[1]) if int(slot[0]) == generation else 0
+        slot[0], slot[1] = generation, done + 1
+        self._last[1] = done
+        self._last[0] = generation
+        return done
+
+    def last_pass(self, generation: int) -> int | None:
+        """The pass started last in ``generation`` (0: its first), or None if none started."""
+        if int(self._last[0]) != generation:
+            return None
+        return int(self._last[1])
+
     def workers_read(self, generation: int) -> int:
         """How many DataLoader workers read ``generation`` (0: none did)."""
         if int(self._workers[0]) != generation:
@@ -76,3 +113,11 @@ class SharedState:
         if int(self._workers[0]) != generation:
             return None
         return int(self._workers[2]), int(self._workers[3])
+
+
+def pass_state(shared: Mapping[str, Any], done: int) -> dict[str, Any]:
+    """``shared`` as the pass after ``done`` others of its generation reads it: the next
+    epochs in turn, from their start (a pending resume is the first pass's)."""
+    if done == 0:
+        return dict(shared)
+    return {**shared, "epoch": int(shared["epoch"]) + done, "resume": None}
