@@ -78,7 +78,10 @@ def make_dataset(root: Path, *, backend: str, codec: str, num_samples: int = 24,
         for i in range(num_samples):
             size = int(rng.integers(5000, 12000) if i % 4 == 3 else rng.integers(200, 1500))
             if i % 2:
-                image = b"\xff\xd8\xff\xe0" + rng.integers(0, 256, size, np.uint8).tobytes()
+                # a JPEG's frame (start, a scan header, random image data, end marker): whole
+                # to verify's structure check, which must see only the damage of each case
+                image = (b"\xff\xd8\xff\xda\x00\x02" + rng.integers(0, 256, size, np.uint8)
+                         .tobytes() + b"\xff\xd9")
             else:
                 image = (f"image {i} of class {i % 3} " * (size // 20)).encode()
             writer.write({"__key__": f"{classes[i % 3]}/{i:04d}.jpg", "image": image,
