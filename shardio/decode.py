@@ -7,7 +7,7 @@ when the transform will downscale anyway. ``image_to_array`` exposes the
 pixels as a uint8 HWC numpy array. ``pil_backend`` says which imaging library
 is doing the work. ``open_image`` splits a decode in two, the size from the
 header first and then the pixels written straight into memory the caller
-chose (a batch buffer): with ``simplejpeg`` installed (``shardio[jpeg]``)
+chose (a batch buffer): with ``simplejpeg`` installed (the ``jpeg`` extra)
 baseline JPEGs are decoded by it, into that memory, with the same pixels as
 Pillow's (both are libjpeg-turbo with the same settings; measured in
 ``benchmarks/bench_decode.py``); everything else goes through Pillow. Every

@@ -17,7 +17,7 @@ three components, ending with their end-of-image marker. Everything else (PNG, C
 JPEGs, lossless and arithmetic-coded JPEGs, files cut short), and any image nvJPEG
 refuses, is decoded by shardio's CPU decoder and copied over, so a batch never fails
 for one odd file; bytes neither decodes raise ``DecodeError`` naming the sample.
-On the CPU (``"cpu"`` or ``device=None``), or without torchvision (the ``shardio[gpu]``
+On the CPU (``"cpu"`` or ``device=None``), or without torchvision (the ``gpu``
 extra), the whole batch takes the CPU path: the same pixels
 ``StreamingDataset(decode="tensor", crop=...)`` gives. ``"cuda"`` where CUDA is not
 available raises, as torch does. Imports torch.
@@ -167,7 +167,7 @@ class DeviceDecoder:
             version = getattr(importlib.import_module("torchvision"), "__version__", "?")
             return f"nvjpeg (torchvision {version})"
         if self.device.type == "cuda":
-            return "CPU (shardio's decoder; torchvision, shardio[gpu], is missing or broken)"
+            return "CPU (shardio's decoder; torchvision, the gpu extra, is missing or broken)"
         return f"CPU (shardio's decoder, to {self.device})"
 
     def __call__(self, batch: RecordBatch, *, epoch: int = 0

@@ -22,7 +22,7 @@ Each class also subclasses the builtin a caller would naturally catch, so
     ├── ResumeError(ValueError)               a state cannot resume this dataset, or cannot be known
     ├── StorageError(OSError)                 a remote store failed after retries, or refused
     ├── CacheBudgetError(ValueError)          max_cache_bytes is below what must be in flight
-    └── MissingDependencyError(ImportError)   an optional extra (shardio[remote]) is missing
+    └── MissingDependencyError(ImportError)   an optional extra (shardio-torch[remote]) is missing
 
 Every constructor takes the message as its only positional argument (the
 DataLoader re-raises worker errors in the main process by calling

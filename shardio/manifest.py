@@ -49,8 +49,9 @@ class ShardInfo:
         for name, kind in (("name", str), ("num_samples", int), ("first_index", int),
                            ("num_bytes", int), ("checksum", str), ("keys_crc32", int)):
             value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, kind) and not (
-                    name == "keys_crc32" and value is None):
+            if value is None and name == "keys_crc32":
+                continue
+            if isinstance(value, bool) or not isinstance(value, kind):
                 raise TypeError(f"shard {name} is {value!r}, not {kind.__name__}")
 
 

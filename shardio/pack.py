@@ -235,7 +235,7 @@ def pack(
             local ``out``.
         engine: ``"local"`` (this machine) or ``"dask"``: SRC walked and shards built
             as tasks on a Dask cluster (``shardio.engines``; ``pip install
-            'shardio[dask]'``), the same bytes. ``src`` and a local ``out`` must be
+            'shardio-torch[dask]'``), the same bytes. ``src`` and a local ``out`` must be
             on a filesystem every worker sees at the same path.
         scheduler: with ``"dask"``, the scheduler's address (``tcp://host:8786``);
             ``None`` starts a local cluster of ``num_workers`` processes.

@@ -333,4 +333,4 @@ def test_without_dask_the_engine_names_the_extra(trees: dict[str, Path], tmp_pat
     done = subprocess.run([sys.executable, "-c", code, str(trees["generic"]),
                            str(tmp_path / "out")], capture_output=True, text=True, check=True)
     assert done.stdout.startswith("MissingDependencyError")
-    assert "pip install 'shardio[dask]'" in done.stdout and not (tmp_path / "out").exists()
+    assert "pip install 'dask[distributed]'" in done.stdout and not (tmp_path / "out").exists()

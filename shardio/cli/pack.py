@@ -103,7 +103,7 @@ def format_summary(summary: PackSummary) -> str:
                    "otherwise left out again).")
 @click.option("--engine", type=click.Choice(ENGINES), default="local", show_default=True,
               help="Where SRC is walked and shards are built: this machine, or a Dask cluster "
-                   "(pip install 'shardio[dask]'; SRC and a local OUT on a filesystem every "
+                   "(pip install 'dask[distributed]'; SRC and a local OUT on a filesystem every "
                    "worker sees at the same path). The output is the same.")
 @click.option("--scheduler", metavar="ADDRESS", default=None,
               help="With --engine dask: the scheduler, e.g. tcp://host:8786 [default: a local "

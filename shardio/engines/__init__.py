@@ -31,7 +31,7 @@ from shardio.shardpool import Progress
 from shardio.source import Source
 
 ENGINES: Final = ("local", "dask")
-DASK_EXTRA: Final = "pip install 'shardio[dask]'"
+DASK_EXTRA: Final = "pip install 'dask[distributed]' (the extra shardio-torch[dask])"
 
 class PackEngine(Protocol):
     """Runs a pack's walk tasks and shard builds; see the module docstring."""

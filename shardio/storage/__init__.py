@@ -14,7 +14,7 @@ byte budget; ``fetch.py`` keeps a few planned ranges downloading ahead, and
 stream). ``options.py`` holds ``RemoteOptions``, the one value every reading
 entry point takes for a URL (cache folder, budget, ranges). fsspec
 and its protocol packages are imported only when a remote store is first used
-(``pip install 'shardio[remote]'``); nothing here imports torch.
+(``pip install fsspec s3fs``, the ``remote`` extra); nothing here imports torch.
 """
 
 from __future__ import annotations

@@ -47,7 +47,7 @@ mapping such as ``headers``) are secrets; an ``endpoint_url`` or a region is not
 S3_PROTOCOLS = ("s3", "s3a")
 POOL_CONNECTIONS = 32
 """Connections an S3 client keeps open at most (a reading process: ranges ahead + tails)."""
-REMOTE_EXTRA = "pip install 'shardio[remote]'"
+REMOTE_EXTRA = "pip install fsspec s3fs (the extra shardio-torch[remote])"
 CREDENTIAL_ERRORS = ("NoCredentialsError", "PartialCredentialsError", "CredentialRetrievalError",
                      "DefaultCredentialsError", "CredentialUnavailableError")
 """Error types (botocore, google-auth, azure-identity) meaning "no credentials were found"."""

@@ -12,7 +12,7 @@ What it guarantees above fsspec:
 * **Errors** translated at this boundary: ``FileNotFoundError`` for a missing
   object, ``StorageError`` otherwise (saying what to set or check when the store
   found no credentials, denied access or has no such bucket: ``client.refusal``),
-  ``MissingDependencyError`` naming ``shardio[remote]`` when fsspec or a
+  ``MissingDependencyError`` naming the ``remote`` extra when fsspec or a
   protocol's package is not installed. Messages carry no URL query string.
 
 Writes: an object PUT is atomic (multipart for large S3 files, part by part),
