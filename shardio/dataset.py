@@ -22,6 +22,7 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset, IterableDataset, get_worker_info
 
+from shardio import telemetry
 from shardio.badimage import OnBadImage, Skipped, SkippedImages, check_on_bad_image
 from shardio.classes import ClassAttributes
 from shardio.collate import decode_shared, field_decoder
@@ -474,11 +475,12 @@ class StreamingDataset(ClassAttributes, IterableDataset[Any]):
         zero_copy: bool = False,
         drop_last: bool = False,
     ) -> StreamingDataset:
-        """A view for ``shardio.loader`` that yields ``(batch, first, stop, pid)``.
+        """A view for ``shardio.loader`` that yields ``(batch, first, stop, pid, times)``.
 
         Workers take the rank's order in whole batches in turn; ``first`` and
         ``stop`` are the batch's positions in the rank's order, ``pid`` the
-        worker's process. ``zero_copy``: raw samples' large bytes values may be
+        worker's process, ``times`` its read, decode and collate seconds.
+        ``zero_copy``: raw samples' large bytes values may be
         views of the blocks read, because the collate (``RecordBatch``) holds them
         only as long as the batch lives and joins them when the batch crosses to
         another process; the collate then gets a ``shardio.runbatch.Chunk`` (a
@@ -642,11 +644,15 @@ class StreamingDataset(ClassAttributes, IterableDataset[Any]):
     def _batches(
         self, chunks: Iterator[Sequence[dict[str, Any]]], split: Split, stage: Stage,
         reader: DatasetReader | MixtureReader, identity: bool,
-    ) -> Iterator[tuple[Any, int, int, int]]:
-        """The view's collated batches, with their positions in the rank's order."""
+    ) -> Iterator[tuple[Any, int, int, int, tuple[float, float, float]]]:
+        """The view's collated batches, with their positions in the rank's order and their
+        seconds spent reading, decoding and collating (``shardio.telemetry``)."""
         assert self.batch_size is not None and self.collate is not None
         size, pid, decoder = self.batch_size, os.getpid(), self.decoder
+        now = telemetry.clock()  # a few reads a batch: (read, decode, collate) seconds
+        began = now()
         for chunk in chunks:
+            read = now()
             if isinstance(reader, MixtureReader):
                 chunk = list(reader.tagged(iter(chunk)))
             if len(chunk) < size and self.drop_last_batch:
@@ -659,9 +665,13 @@ class StreamingDataset(ClassAttributes, IterableDataset[Any]):
                 self._position // size,
             )
             self._position += len(chunk)
+            decoded = now()
             # every sample skipped (on_bad_image): the positions still pass, with no batch
             collated = self.collate(batch) if len(batch) else None
-            yield collated, stage.offset + lo, stage.offset + hi, pid
+            done = now()
+            yield (collated, stage.offset + lo, stage.offset + hi, pid,
+                   (read - began, decoded - read, done - decoded))
+            began = now()
 
     def state_dict(
         self,

@@ -17,6 +17,10 @@ loader's own ``state_dict()`` counts one batch the training loop has not seen;
 ``DevicePrefetcher.state_dict()`` is the loader's state as it was right after
 the handed-over batch was taken, which is what a checkpoint in the loop must
 save. No threads are started. Imports torch.
+
+Like ``shardio.loader`` it keeps ``stats()`` (``shardio.telemetry``): per step the
+training loop's wait for its batch (which here includes taking the next batch from
+the loader and staging it), and the seconds of the copy to the device and of ``decode=``.
 """
 
 from __future__ import annotations
@@ -25,6 +29,8 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence, Siz
 from typing import TYPE_CHECKING, Any, Generic, TypeVar, cast
 
 import torch
+
+from shardio import telemetry
 
 if TYPE_CHECKING:
     from shardio.devicedecode import DeviceDecoder
@@ -64,6 +70,8 @@ class DevicePrefetcher(Generic[T]):
         std: Sequence[float] | None = None,
         channels_last: bool = False,
         decode: DeviceDecoder | None = None,
+        log_every: int | None = None,
+        log_fn: Callable[[dict[str, Any]], None] | None = None,
     ) -> None:
         """Wrap ``loader``; nothing is read until iteration starts.
 
@@ -81,6 +89,8 @@ class DevicePrefetcher(Generic[T]):
                 part of it overlaps the step), then converted as above. Random
                 crops are drawn for the epoch the loader is reading (its ``epoch``,
                 as ``shardio.loader`` has, else its dataset's).
+            log_every: every this many steps, hand ``log_fn`` the ``stats()`` of those steps.
+            log_fn: receives that dict (default: one INFO line on the ``shardio`` logger).
 
         Raises:
             RuntimeError: ``device`` is a CUDA device but CUDA is not available.
@@ -119,6 +129,33 @@ class DevicePrefetcher(Generic[T]):
         self._affine: dict[torch.device, tuple[torch.Tensor, torch.Tensor]] = {}
         self._handed: Any = None
         """The loader's state right after the batch last handed over was taken, or None."""
+        self._stats = telemetry.LoaderStats(telemetry.DEVICE_STAGES, log_every=log_every,
+                                            log_fn=log_fn)
+        self._staged = (0.0, 0.0)
+        """Batches taken since the last step recorded: seconds of their (synchronous)
+        copies and of ``decode``."""
+        self._events: list[tuple[Any, Any, int]] = []
+        """CUDA copies not yet timed: start and end events, and their step's number."""
+
+    def stats(self) -> dict[str, Any]:
+        """The loop's wait per step and the device stages (``h2d_s``,
+        ``device_decode_s``), since made or ``reset_stats()``: see
+        ``shardio.telemetry.LoaderStats.as_dict``; ``loader``: the wrapped loader's own
+        ``stats()``, where it has them."""
+        self._time_copies(wait=True)
+        out = self._stats.as_dict()
+        inner = getattr(self.loader, "stats", None)
+        if callable(inner):
+            out["loader"] = inner()
+        return out
+
+    def reset_stats(self) -> None:
+        """Start ``stats()`` afresh, the wrapped loader's too where it has them."""
+        self._time_copies(wait=True)
+        self._stats.reset()
+        inner = getattr(self.loader, "reset_stats", None)
+        if callable(inner):
+            inner()
 
     def __len__(self) -> int:
         """The loader's length.
@@ -173,6 +210,9 @@ class DevicePrefetcher(Generic[T]):
         if self.device.type == "cuda":
             # torch.cuda.Stream.__new__ carries no annotations.
             side = torch.cuda.Stream(device=self.device)  # type: ignore[no-untyped-call]
+        stats, now = self._stats, telemetry.clock()
+        stats.start()
+        asked = now()
         batches = iter(self.loader)
         try:
             ahead = self._take(batches, snapshot, side)
@@ -184,7 +224,14 @@ class DevicePrefetcher(Generic[T]):
                 # Once the loader is exhausted, every batch it gave is handed over
                 # with this one, and its own state (the next epoch's start) is exact.
                 self._handed = state if ahead is not None else None
+                # the staging done during this wait: the batch taken ahead (and, at the
+                # first step, the first batch too)
+                stats.record(asked, now(), self._staged)
+                self._staged = (0.0, 0.0)
+                if side is not None:
+                    self._time_copies(wait=False)
                 yield cast(T, batch)
+                asked = now()
         finally:
             _close(batches)
 
@@ -200,12 +247,42 @@ class DevicePrefetcher(Generic[T]):
         except StopIteration:
             return None
         state = snapshot()
+        now = telemetry.clock()
+        began = now()
         if side is None:
-            return self._stage_sync(self._decoded(batch)), [], state
+            decoded = self._decoded(batch)
+            middle = now()
+            staged = self._stage_sync(decoded)
+            copy, decode = self._staged
+            self._staged = (copy + now() - middle, decode + middle - began)
+            return staged, [], state
         with torch.cuda.stream(side):
-            moved = self._transfer(self._decoded(batch), move=True, non_blocking=True,
-                                   pin=True)
+            decoded = self._decoded(batch)
+            middle = now()
+            start = end = None
+            if telemetry.ENABLED:  # the copy runs later on the side stream: time it there
+                start = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
+                end = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
+                start.record(side)
+            moved = self._transfer(decoded, move=True, non_blocking=True, pin=True)
+            if start is not None and end is not None:
+                end.record(side)
+                # the step whose wait issued the copy: the next one recorded
+                self._events.append((start, end, len(self._stats.wait) + 1))
+        self._staged = (self._staged[0], self._staged[1] + middle - began)
         return moved, _device_tensors(moved), state
+
+    def _time_copies(self, *, wait: bool) -> None:
+        """Add each finished CUDA copy's time to its step (``wait``: finish them first)."""
+        while self._events:
+            start, end, step = self._events[0]
+            if not wait and not end.query():
+                return
+            end.synchronize()
+            self._events.pop(0)
+            back = len(self._stats.wait) - step + 1
+            if back >= 1:
+                self._stats.add_stage("h2d", start.elapsed_time(end) / 1e3, back)
 
     def _decoded(self, batch: Any) -> Any:
         """``batch`` through ``decode``, for the epoch the loader is reading, if given."""
