@@ -60,7 +60,7 @@ FOOTER = struct.Struct("<QQQQII8s")
 """Index offset, keys offset, records, blocks, CRC-32C of index and keys, version, magic."""
 KEYS_HEAD = struct.Struct("<BB6xQQ")
 """Key section head: codec of the key data, offset width, key data stored and raw bytes."""
-DEFAULT_MAX_BLOCK_BYTES: Final = 64 << 10
+DEFAULT_MAX_BLOCK_BYTES: Final = 128 << 10
 """Raw value bytes a block of several records holds at most: benchmarks/results/block_size.json
 (docs/format.md, §8.3)."""
 MIN_RECORD_BYTES: Final = 4
