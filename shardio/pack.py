@@ -40,6 +40,7 @@ from shardio.errors import (
     PackError,
     StorageError,
 )
+from shardio.inputbytes import is_locator, locator_name
 from shardio.journal import JOURNAL_NAME, dataset_lock
 from shardio.location import is_url
 from shardio.manifest import CLASS_FOLDERS_OPTION, MANIFEST_NAME
@@ -47,9 +48,10 @@ from shardio.packstate import journal_state, pack_manifest, resumable_shards
 from shardio.packtarget import LocalTarget, PackTarget, open_target
 from shardio.shardbuild import ShardFailure, ShardJob, file_image_problem, is_image_field
 from shardio.shardplan import PLAN_VERSION, framed_bounds, plan_shards
-from shardio.shardpool import ProgressBar
+from shardio.shardpool import ProgressBar, default_workers
 from shardio.source import IMAGEFOLDER_RULES, Bad, Source, dataset_source, display_path
 from shardio.storage import RemoteOptions
+from shardio.tarsource import scan_tars, tar_shards
 from shardio.writer import WriteOptions
 
 
@@ -152,6 +154,8 @@ def _image_problems(source: Source, decode: bool) -> list[Bad]:
 
 def _relative(source: Source, path: str) -> str:
     """``path`` (a sample's file) relative to SRC, as the walk names bad files."""
+    if is_locator(path):  # a member of a container: named as the source scan named it
+        return locator_name(path)
     return display_path(os.path.relpath(path, source.root).replace(os.sep, "/"))
 
 
@@ -180,6 +184,8 @@ def pack(
     engine: str = "local",
     scheduler: str | None = None,
     force: bool = False,
+    source_format: str | None = None,
+    label_field: str | None = None,
 ) -> PackSummary:
     """Pack the folder ``src`` into a shardio dataset at ``out``, a folder or a URL.
 
@@ -240,6 +246,10 @@ def pack(
         scheduler: with ``"dask"``, the scheduler's address (``tcp://host:8786``);
             ``None`` starts a local cluster of ``num_workers`` processes.
         force: pack ``src`` even when it is a shardio dataset (its shard files become samples).
+        source_format: what ``src`` is: ``"folder"`` (files), ``"webdataset"`` (tar shards:
+            a folder of them, a glob or ``train-{000000..000099}.tar``;
+            ``shardio.tarsource``); ``None`` recognises tar shards, else a folder.
+        label_field: with WebDataset tars, the field (``cls``) whose text becomes ``label``.
 
     Raises:
         BadInputError: an input cannot be packed (and not ``skip_bad``); names the file.
@@ -254,7 +264,18 @@ def pack(
     """
     start = time.perf_counter()
     root = _local_source(src)
-    if not force:
+    if source_format not in (None, "folder", "webdataset"):
+        raise ValueError(f"unknown source_format {source_format!r}; expected 'folder' or "
+                         "'webdataset'")
+    shards = None if source_format == "folder" else tar_shards(src)
+    if source_format == "webdataset" and shards is None:
+        raise BadInputError(f"{root}: not WebDataset tar shards: pass a .tar file, a folder "
+                            "holding only .tar/.tar.gz files, a glob or a brace pattern",
+                            path=str(root))
+    if label_field is not None and shards is None:
+        raise ValueError("label_field names a field of WebDataset tars; a folder is labelled "
+                         "with imagefolder or class_folders")
+    if not force and shards is None:
         _refuse_dataset(root)
     with contextlib.closing(open_target(out, remote)) as target, _write_lock(
             target, append=append, overwrite=overwrite, resume=resume), contextlib.closing(
@@ -265,14 +286,19 @@ def pack(
         imagefolder, class_folders, check_images, skip_bad = pack_choices(
             target, append=append, imagefolder=imagefolder, class_folders=class_folders,
             check_images=check_images, skip_bad=skip_bad)
-        source = runner.scan(src, imagefolder=imagefolder, include=include, exclude=exclude,
-                             follow_symlinks=follow_symlinks, class_folders=class_folders)
+        source = runner.scan(
+            src, imagefolder=imagefolder, include=include, exclude=exclude,
+            follow_symlinks=follow_symlinks, class_folders=class_folders,
+        ) if shards is None else scan_tars(shards, label_field=label_field, shuffle=shuffle,
+                                           num_workers=num_workers or default_workers())
         pack_options: dict[str, Any] = {
             "imagefolder": source.is_imagefolder, "include": list(include),
             "exclude": list(exclude), "follow_symlinks": follow_symlinks,
             "check_images": check_images}
         if source.class_folders:  # only then: a resume of an older pack keeps its identity
             pack_options[CLASS_FOLDERS_OPTION] = True
+        if shards is not None:
+            pack_options.update({"from": source.origin, "label_field": label_field})
         return _pack_or_append(source, target, options, pack_options, append=append,
                                skip_existing=skip_existing, seed=seed, shuffle=shuffle,
                                engine=runner, skip_bad=skip_bad, overwrite=overwrite,

@@ -26,6 +26,7 @@ from typing import Any, Final
 from shardio.backends import create_shard, keys_crc32, shard_name
 from shardio.codecs import Codec, get_codec
 from shardio.errors import PackError, RecordEncodeError
+from shardio.inputbytes import is_locator, read_range
 from shardio.manifest import fsync_dir
 from shardio.record import KEY_FIELD, encode_record
 from shardio.source import IMG_EXTENSIONS, Bad, SourceSample
@@ -156,8 +157,11 @@ def image_problem(data: bytes | memoryview, *, decode: bool = False) -> str | No
 def file_image_problem(path: str, *, decode: bool = False) -> str | None:
     """``image_problem`` of the image file at ``path``, or why it cannot be read."""
     try:
-        with open(path, "rb") as fh:
-            data = fh.read()
+        if is_locator(path):  # a container's member: the range its locator names
+            data = read_range(path)
+        else:
+            with open(path, "rb") as fh:
+                data = fh.read()
     except OSError as exc:
         return f"cannot be read ({exc.strerror or exc})"
     return image_problem(data, decode=decode)
@@ -237,13 +241,16 @@ def frame_sample(
     for i, name in enumerate(sample.fields):
         size = sizes[i]
         try:
-            fd = os.open(paths[i], os.O_RDONLY, dir_fd=dir_fd)
-            try:
-                data = os.read(fd, size + 1)
-                if len(data) != size:
-                    data += _read_rest(fd)
-            finally:
-                os.close(fd)
+            if is_locator(paths[i]):  # a member of a container (a tar): its byte range
+                data = read_range(paths[i], size, dir_fd)
+            else:
+                fd = os.open(paths[i], os.O_RDONLY, dir_fd=dir_fd)
+                try:
+                    data = os.read(fd, size + 1)
+                    if len(data) != size:
+                        data += _read_rest(fd)
+                finally:
+                    os.close(fd)
         except OSError as exc:
             return None, i, f"cannot be read ({exc.strerror or exc})"
         if len(data) != size:

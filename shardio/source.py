@@ -44,11 +44,14 @@ class Source:
     excluded: int = 0
     class_folders: bool = False
     """Generic samples labelled by their top-level folder (``classes`` are those folders)."""
+    origin: str = "folder"
+    """What SRC was: ``"folder"`` (files), or the container its samples are read from
+    (``"webdataset"``: ``shardio.tarsource``); only a folder can be an ImageFolder."""
 
     @property
     def is_imagefolder(self) -> bool:
         """ImageFolder samples: fields ``image`` and ``label``."""
-        return self.classes is not None and not self.class_folders
+        return self.classes is not None and not self.class_folders and self.origin == "folder"
 
 
 NOT_AN_IMAGE: Final = f"not an image: an ImageFolder holds only {' '.join(IMG_EXTENSIONS)} files"

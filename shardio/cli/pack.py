@@ -54,7 +54,7 @@ def format_summary(summary: PackSummary) -> str:
 
 
 @click.command("pack")
-@click.argument("src", type=LocalPath("source", file_okay=False))
+@click.argument("src", type=LocalPath("source"))  # a folder, a tar, a glob or a brace pattern
 @click.argument("out", type=DATASET)  # a folder or a URL (s3://…)
 @click.option("--backend", type=click.Choice(BACKENDS), default="records", show_default=True,
               help="Shard file format.")
@@ -84,6 +84,13 @@ def format_summary(summary: PackSummary) -> str:
               help="Label every sample with its top-level folder, as torchvision's "
                    "DatasetFolder does for any file type: fields per file as in a generic "
                    "folder, plus `label` (the folder's index among SRC's sorted folders).")
+@click.option("--from", "source_format", type=click.Choice(["folder", "webdataset"]),
+              default=None, help="What SRC is [default: WebDataset tar shards when SRC is a .tar, "
+                                 "a folder of only .tar/.tar.gz files, a glob or "
+                                 "train-{000000..000099}.tar; else a folder of files].")
+@click.option("--label-field", metavar="FIELD", default=None,
+              help="WebDataset tars: the field (e.g. cls) whose text becomes `label` (integers "
+                   "as they are; names numbered in sorted order as `classes`).")
 @click.option("--check-images/--no-check-images", default=None,
               help="Decode every image with Pillow (slow) [default: no; with --append, as the "
                    "dataset was packed]. Either way each JPEG, PNG and WebP is checked "
@@ -117,7 +124,8 @@ def pack_command(
     src: Path, out: Path | str, backend: str, codec: str, level: int, max_shard_bytes: int,
     max_shard_samples: int | None, include: tuple[str, ...], exclude: tuple[str, ...],
     follow_symlinks: bool, seed: int, no_shuffle: bool, num_workers: int | None,
-    imagefolder: bool | None, class_folders: bool, check_images: bool | None,
+    imagefolder: bool | None, class_folders: bool, source_format: str | None,
+    label_field: str | None, check_images: bool | None,
     skip_bad: bool | None, overwrite: bool, resume: bool, append: bool, skip_existing: bool,
     retry_skipped: bool, engine: str, scheduler: str | None, force: bool,
     progress: bool | None, as_json: bool,
@@ -129,7 +137,9 @@ def pack_command(
     (SRC/<class>/**/<image>) becomes samples with fields `image` and `label`;
     any other folder groups files sharing a name up to the first dot into one
     sample (a/x.jpg + a/x.json -> key a/x); with --class-folders each such
-    sample also gets the `label` of its top-level folder.
+    sample also gets the `label` of its top-level folder. WebDataset tar shards
+    (a folder of them, a glob or train-{000000..000099}.tar) are read in place,
+    their members grouped into samples as WebDataset groups them.
     """
     try:
         options = WriteOptions(
@@ -166,6 +176,7 @@ def pack_command(
             overwrite=overwrite, resume=resume, append=append, skip_existing=skip_existing,
             retry_skipped=retry_skipped,
             progress=progress, engine=engine, scheduler=scheduler, force=force,
+            source_format=source_format, label_field=label_field,
         )
     except ShardioError as exc:
         raise click.ClickException(str(exc)) from exc

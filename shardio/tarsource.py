@@ -1,0 +1,274 @@
+"""WebDataset tar shards as a source to pack: which tars SRC names, and their samples.
+
+SRC names tar shards as a folder of ``.tar``/``.tar.gz``/``.tgz`` files, a
+glob, WebDataset's brace notation (``train-{000000..000099}.tar``) or one tar
+(``tar_shards``). Each tar is read once, as a stream (``tarfile`` mode
+``r|*``; never extracted), by one task per tar, in parallel; members are
+grouped into samples exactly as ``webdataset.WebDataset`` groups them: the key
+is the member name up to the first dot of its last component, the rest
+(lower-cased) the field, and a new sample starts whenever the key changes.
+A sample's fields are located, not copied (``shardio.inputbytes``): the
+build reads each member's bytes where it lies in its tar. The samples keep
+WebDataset's order (tars in order, members in order), which is the order a
+pack without shuffle keeps. What WebDataset skips silently is reported as bad
+input here (a member without an extension, a link, a key seen again later, a
+damaged tar); ``__meta__`` members, which WebDataset skips as metadata, and
+folders are ignored and counted. Imports ``errors``, ``inputbytes``,
+``source``, ``stems`` and ``walk`` from shardio; never torch.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import glob
+import hashlib
+import multiprocessing
+import os
+import re
+import tarfile
+from collections.abc import Sequence
+from typing import Final
+
+from shardio.errors import BadInputError, PackError
+from shardio.inputbytes import locator
+from shardio.source import Source
+from shardio.stems import RESERVED_FIELDS, SourceSample
+from shardio.walk import Bad, display_path, is_utf8
+
+TAR_SUFFIXES: Final = (".tar", ".tar.gz", ".tgz")
+_BRACE: Final = re.compile(r"\{([^{}]*)\}")
+_RANGE: Final = re.compile(r"^(\d+)\.\.(\d+)$")
+_META: Final = re.compile(r"__[^/]*__($|/)")
+"""WebDataset's ``skip_meta``: members it skips as metadata."""
+MAX_LABEL_BYTES: Final = 4096
+
+
+def expand_braces(pattern: str) -> list[str]:
+    """WebDataset's brace notation expanded: ``{000..099}`` (zero-padded as written) and
+    ``{a,b}``, left to right, every combination in order."""
+    match = _BRACE.search(pattern)
+    if match is None:
+        return [pattern]
+    body, head, tail = match.group(1), pattern[:match.start()], pattern[match.end():]
+    numbers = _RANGE.match(body)
+    if numbers is not None:
+        lo, hi = numbers.groups()
+        width = len(lo) if lo.startswith("0") else 0
+        choices = [str(n).zfill(width) for n in range(int(lo), int(hi) + 1)]
+    else:
+        choices = body.split(",")
+    return [out for choice in choices for out in expand_braces(head + choice + tail)]
+
+
+def tar_shards(src: str | os.PathLike[str]) -> list[str] | None:
+    """The tar shards ``src`` names, in order, or ``None`` when it does not name tars.
+
+    A folder names its visible files when every one of them is a tar (and it has
+    no sub-folder); a glob or brace pattern names what it matches or expands to.
+
+    Raises:
+        BadInputError: a pattern that matches nothing, or a shard it names is missing.
+    """
+    text = os.fspath(src)
+    if os.path.isdir(text):
+        entries = [e for e in os.scandir(text) if not e.name.startswith(".")]
+        if entries and all(e.is_file() and e.name.endswith(TAR_SUFFIXES) for e in entries):
+            return sorted(e.path for e in entries)
+        return None
+    if os.path.isfile(text):
+        return [text] if text.endswith(TAR_SUFFIXES) else None
+    if "{" in text:
+        paths = expand_braces(text)
+    elif glob.has_magic(text):
+        paths = sorted(glob.glob(text))
+    else:
+        return None
+    missing = [p for p in paths if not os.path.isfile(p)]
+    if not paths or missing:
+        what = f"{missing[0]} does not exist" if missing else "it matches no file"
+        raise BadInputError(f"{text}: {what}; the pattern must name existing tar shards "
+                            f"({len(missing)} of {len(paths)} missing)", path=text)
+    return paths
+
+
+TarSample = tuple[str, tuple[str, ...], tuple[str, ...], tuple[int, ...], "str | None"]
+"""``(key, fields, locators, sizes, label text)`` of one sample of a tar."""
+TarScan = tuple[list[TarSample], list[Bad], int]
+"""What one tar holds: its samples in order, its bad members and the members ignored."""
+
+
+def _member_problem(info: tarfile.TarInfo) -> str | None:
+    """Why a member cannot be a field: a link or a special file, or a name leaving the tar."""
+    if info.issym() or info.islnk():
+        kind = "symbolic" if info.issym() else "hard"
+        return (f"a {kind} link member (-> {display_path(info.linkname)}); only regular "
+                "members hold bytes to pack (WebDataset skips links)")
+    if not info.isreg():
+        return "a special member (device or pipe), not a regular file"
+    name = info.name
+    if name.startswith("/") or ".." in name.split("/"):
+        return "its name is absolute or climbs out with '..'; such a name is never packed"
+    if not is_utf8(name):
+        return "its name is not valid UTF-8"
+    return None
+
+
+def scan_tar(path: str, name: str, label_field: str | None) -> TarScan:
+    """Read the tar at ``path`` (reported as ``name``) as a stream and group its members.
+
+    ``label_field``'s members are read (their text is the label) and not kept as fields.
+    """
+    samples: list[TarSample] = []
+    bad: list[Bad] = []
+    ignored = 0
+    seen: set[str] = set()
+    with open(path, "rb") as raw:
+        compressed = raw.read(2) == b"\x1f\x8b"
+        raw.seek(0)
+        current: list[tuple[str, str, int, int, str | None]] = []  # key, field, offset, size
+        key = ""
+        try:
+            with tarfile.open(fileobj=raw, mode="r|*") as stream:
+                for info in stream:
+                    if info.isdir() or _META.match(info.name):
+                        ignored += 1
+                        continue
+                    shown = f"{name}/{display_path(info.name)}"
+                    reason = _member_problem(info)
+                    base, dot, field = info.name.rpartition("/")[2].partition(".")
+                    if reason is None and (not dot or not base or not field):
+                        reason = ("no extension after its name (WebDataset skips such members): "
+                                  "it is no field of any sample")
+                    member_key = info.name[:len(info.name) - len(field) - 1]
+                    field = field.lower()  # WebDataset lower-cases extensions
+                    if reason is None and field in RESERVED_FIELDS:
+                        reason = f"field name {field!r} is reserved; rename the member"
+                    if reason is not None:
+                        bad.append((shown, reason))
+                        continue
+                    if member_key != key:
+                        _close(current, key, name, samples, bad, seen, compressed, path)
+                        current, key = [], member_key
+                    text = None
+                    if field == label_field:
+                        member = stream.extractfile(info)
+                        text = member.read(MAX_LABEL_BYTES + 1).decode("utf-8", "replace") \
+                            if member is not None else ""
+                    current.append((field, shown, info.offset_data, info.size, text))
+        except (tarfile.TarError, EOFError, OSError) as exc:
+            bad.append((name, f"the tar is damaged or cut short after {len(samples)} samples "
+                              f"({exc}); download or copy it again"))
+            return [], bad, ignored
+        _close(current, key, name, samples, bad, seen, compressed, path)
+    return samples, bad, ignored
+
+
+def _close(members: list[tuple[str, str, int, int, str | None]], key: str, name: str,
+           samples: list[TarSample], bad: list[Bad], seen: set[str], compressed: bool,
+           path: str) -> None:
+    """Make the members of one key a sample, or report them all with why not."""
+    if not members:
+        return
+    fields = [m[0] for m in members]
+    reason = None
+    if key in seen:
+        reason = (f"key {display_path(key)!r} appears again after other samples of the tar "
+                  "(WebDataset would read two samples with one key); group a sample's "
+                  "members together")
+    elif len(set(fields)) != len(fields):
+        reason = (f"sample {display_path(key)!r} has two members for one field "
+                  "(WebDataset refuses it: duplicate file name)")
+    seen.add(key)
+    if reason is not None:
+        bad.extend((m[1], reason) for m in members)
+        return
+    labels = [m[4] for m in members if m[4] is not None]
+    kept = [m for m in members if m[4] is None]
+    samples.append((key, tuple(m[0] for m in kept),
+                    tuple(locator(path, m[2], m[3], m[1], compressed=compressed) for m in kept),
+                    tuple(m[3] for m in kept), labels[0] if labels else None))
+
+
+def _scan_task(args: tuple[str, str, str | None]) -> TarScan:
+    return scan_tar(*args)
+
+
+def scan_tars(
+    shards: Sequence[str], *, label_field: str | None = None, shuffle: bool = True,
+    num_workers: int = 1,
+) -> Source:
+    """The samples of the tar ``shards``, in WebDataset's order, as a ``Source``.
+
+    Args:
+        shards: tar paths, in order (``tar_shards``).
+        label_field: a field (``cls``) whose text becomes each sample's ``label``:
+            integers as they are, otherwise class names, numbered in sorted order
+            (``classes``). A sample without it is bad.
+        shuffle: whether the pack shuffles: a ``.tar.gz`` can only be read in order.
+        num_workers: tars read at once, in forked processes.
+
+    Raises:
+        PackError: a ``.tar.gz`` with ``shuffle``.
+    """
+    root = os.path.commonpath([os.path.dirname(os.path.abspath(p)) for p in shards])
+    names = [os.path.relpath(os.path.abspath(p), root).replace(os.sep, "/") for p in shards]
+    tasks = [(p, n, label_field) for p, n in zip(shards, names, strict=True)]
+    if num_workers > 1 and len(tasks) > 1:
+        method = "fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn"
+        with cf.ProcessPoolExecutor(min(num_workers, len(tasks)),
+                                    multiprocessing.get_context(method)) as pool:
+            scans = list(pool.map(_scan_task, tasks))
+    else:
+        scans = [_scan_task(t) for t in tasks]
+    digest = hashlib.sha256(f"webdataset\n{label_field}\n".encode())
+    bad: list[Bad] = []
+    first: dict[str, str] = {}
+    found: list[TarSample] = []
+    ignored = 0
+    for path, name, (samples, tar_bad, tar_ignored) in zip(shards, names, scans, strict=True):
+        st = os.stat(path)
+        digest.update(f"{name}\0{st.st_size}\0{st.st_mtime_ns}\n".encode("utf-8", "replace"))
+        bad += tar_bad
+        ignored += tar_ignored
+        for sample in samples:
+            other = first.setdefault(sample[0], name)
+            if other != name:
+                bad.extend((loc.rsplit("\0", 1)[1], f"key {display_path(sample[0])!r} is also "
+                            f"a sample of {other}; keys must be unique across the shards")
+                           for loc in sample[2])
+            else:
+                found.append(sample)
+    if shuffle and any(loc.split("\0")[1].startswith("z") for s in found for loc in s[2][:1]):
+        raise PackError(
+            f"{root}: .tar.gz members can only be read in order, and a shuffled pack reads them "
+            "in random order (decompressing a shard for every sample). Pass --no-shuffle "
+            "(shuffle=False), or decompress the shards first (`gunzip -k *.tar.gz`; WebDataset "
+            "reads the .tar files too)", path=root)
+    classes, labels = _labels(found, label_field, bad)
+    out = []
+    for (key, fields, locs, sizes, _), label in zip(found, labels, strict=True):
+        if label_field is None or label is not None:
+            out.append(SourceSample(key, fields, locs, sizes, label, sum(sizes)))
+    return Source(root=root, samples=tuple(out), classes=classes, hidden_ignored=ignored,
+                  bad=tuple(sorted(bad)), digest=digest.hexdigest(),
+                  origin="webdataset")
+
+
+def _labels(found: list[TarSample], label_field: str | None,
+            bad: list[Bad]) -> tuple[tuple[str, ...] | None, list[int | None]]:
+    """Each sample's label (``None``: none asked, or it has none, which is bad) and the
+    classes: none when every label text is an integer, else the sorted names."""
+    if label_field is None:
+        return None, [None] * len(found)
+    texts = [s[4].strip() if s[4] is not None else None for s in found]
+    for sample, text in zip(found, texts, strict=True):
+        if text is None:
+            bad.extend((loc.rsplit("\0", 1)[1], f"sample {display_path(sample[0])!r} has no "
+                        f"{label_field!r} member, which --label-field asks for")
+                       for loc in sample[2])
+    given = [t for t in texts if t is not None]
+    if all(re.fullmatch(r"-?\d+", t) for t in given):
+        return None, [int(t) if t is not None else None for t in texts]
+    classes = tuple(sorted(set(given)))
+    index = {c: i for i, c in enumerate(classes)}
+    return classes, [index[t] if t is not None else None for t in texts]
