@@ -21,6 +21,7 @@ import io
 import json
 import os
 import re
+import tarfile
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -355,3 +356,115 @@ def _check_existing(
             "nothing was written. Unpack into an empty folder or pass --overwrite",
             path=root,
         )
+
+
+DEFAULT_TAR_SHARD_BYTES: Final = 1 << 30
+"""Tar shards ``unpack_webdataset`` writes roll beyond this many bytes (WebDataset's usual size)."""
+
+
+def webdataset_members(sample: Mapping[str, Any], *, layout: str) -> list[tuple[str, bytes]]:
+    """The tar members of one sample, named so that ``webdataset.WebDataset`` reads it back.
+
+    WebDataset keys a member by its name up to the first dot of the last component,
+    so an ImageFolder sample (key ``cat/001.jpg``) becomes ``cat/001.jpg`` and
+    ``cat/001.cls`` (its label); any other sample one ``<key>.<field>`` per field,
+    its ``label`` included (as text, ``.label``).
+
+    Raises:
+        UnsafeKeyError: the key or a field cannot be named so (a dot in the key's last
+            component, a field without a name), or would climb out (``..``, absolute).
+    """
+    key = str(sample[KEY_FIELD])
+    _, dot, ext = key.rpartition("/")[2].partition(".")
+    if layout == IMAGEFOLDER:
+        base = key[:len(key) - len(ext) - 1] if dot else key
+        named = [(f"{base}.{ext.lower() or IMAGE_FIELD}", sample[IMAGE_FIELD]),
+                 (f"{base}.cls", sample["label"])]
+    else:
+        named = [(f"{key}.{name}", value) for name, value in sample.items()
+                 if name not in RESERVED_FIELDS]
+    why = check_key(key) or (
+        "has a dot in its last component, which WebDataset would split at" if (
+            dot and layout != IMAGEFOLDER) else None)
+    for name, _ in named:
+        if why is None and (name.endswith(".") or check_field(name.rpartition(".")[2])):
+            why = f"has a field that cannot be a member name ({name!r})"
+    if why is not None:
+        raise UnsafeKeyError(f"sample {key!r}: its key {why}; it cannot be written as a "
+                             "WebDataset sample, and no further shard was written",
+                             path=key)
+    return [(name, field_bytes(value)) for name, value in named]
+
+
+def unpack_webdataset(
+    path: str | os.PathLike[str],
+    dest: str | os.PathLike[str],
+    *,
+    max_shard_bytes: int = DEFAULT_TAR_SHARD_BYTES,
+    overwrite: bool = False,
+    progress: bool = False,
+    remote: RemoteOptions | None = None,
+) -> UnpackSummary:
+    """Write the dataset at ``path`` as WebDataset tar shards ``dest/shard-000000.tar``, ….
+
+    Samples keep the dataset's order; ``webdataset.WebDataset`` reads them back
+    with the same keys and bytes (``webdataset_members`` says how each is named).
+    Members are deterministic (mtime 0, mode 0444, no owner), so the tars are too.
+
+    Args:
+        path: dataset folder (or its manifest.json), or its URL.
+        dest: local folder for the tars; created if absent.
+        max_shard_bytes: start a new tar beyond this size (a larger sample gets its own).
+        overwrite: replace tars already in ``dest``.
+        progress: show a progress bar on stderr.
+        remote: how a URL is reached and cached (``RemoteOptions``).
+
+    Raises:
+        OutputExistsError: ``dest`` holds files and not ``overwrite``.
+        UnsafeKeyError: a sample cannot be named as WebDataset members.
+    """
+    start = time.perf_counter()
+    root = Path(dest)
+    if root.is_dir() and any(root.iterdir()) and not overwrite:
+        raise OutputExistsError(f"{root}: the folder is not empty; write the tars into an "
+                                "empty folder or pass --overwrite", path=root)
+    root.mkdir(parents=True, exist_ok=True)
+    for old in root.glob("shard-*.tar"):  # with overwrite: no tar of an earlier export stays
+        old.unlink()
+    files = num_bytes = shard = size = 0
+    tar: tarfile.TarFile | None = None
+    with open_dataset(path, remote=remote) as reader, tqdm(
+            total=len(reader), disable=not progress, unit=" samples", desc="unpack",
+            leave=False) as bar:
+        layout = unpack_layout(reader.manifest)
+        try:
+            for sample, _ in _checked_samples(reader, layout=layout):
+                members = webdataset_members(sample, layout=layout)
+                grows = sum(len(data) + 1024 for _, data in members)
+                if tar is not None and size + grows > max_shard_bytes:
+                    _close_tar(tar, root, shard)
+                    tar, shard, size = None, shard + 1, 0
+                if tar is None:
+                    tar = tarfile.open(  # noqa: SIM115  # open across samples until full
+                        root / f".shard-{shard:06d}.tar.tmp", "w", format=tarfile.PAX_FORMAT)
+                for name, data in members:
+                    info = tarfile.TarInfo(name)
+                    info.size, info.mode, info.mtime = len(data), 0o444, 0
+                    tar.addfile(info, io.BytesIO(data))
+                    num_bytes += len(data)
+                files += len(members)
+                size += grows
+                bar.update(1)
+            if tar is not None:
+                _close_tar(tar, root, shard)
+                tar = None
+        finally:
+            if tar is not None:
+                tar.close()
+                os.unlink(root / f".shard-{shard:06d}.tar.tmp")
+        return UnpackSummary(len(reader), files, num_bytes, time.perf_counter() - start)
+
+
+def _close_tar(tar: tarfile.TarFile, root: Path, shard: int) -> None:
+    tar.close()
+    os.replace(root / f".shard-{shard:06d}.tar.tmp", root / f"shard-{shard:06d}.tar")
