@@ -45,6 +45,7 @@ if TYPE_CHECKING:
     from shardio.dataset import IndexedDataset, StreamingDataset
     from shardio.decode import pil_backend
     from shardio.devicedecode import DeviceDecoder
+    from shardio.doctor import doctor
     from shardio.fields import Fields
     from shardio.location import read_manifest
     from shardio.merge import MergeSummary, merge
@@ -84,6 +85,7 @@ _LAZY = {
     "read_manifest": "shardio.location",
     "RemoteOptions": "shardio.storage.options",
     "Source": "shardio.mix",
+    "doctor": "shardio.doctor",
     "RandomResizedCrop": "shardio.crop",
     "CenterCrop": "shardio.crop",
 }
@@ -124,6 +126,7 @@ __all__ = [
     "UnsupportedVersionError",
     "WriteOptions",
     "__version__",
+    "doctor",
     "loader",
     "merge",
     "merge_states",

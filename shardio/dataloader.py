@@ -169,6 +169,8 @@ class ShardLoader:
         self.dataset = dataset
         self.batch_size = batch_size
         self.drop_last = drop_last
+        self.collate_fn = collate_fn
+        self.prefetch_factor = prefetch_factor
         self.num_workers = min(os.cpu_count() or 1, 8) if num_workers is None else num_workers
         workers = self.num_workers
         # pinned here: batches are built over one pinned buffer each, which the DataLoader's

@@ -15,7 +15,8 @@ EXPECTED = {
     "PackSummary", "RandomResizedCrop", "RecordBatch", "RecordEncodeError", "RemoteOptions",
     "ShardCorruptError", "ShardInfo", "ShardMissingError", "ShardWriter", "ShardioError", "Source",
     "StorageError", "StreamingDataset", "TruncatedShardError", "UnsafeKeyError",
-    "UnsupportedVersionError", "WriteOptions", "__version__", "loader", "merge", "merge_states",
+    "UnsupportedVersionError", "WriteOptions", "__version__", "doctor", "loader", "merge",
+    "merge_states",
     "open_dataset", "pack", "pack_imagefolder", "pil_backend", "preview", "read_manifest",
     "unpack", "verify",
 }

@@ -31,6 +31,8 @@ COMMANDS: Final[dict[str, tuple[str, str]]] = {
     "demo": ("demo", "Generate, pack, verify and stream a small demo dataset."),
     "bench": ("bench", "Read DATASET with 0, 1, 2, … workers and recommend num_workers "
                        "and shuffle_buffer."),
+    "doctor": ("doctor", "Run DATASET's loader against a simulated step; name the bottleneck "
+                         "and the fix."),
 }
 """Command name -> (module under ``shardio.cli`` defining it in its ``COMMANDS``, short help).
 

@@ -1,0 +1,373 @@
+"""``shardio.doctor``: run a loader against a training step and say what bounds it.
+
+It times a bounded number of steps (a simulated step of ``step_ms``, or the caller's
+``step_fn``) and reports: the share of the loop's time spent waiting for data; the
+*headspace* (steps/s with data loading removed: the same batches replayed from memory);
+the stage that bounds the pipeline (from ``loader.stats()``, ``shardio.telemetry``);
+periodic stalls (one long wait every N batches, found in the per-step wait series);
+and recommendations, the first of which is applied and measured in the same run when
+the doctor can rebuild the loader (a dataset path or a ``shardio.loader``). Any other
+iterable of batches (a plain ``DataLoader``) is measured from outside: the wait per
+step; for a dataset of files (``.samples`` or ``.imgs`` as ImageFolder has) it also
+reads some files to compare files/s with the samples/s the step needs. Imports torch
+only through the loader it builds; the plot needs Pillow.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import os
+import statistics
+import time
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Any
+
+STEP_BOUND_PCT = 10.0
+"""Below this share of the loop's time waiting for data, data is not the bottleneck."""
+KEEP_BATCHES = 4
+"""Batches kept to replay for the headspace (held, so a worker's ring adds slots)."""
+STAGE_BOUND = {"read": "io", "decode": "decode", "collate": "collate",
+               "handover": "handover"}
+
+
+def doctor(
+    source: Any,
+    *,
+    step_ms: float | None = None,
+    step_fn: Callable[[Any], Any] | None = None,
+    num_steps: int = 100,
+    batch_size: int = 64,
+    num_workers: int | None = None,
+    decode: str = "auto",
+    image_size: int = 224,
+    verify: bool = True,
+) -> dict[str, Any]:
+    """Measure ``source`` against a step and report where the time goes; a plain dict.
+
+    Args:
+        source: a shardio dataset path, a ``shardio.loader``, or any iterable of batches.
+        step_ms: a simulated step of this many milliseconds (default 0 unless ``step_fn``).
+        step_fn: called with each batch instead (the user's own training step).
+        num_steps: steps to time (the first, with the workers' start, is left out).
+        batch_size, num_workers, decode: for a dataset path, the loader to build.
+        image_size: the side the model takes, to judge whether decoding at a smaller
+            size (``draft_size=``) would do.
+        verify: apply the first recommendation and measure the steps/s it gives.
+
+    Returns:
+        ``data_wait_pct``, ``steps_per_s``, ``headspace_steps_per_s``, ``bound`` (``"step"``
+        or the data stage: ``"io"``, ``"decode"``, ``"collate"``, ``"handover"``,
+        ``"data"`` where stages are unseen), ``stall_every`` (N or None),
+        ``recommendations`` (each ``text``, ``change``, ``expected``, and for the first,
+        verified, ``measured_ratio``), ``series`` (per-step waits and stage seconds).
+    """
+    if num_steps < 2:
+        raise ValueError(f"num_steps must be 2 or more, got {num_steps}")
+
+    def step(batch: Any) -> None:
+        if step_fn is not None:
+            step_fn(batch)
+        elif step_ms:
+            time.sleep(step_ms / 1e3)
+
+    loader = _loader_for(source, batch_size=batch_size, num_workers=num_workers,
+                         decode=decode)
+    run = _measure(loader, step, num_steps)
+    report: dict[str, Any] = {
+        "loader": type(loader).__name__, "num_workers": getattr(loader, "num_workers", None),
+        "steps": run["steps"], "data_wait_pct": run["wait_pct"],
+        "steps_per_s": run["steps_per_s"], "first_batch_s": run["first_batch_s"],
+        "headspace_steps_per_s": _headspace(run.pop("kept"), step, num_steps),
+        "cpu_count": os.cpu_count() or 1,
+    }
+    report["stall_every"] = find_period(run["series"]["wait"][1:])
+    report["stages_s"] = run["stages"]
+    report["bound"] = _bound(report, run)
+    files = _file_rate(loader)
+    if files is not None:
+        report["files_per_s"] = files
+        report["samples_per_s_needed"] = report["headspace_steps_per_s"] * _batch_of(loader)
+    report["recommendations"] = _recommend(report, loader, image_size)
+    first = next(iter(report["recommendations"]), None)
+    if verify and first is not None and first["change"] and _rebuildable(loader):
+        changed = _rebuilt(loader, first["change"])
+        for _ in zip(range(KEEP_BATCHES), changed, strict=False):  # warm, as the first was
+            pass
+        after = _measure(changed, step, num_steps)
+        first["measured_steps_per_s"] = after["steps_per_s"]
+        first["measured_ratio"] = after["steps_per_s"] / report["steps_per_s"]
+    report["series"] = run["series"]
+    return report
+
+
+def _loader_for(source: Any, *, batch_size: int, num_workers: int | None,
+                decode: str) -> Iterable[Any]:
+    if isinstance(source, (str, os.PathLike)):
+        import shardio
+
+        dataset = shardio.StreamingDataset(source, decode=decode)  # type: ignore[arg-type]
+        return shardio.loader(dataset, batch_size, num_workers=num_workers)
+    return source  # type: ignore[no-any-return]
+
+
+def _measure(loader: Iterable[Any], step: Callable[[Any], None], num_steps: int
+             ) -> dict[str, Any]:
+    """Time ``num_steps`` steps of ``loader`` (epochs repeat); per-step waits and stages."""
+    reset = getattr(loader, "reset_stats", None)
+    if callable(reset):
+        reset()
+    waits: list[float] = []
+    kept: list[Any] = []
+    busy = 0.0
+    while len(waits) < num_steps:
+        before = len(waits)
+        asked = time.perf_counter()
+        for batch in loader:
+            got = time.perf_counter()
+            waits.append(got - asked)
+            if len(kept) < KEEP_BATCHES:
+                kept.append(batch)
+            step(batch)
+            del batch
+            asked = time.perf_counter()
+            busy += asked - got
+            if len(waits) >= num_steps:
+                break
+        if len(waits) == before:
+            raise ValueError(f"{type(loader).__name__} gave no batch: nothing to measure")
+    series: dict[str, list[float]] = {"wait": waits}
+    stages: dict[str, float] = {}
+    inner = getattr(loader, "step_series", None)
+    if callable(inner):
+        for name, column in inner().items():
+            if name != "wait":
+                series[name] = column[:num_steps]
+                stages[name] = sum(column[1:num_steps])
+    waited = sum(waits[1:])
+    return {"steps": len(waits), "series": series, "stages": stages, "kept": kept,
+            "first_batch_s": waits[0],
+            "wait_pct": 100.0 * waited / (waited + busy) if waited + busy else 0.0,
+            "steps_per_s": (len(waits) - 1) / (waited + busy) if waited + busy else math.inf}
+
+
+def _headspace(kept: list[Any], step: Callable[[Any], None], num_steps: int) -> float:
+    """Steps/s of the step alone: the kept batches replayed from memory."""
+    count = max(2, min(num_steps, 50))
+    began = time.perf_counter()
+    for i in range(count):
+        step(kept[i % len(kept)])
+    took = time.perf_counter() - began
+    kept.clear()
+    return count / took if took > 0 else math.inf
+
+
+def find_period(waits: list[float]) -> int | None:
+    """N when the waits show one long wait every N steps (N of 2 or more), else None.
+
+    A long wait is over half the 95th percentile (and over 1 ms); the period is the
+    most common gap between long waits, if at least 3 of 5 gaps have it.
+    """
+    if len(waits) < 8:
+        return None
+    high = sorted(waits)[int(0.95 * (len(waits) - 1))]
+    spikes = [i for i, w in enumerate(waits) if w > max(1e-3, 0.5 * high)]
+    gaps = [b - a for a, b in itertools.pairwise(spikes)]
+    if len(gaps) < 3:
+        return None
+    period = statistics.mode(gaps)
+    if period < 2 or gaps.count(period) < 0.6 * len(gaps):
+        return None
+    return period
+
+
+def _bound(report: dict[str, Any], run: dict[str, Any]) -> str:
+    if report["data_wait_pct"] < STEP_BOUND_PCT:
+        return "step"
+    stages = {k: v for k, v in run["stages"].items() if k in STAGE_BOUND}
+    if not stages or max(stages.values()) <= 0:
+        return "data"
+    return STAGE_BOUND[max(stages, key=lambda k: stages[k])]
+
+
+def _batch_of(loader: Any) -> int:
+    return int(getattr(loader, "batch_size", None) or 1)
+
+
+def _file_rate(loader: Any) -> float | None:
+    """Files/s read whole from a dataset of files (``.samples``/``.imgs``), up to 200."""
+    dataset = getattr(loader, "dataset", None)
+    files = getattr(dataset, "samples", None) or getattr(dataset, "imgs", None)
+    if not isinstance(files, list) or not files:
+        return None
+    paths = [f[0] if isinstance(f, tuple) else f for f in files[-200:]]
+    began = time.perf_counter()
+    for path in paths:
+        Path(path).read_bytes()
+    took = time.perf_counter() - began
+    return len(paths) / took if took > 0 else math.inf
+
+
+def _recommend(report: dict[str, Any], loader: Any, image_size: int) -> list[dict[str, Any]]:
+    """What to change, most useful first; ``change``: the loader keywords to apply."""
+    bound, out = report["bound"], []
+    if bound == "step":
+        return [{"text": "data is not the bottleneck: the loop waits "
+                 f"{report['data_wait_pct']:.1f}% of its time; speed up the step itself",
+                 "change": {}, "expected": "none from data loading"}]
+    workers = report["num_workers"]
+    needed = report["steps_per_s"] and report["headspace_steps_per_s"] / report["steps_per_s"]
+    dataset = getattr(loader, "dataset", None)
+    decoder = getattr(dataset, "decoder", None)
+    if bound == "decode" and getattr(decoder, "mode", None) in ("tensor", "pil") and (
+            getattr(decoder, "draft_size", None) is None):
+        side = _image_side(dataset)
+        if side is not None and side >= 4 * image_size:  # 1/4 scale or less: a clear gain
+            out.append({"text": f"decode at the model's size: images are about {side} px, "
+                        f"the model takes {image_size}: StreamingDataset(..., draft_size="
+                        f"({image_size}, {image_size})) lets JPEG decode at 1/2–1/8 scale",
+                        "change": {"draft_size": (image_size, image_size)},
+                        "expected": f"decode time down up to {min(8, side // image_size)}x"})
+    if isinstance(workers, int) and needed and needed > 1.1:
+        more = max(workers + 1, min(math.ceil(max(workers, 1) * needed),
+                                    2 * report["cpu_count"]))
+        why = (f"a long wait every {report['stall_every']} batches: the {workers} workers "
+               "finish together and the loop drains them" if report["stall_every"]
+               else f"the data gives {report['steps_per_s']:.1f} steps/s, the step alone "
+               f"{report['headspace_steps_per_s']:.1f}")
+        out.append({"text": f"more workers: num_workers={more} ({why})",
+                    "change": {"num_workers": more},
+                    "expected": f"up to {min(needed, more / max(workers, 1)):.1f}x steps/s, "
+                    "while cores are free"})
+    if "files_per_s" in report:
+        packs = report["files_per_s"] < report["samples_per_s_needed"]
+        out.append({"text": f"the disk gives {report['files_per_s']:.0f} files/s, the step "
+                    f"needs {report['samples_per_s_needed']:.0f} samples/s: packing with "
+                    f"shardio {'would' if packs else 'would not'} help (one open per shard, "
+                    "not per sample)", "change": {},
+                    "expected": "reads no longer bound by opens" if packs else "none"})
+    if bound == "io":
+        out.append({"text": "reading bounds it: for remote data give RemoteOptions(cache_dir="
+                    "...) so epochs after the first read local files; larger shards "
+                    "(max_shard_bytes) mean fewer requests", "change": {},
+                    "expected": "later epochs at local-disk speed"})
+    if bound == "decode":
+        out.append({"text": "decode on the GPU: DevicePrefetcher(..., decode=shardio."
+                    "DeviceDecoder(...)) moves JPEG decode off the workers", "change": {},
+                    "expected": "decode off the CPU's critical path"})
+    import sys
+
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.cuda.is_available() and not getattr(
+            loader, "pin_memory", True):
+        out.append({"text": "pin_memory=True: copies to the GPU run asynchronously",
+                    "change": {}, "expected": "H2D copy overlaps the step"})
+    return out
+
+
+def _image_side(dataset: Any) -> int | None:
+    """The long side of the dataset's first image, or None (no image field)."""
+    import io
+
+    from PIL import Image
+
+    import shardio
+
+    try:
+        sample = next(iter(shardio.StreamingDataset(dataset.path, decode="raw",
+                                                    shuffle=False)))
+        data = next(v for k, v in sample.items()
+                    if isinstance(v, (bytes, memoryview)) and not k.startswith("__"))
+        with Image.open(io.BytesIO(bytes(data))) as image:
+            return int(max(image.size))
+    except (StopIteration, OSError, AttributeError):  # not images: no size-based advice
+        return None
+
+
+def _rebuildable(loader: Any) -> bool:
+    from shardio.dataloader import ShardLoader
+
+    return isinstance(loader, ShardLoader)
+
+
+def _rebuilt(loader: Any, change: dict[str, Any]) -> Any:
+    """``loader`` (a ``shardio.loader``) with ``change`` applied, over a new dataset view."""
+    import shardio
+
+    dataset = loader.dataset
+    if "draft_size" in change:
+        dataset = shardio.StreamingDataset(
+            dataset.path, decode=dataset.decoder.mode, transform=dataset.decoder.transform,
+            draft_size=change["draft_size"])
+    return shardio.loader(dataset, loader.batch_size,
+                          num_workers=change.get("num_workers", loader.num_workers),
+                          collate_fn=loader.collate_fn, prefetch_factor=loader.prefetch_factor,
+                          drop_last=loader.drop_last)
+
+
+def format_report(report: dict[str, Any]) -> str:
+    """The report as a few lines of text."""
+    lines = [
+        f"{report['steps']} steps of {report['loader']} "
+        f"(num_workers={report['num_workers']}): {report['steps_per_s']:.1f} steps/s, "
+        f"waiting for data {report['data_wait_pct']:.1f}% of the time",
+        f"headspace (the step alone, batches from memory): "
+        f"{report['headspace_steps_per_s']:.1f} steps/s",
+        "bound by: " + ("the step (data is not the bottleneck)" if report["bound"] == "step"
+                        else f"data loading, stage {report['bound']}"),
+    ]
+    if report["stages_s"]:
+        lines.append("worker seconds per stage: " + ", ".join(
+            f"{k} {v:.3f}" for k, v in report["stages_s"].items()))
+    if report["stall_every"]:
+        lines.append(f"periodic stall: a long wait every {report['stall_every']} batches")
+    for i, rec in enumerate(report["recommendations"], 1):
+        lines.append(f"{i}. {rec['text']} — expected: {rec['expected']}")
+        if "measured_ratio" in rec:
+            lines.append(f"   applied here: {rec['measured_steps_per_s']:.1f} steps/s, "
+                         f"{rec['measured_ratio']:.2f}x")
+    return "\n".join(lines)
+
+
+COLOURS = {"read": (70, 130, 180), "decode": (230, 140, 40), "collate": (120, 180, 90),
+           "handover": (170, 110, 190), "wait": (20, 20, 20)}
+
+
+def draw_plot(report: dict[str, Any], path: str | os.PathLike[str]) -> None:
+    """A PNG: per step, the batch's stage seconds stacked (bars) and the wait (line)."""
+    from PIL import Image, ImageDraw
+
+    series = report["series"]
+    waits = series["wait"][1:]
+    stages = [k for k in COLOURS if k != "wait" and k in series]
+    width, height, left, bottom = 900, 320, 50, 30
+    top = max([*waits, *(sum(series[k][i + 1] for k in stages) for i in range(len(waits)))],
+              default=0) or 1e-3
+    image = Image.new("RGB", (width, height), "white")
+    draw = ImageDraw.Draw(image)
+    plot_w, plot_h = width - left - 10, height - bottom - 20
+    dx = plot_w / max(1, len(waits))
+
+    def y(seconds: float) -> float:
+        return height - bottom - plot_h * seconds / top
+
+    for i in range(len(waits)):
+        base = 0.0
+        for name in stages:
+            value = series[name][i + 1]
+            draw.rectangle([left + i * dx, y(base + value), left + (i + 1) * dx - 1, y(base)],
+                           fill=COLOURS[name])
+            base += value
+    points = [(left + (i + 0.5) * dx, y(w)) for i, w in enumerate(waits)]
+    if len(points) > 1:
+        draw.line(points, fill=COLOURS["wait"], width=2)
+    draw.line([left, height - bottom, width - 10, height - bottom], fill="black")
+    draw.text((left, 4), f"per-step wait (line) and stage seconds (bars); top "
+              f"{1e3 * top:.1f} ms; bound: {report['bound']}", fill="black")
+    x = left
+    for name in [*stages, "wait"]:
+        draw.rectangle([x, height - 18, x + 10, height - 8], fill=COLOURS[name])
+        draw.text((x + 14, height - 20), name, fill="black")
+        x += 90
+    image.save(path, format="PNG")
