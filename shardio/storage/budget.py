@@ -8,7 +8,7 @@ that outlives a crash anywhere else)::
     partial/<key>.<bytes>.<token>   downloads in flight; the name says the bytes reserved;
                                     the downloader holds LOCK_EX until it renames it or dies
     locks/<key>.lock                per-range download locks (empty files)
-    waiting/<pid>-<token>           a download waiting for space (LOCK_EX while it waits)
+    waiting/<pid>-<token>.<bytes>   a download waiting for space (``sharing.py``)
 
 Processes agree on the usage by counting those files under the budget lock:
 complete ranges at the size their names say (``…@start-stop``, ``cache.range_key``:
@@ -22,17 +22,14 @@ this) and is deleted by the next count. Eviction takes LOCK_EX|LOCK_NB on a
 range file, so a range any reader holds is skipped, and the oldest unused ranges
 go first.
 
-Jobs sharing the folder each size their read-ahead to the whole budget, so read-ahead
-yields. A download that must wait for space first has this process give back ranges
-it holds only ahead of its readers (``hold_ahead``; the furthest ahead first, as few
-as make room), and while it waits, read-ahead downloads of every process take no
-space (``waiting/``). A read-ahead download (``reading_ahead``) waits for room as
-long as its reader does not need it, and from the moment it does is a download like
-any other; one its reader drops gives up. Two jobs each holding the budget ahead
-of themselves otherwise waited for each other until both failed.
+A download that finds no room first has this process give back ranges it holds only
+ahead of its readers, then says it waits (other processes give back theirs), and
+waits; a read-ahead download waits without a deadline, taking no space while another
+download waits, until its reader wants it (``sharing.py``: jobs sharing the folder
+each hold the whole budget ahead of themselves otherwise, and both failed).
 
 The folder is disposable: removed while readers run, it is made again where it is
-needed. Imports only ``errors``.
+needed. Imports ``errors`` and ``sharing``.
 """
 
 from __future__ import annotations
@@ -41,18 +38,22 @@ import contextlib
 import fcntl
 import os
 import secrets
-import threading
 import time
-import weakref
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
 
 from shardio.errors import CacheBudgetError
+from shardio.storage.sharing import (
+    WAITING,
+    current_ticket,
+    give_back_ahead,
+    waited_for,
+    waiter,
+)
 
-RANGES, PARTIAL, LOCKS, WAITING = "ranges", "partial", "locks", "waiting"
+RANGES, PARTIAL, LOCKS = "ranges", "partial", "locks"
 BUDGET_LOCK = ".budget.lock"
 EVICT_SLACK = 32
 """An eviction frees up to 1/32 of the budget more than the download needs, in whole ranges:
@@ -61,65 +62,6 @@ download takes; under a full budget of small ranges (one plan block, ~190 KB) th
 for every download, 0.7 s of CPU in one 871-range epoch and the downloads waiting on it."""
 DEFAULT_BLOCK_BYTES = 4096
 """The block size assumed where the filesystem does not say one."""
-
-
-class AheadHolder(Protocol):
-    """Holds ranges for a reader before it asks for them (``readahead.ReadAhead``)."""
-
-    def give_back(self, num_bytes: int) -> int:
-        """Release ranges held only ahead of the reader, the furthest ahead first, until
-        ``num_bytes`` are released or none is left; the bytes released."""
-
-
-class AheadTicket:
-    """The standing of one read-ahead download: its reader does not need it yet, needs it
-    now (``want``), or will never take it (``drop``)."""
-
-    def __init__(self) -> None:
-        self._decided = threading.Event()
-        self.dropped = False
-
-    @property
-    def wanted(self) -> bool:
-        """Whether the reader waits for this download now."""
-        return self._decided.is_set() and not self.dropped
-
-    def want(self) -> None:
-        """The reader waits for it: from now on it reserves like any download."""
-        self._decided.set()
-
-    def drop(self) -> None:
-        """The reader will never take it: a reservation still waiting gives up."""
-        self.dropped = True
-        self._decided.set()
-
-    def wait(self, timeout_s: float) -> None:
-        """Sleep ``timeout_s``, or less if the reader decides meanwhile."""
-        self._decided.wait(timeout_s)
-
-
-_HOLDERS: weakref.WeakKeyDictionary[AheadHolder, str] = weakref.WeakKeyDictionary()
-"""This process's read-ahead holders, by the cache folder they hold ranges of."""
-_THREAD = threading.local()
-
-
-def hold_ahead(root: str | os.PathLike[str], holder: AheadHolder) -> None:
-    """Register ``holder``: a download into ``root`` that must wait for space first makes it
-    give back what it holds ahead (a holder in a forked child gives back nothing)."""
-    _HOLDERS[holder] = os.path.abspath(root)
-
-
-@contextmanager
-def reading_ahead(ticket: AheadTicket) -> Iterator[None]:
-    """Make this thread's reservations read-ahead ones, standing as ``ticket`` says: until
-    wanted they wait for room with no deadline and take none while another download
-    waits for space; dropped, they give up (``CacheBudgetError``)."""
-    before = getattr(_THREAD, "ahead", None)
-    _THREAD.ahead = ticket
-    try:
-        yield
-    finally:
-        _THREAD.ahead = before
 
 
 @dataclass(frozen=True)
@@ -205,16 +147,6 @@ def _scandir(folder: Path) -> list[os.DirEntry[str]]:
         return []
 
 
-def _give_back_ahead(root: str, num_bytes: int) -> int:
-    """Have this process's read-ahead holders of ``root`` release ``num_bytes`` they hold
-    ahead, or all they hold if less; the bytes released."""
-    released = 0
-    for holder, held_root in list(_HOLDERS.items()):
-        if held_root == root and released < num_bytes:
-            released += holder.give_back(num_bytes - released)
-    return released
-
-
 class Budget:
     """The space accounting of one cache folder, shared by every process that opens it."""
 
@@ -240,7 +172,9 @@ class Budget:
     def _make_folders(self) -> None:
         """Make the folder and its subfolders (again, after someone removed them)."""
         for sub in (RANGES, PARTIAL, LOCKS, WAITING):
-            (self.root / sub).mkdir(parents=True, exist_ok=True)
+            # a removal still under way may take a parent away again: the callers retry
+            with contextlib.suppress(FileNotFoundError):
+                (self.root / sub).mkdir(parents=True, exist_ok=True)
 
     def disk_bytes(self, num_bytes: int) -> int:
         """What a file of ``num_bytes`` occupies on the cache's filesystem: whole blocks."""
@@ -251,11 +185,17 @@ class Budget:
         return self.root / RANGES / key
 
     def lock_path(self, key: str) -> Path:
-        """The download lock file of range ``key``, its folder made again if it was removed."""
-        folder = self.root / LOCKS
-        if not folder.is_dir():  # the cache folder was removed under a running reader
-            self._make_folders()
-        return folder / f"{key}.lock"
+        """The download lock file of range ``key``."""
+        return self.root / LOCKS / f"{key}.lock"
+
+    def open_lock(self, key: str) -> int:
+        """A descriptor of range ``key``'s download lock file, created if need be (with the
+        cache folder, if it was removed under a running reader)."""
+        while True:
+            try:
+                return os.open(self.lock_path(key), os.O_RDWR | os.O_CREAT, 0o644)
+            except FileNotFoundError:
+                self._make_folders()
 
     @contextmanager
     def locked(self) -> Iterator[None]:
@@ -350,7 +290,7 @@ class Budget:
 
     def _drop_lock_file(self, key: str) -> None:
         """Delete a range's download lock file unless a downloader holds it."""
-        path = self.root / LOCKS / f"{key}.lock"
+        path = self.lock_path(key)
         fd = _try_lock(path, fcntl.LOCK_EX)
         if fd is not None:
             try:
@@ -359,36 +299,6 @@ class Budget:
                         os.unlink(path)
             finally:
                 os.close(fd)
-
-    def _waiting(self) -> bool:
-        """Whether a download waits for space now (the waiting files of dead ones deleted)."""
-        for entry in _scandir(self.root / WAITING):
-            fd = _try_lock(entry.path, fcntl.LOCK_EX)
-            if fd is None:
-                return True
-            try:  # nobody waits on it: its process died
-                with contextlib.suppress(FileNotFoundError):
-                    os.unlink(entry.path)
-            finally:
-                os.close(fd)
-        return False
-
-    @contextmanager
-    def _waiter(self) -> Iterator[None]:
-        """Say, while inside, that a download of this process waits for space."""
-        path = self.root / WAITING / f"{os.getpid()}-{secrets.token_hex(4)}"
-        try:
-            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
-        except FileNotFoundError:  # the folder was removed: read-ahead yields a moment less
-            yield
-            return
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX)
-            yield
-        finally:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(path)
-            os.close(fd)
 
     def usage(self) -> CacheUsage:
         """The folder's usage now (stale partial files are reclaimed first)."""
@@ -404,7 +314,7 @@ class Budget:
         (``ahead``) while a download waits for space."""
         need = self.disk_bytes(num_bytes)
         with self.locked():
-            if ahead and self._waiting():
+            if ahead and waited_for(self.root):
                 return self.max_bytes, 0
             count = self._scan(mtimes=False)
             used = self._used(count)
@@ -424,9 +334,9 @@ class Budget:
                 wait_s: float) -> Reservation:
         """Reserve ``num_bytes`` for downloading range ``key``, evicting unused ranges.
 
-        Without room, this process first gives back ranges it holds ahead of its readers
-        (``hold_ahead``), then waits for other processes to release theirs. A read-ahead
-        download (``reading_ahead``) waits for room without a deadline until its reader
+        Without room, this process first gives back ranges it holds ahead of its readers,
+        then waits for other processes to release theirs. A read-ahead download
+        (``sharing.reading_ahead``) waits for room without a deadline until its reader
         wants it, then like any download.
 
         Args:
@@ -450,7 +360,7 @@ class Budget:
                 "flight on this node: raise max_cache_bytes",
                 path=self.root,
             )
-        ticket: AheadTicket | None = getattr(_THREAD, "ahead", None)
+        ticket = current_ticket()
         deadline: float | None = None
         delay = 0.005
         with contextlib.ExitStack() as waiting:
@@ -468,7 +378,7 @@ class Budget:
                     delay = min(2 * delay, 0.2)
                     continue
                 used, used_size = got
-                if _give_back_ahead(self._key, used + need - self.max_bytes):
+                if give_back_ahead(self._key, used + need - self.max_bytes):
                     continue  # ranges held only ahead were released: count again at once
                 mine = own_bytes()
                 others = max(0, used_size - mine)
@@ -484,7 +394,7 @@ class Budget:
                 if deadline is None:  # read-ahead download: the wait starts when it is wanted
                     deadline = now + wait_s
                     # read-ahead everywhere on the node yields until this is done
-                    waiting.enter_context(self._waiter())
+                    waiting.enter_context(waiter(self.root, need))
                 elif now >= deadline:
                     raise CacheBudgetError(
                         f"{self.root}: max_cache_bytes={self.max_bytes} had no room for a "
@@ -506,11 +416,12 @@ class Budget:
 
     def _create_partial(self, key: str, num_bytes: int) -> Reservation:
         path = self.root / PARTIAL / f"{key}.{num_bytes}.{os.getpid()}-{secrets.token_hex(4)}"
-        try:
-            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
-        except FileNotFoundError:  # the folder was removed since it was counted
-            self._make_folders()
-            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
+        while True:
+            try:
+                fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
+                break
+            except FileNotFoundError:  # the folder was removed since it was counted
+                self._make_folders()
         fcntl.flock(fd, fcntl.LOCK_EX)  # a new file, under the budget lock: cannot block
         self._own_partials().add(str(path))
         return Reservation(fd, path, num_bytes)
@@ -525,12 +436,14 @@ class Budget:
         now = time.time_ns()  # the fine clock: LRU order within one coarse fs tick
         os.utime(reservation.fd, ns=(now, now))
         with self.locked():
-            try:
-                os.rename(reservation.path, final)
-            except FileNotFoundError:
-                if reservation.path.exists():  # only ranges/ is gone
-                    self._make_folders()
+            while True:  # a removal of the folder may still be under way: until it is done
+                try:
                     os.rename(reservation.path, final)
+                    break
+                except FileNotFoundError:
+                    if not reservation.path.exists():
+                        break
+                    self._make_folders()
             self._own_partials().discard(str(reservation.path))
             # flock converts EX -> SH by dropping and re-taking; under the budget lock no
             # evictor can take the file in between.

@@ -44,6 +44,7 @@ from typing import Any
 from shardio.errors import CacheBudgetError, ChecksumError, ShardCorruptError, StorageError
 from shardio.storage.budget import BUDGET_LOCK, LOCKS, PARTIAL, Budget, CacheUsage
 from shardio.storage.cachedrange import CachedRange
+from shardio.storage.sharing import WAITING
 from shardio.storage.store import Store, check_range
 
 RangeCheck = Callable[[memoryview], None]
@@ -119,10 +120,11 @@ def _after_fork_in_child() -> None:
     partial file through descriptors (flocks belong to the open file, which
     the child shares); those threads do not exist in the child, so nothing
     would ever close the child's copies, and the child waiting for that same
-    download lock would wait forever. Lock and partial files are only ever
-    held by such short-lived frames, never by objects a child keeps, so their
-    descriptors are closed here (found through ``/proc/self/fd``; elsewhere,
-    nothing is done). Each cache's thread lock is made anew too.
+    download lock would wait forever. Lock, partial and waiting files
+    (``budget.py``, ``sharing.py``) are only ever held by such short-lived
+    frames, never by objects a child keeps, so their descriptors are closed
+    here (found through ``/proc/self/fd``; elsewhere, nothing is done). Each
+    cache's thread lock is made anew too.
     """
     roots = set()
     for cache in list(_CACHES):
@@ -130,7 +132,8 @@ def _after_fork_in_child() -> None:
         roots.add(os.path.realpath(cache.root))
     if not roots:
         return
-    held = tuple(os.path.join(root, sub) + os.sep for root in roots for sub in (LOCKS, PARTIAL))
+    held = tuple(os.path.join(root, sub) + os.sep for root in roots
+                 for sub in (LOCKS, PARTIAL, WAITING))
     budget_locks = {os.path.join(root, BUDGET_LOCK) for root in roots}
     try:
         names = os.listdir("/proc/self/fd")
@@ -455,7 +458,7 @@ class RangeCache:
         final = self._budget.range_path(key)
         progress, progress_at = self._download_progress(key), time.monotonic()
         delay = 0.0005
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        fd = self._budget.open_lock(key)
         while True:
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -471,7 +474,7 @@ class RangeCache:
                         st.st_ino, st.st_dev):
                     return fd, None
                 os.close(fd)  # eviction deleted the lock file while we waited: take the new one
-                fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+                fd = self._budget.open_lock(key)
                 continue
             if final.exists():
                 os.close(fd)

@@ -34,7 +34,7 @@ reads; downloads run in ``max_in_flight`` threads that wait on the network
 with the GIL released.
 
 Read-ahead is a guest in a cache other jobs may share, each sizing its own
-read-ahead to the whole budget (``budget.py``): a download ahead takes no space
+read-ahead to the whole budget (``sharing.py``): a download ahead takes no space
 while another download waits for some, waits for room with no deadline until
 ``take`` wants it (its ``AheadTicket``), and gives up once the reader passes it
 over. Ranges held ahead are given back (``give_back``, the furthest ahead first)
@@ -48,13 +48,13 @@ from __future__ import annotations
 import contextlib
 import os
 import threading
+import time
 from collections import Counter, deque
 from collections.abc import Iterable
 from concurrent.futures import Future, ThreadPoolExecutor
 from types import TracebackType
 
 from shardio.errors import CacheBudgetError
-from shardio.storage.budget import AheadTicket, hold_ahead, reading_ahead
 from shardio.storage.cache import RangeCache
 from shardio.storage.cachedrange import CachedRange
 from shardio.storage.fetch import (
@@ -63,6 +63,7 @@ from shardio.storage.fetch import (
     MIN_IN_FLIGHT,
     RangeRequest,
 )
+from shardio.storage.sharing import AheadTicket, held_ahead, hold_ahead, reading_ahead
 from shardio.storage.store import Store
 
 _Slot = tuple[str, int, int]
@@ -128,6 +129,7 @@ class ReadAhead:
         self._tickets: dict[Future[CachedRange | None], AheadTicket] = {}
         """The standing of each download ahead not yet taken or passed over."""
         self._submitted = 0
+        self._took_at = time.monotonic()
         self._pid = os.getpid()
         hold_ahead(cache.root, self)
 
@@ -163,6 +165,7 @@ class ReadAhead:
             raise
         with self._lock:
             self._fetched.append((order, cached))
+        held_ahead(self.cache.root)
         return cached
 
     def _claim(self, future: Future[CachedRange | None], *, want: bool) -> CachedRange | None:
@@ -185,6 +188,19 @@ class ReadAhead:
     def _taken(self, future: Future[CachedRange | None], request: RangeRequest) -> CachedRange:
         cached = self._claim(future, want=True)
         return self._open(request) if cached is None else cached
+
+    @property
+    def held_ahead(self) -> int:
+        """Bytes of the ranges fetched ahead and not taken yet."""
+        if self._pid != os.getpid():
+            return 0
+        with self._lock:
+            return sum(cached.size for _order, cached in self._fetched)
+
+    @property
+    def idle_s(self) -> float:
+        """Seconds since the reader last took a range (or since this queue was made)."""
+        return time.monotonic() - self._took_at
 
     def give_back(self, num_bytes: int) -> int:
         """Release ranges fetched ahead and not taken yet, the furthest ahead first, until
@@ -297,6 +313,7 @@ class ReadAhead:
         Raises:
             CacheBudgetError, ShardCorruptError, StorageError: its download failed.
         """
+        self._took_at = time.monotonic()
         slot = _slot(request)
         first = self._first.pop(slot, None)
         if first is not None:
