@@ -25,6 +25,7 @@ import itertools
 import os
 import random
 import sys
+import tempfile
 import time
 from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -51,6 +52,7 @@ from shardio.shardplan import PLAN_VERSION, framed_bounds, plan_shards
 from shardio.shardpool import ProgressBar, default_workers
 from shardio.source import IMAGEFOLDER_RULES, Bad, Source, dataset_source, display_path
 from shardio.storage import RemoteOptions
+from shardio.tablesource import scan_tables, table_files
 from shardio.tarsource import scan_tars, tar_shards
 from shardio.writer import WriteOptions
 
@@ -186,6 +188,7 @@ def pack(
     force: bool = False,
     source_format: str | None = None,
     label_field: str | None = None,
+    key_column: str | None = None,
 ) -> PackSummary:
     """Pack the folder ``src`` into a shardio dataset at ``out``, a folder or a URL.
 
@@ -248,8 +251,11 @@ def pack(
         force: pack ``src`` even when it is a shardio dataset (its shard files become samples).
         source_format: what ``src`` is: ``"folder"`` (files), ``"webdataset"`` (tar shards:
             a folder of them, a glob or ``train-{000000..000099}.tar``;
-            ``shardio.tarsource``); ``None`` recognises tar shards, else a folder.
+            ``shardio.tarsource``), ``"table"`` (Parquet files, a file or a folder of them, or
+            a ``datasets.save_to_disk`` folder; ``shardio.tablesource``); ``None`` recognises
+            tables and tar shards, else a folder.
         label_field: with WebDataset tars, the field (``cls``) whose text becomes ``label``.
+        key_column: with a table, the column whose values are the keys (default: row position).
 
     Raises:
         BadInputError: an input cannot be packed (and not ``skip_bad``); names the file.
@@ -264,10 +270,14 @@ def pack(
     """
     start = time.perf_counter()
     root = _local_source(src)
-    if source_format not in (None, "folder", "webdataset"):
-        raise ValueError(f"unknown source_format {source_format!r}; expected 'folder' or "
-                         "'webdataset'")
-    shards = None if source_format == "folder" else tar_shards(src)
+    if source_format not in (None, "folder", "webdataset", "table"):
+        raise ValueError(f"unknown source_format {source_format!r}; expected 'folder', "
+                         "'webdataset' or 'table'")
+    tables = table_files(src) if source_format in (None, "table") else None
+    if source_format == "table" and tables is None:
+        raise BadInputError(f"{root}: not a table: pass a .parquet file, a folder of them or "
+                            "a datasets.save_to_disk folder", path=str(root))
+    shards = None if source_format == "folder" or tables is not None else tar_shards(src)
     if source_format == "webdataset" and shards is None:
         raise BadInputError(f"{root}: not WebDataset tar shards: pass a .tar file, a folder "
                             "holding only .tar/.tar.gz files, a glob or a brace pattern",
@@ -275,18 +285,20 @@ def pack(
     if label_field is not None and shards is None:
         raise ValueError("label_field names a field of WebDataset tars; a folder is labelled "
                          "with imagefolder or class_folders")
-    if not force and shards is None:
+    if not force and shards is None and tables is None:
         _refuse_dataset(root)
     with contextlib.closing(open_target(out, remote)) as target, _write_lock(
             target, append=append, overwrite=overwrite, resume=resume), contextlib.closing(
             open_engine(engine, num_workers=num_workers, scheduler=scheduler)) as runner, \
-            _gc_paused():
+            _gc_paused(), (contextlib.nullcontext("") if tables is None else
+                           tempfile.TemporaryDirectory(prefix="shardio-cells-")) as spill_dir:
         if isinstance(target, LocalTarget):
             _refuse_nested(root, target.staging)
         imagefolder, class_folders, check_images, skip_bad = pack_choices(
             target, append=append, imagefolder=imagefolder, class_folders=class_folders,
             check_images=check_images, skip_bad=skip_bad)
-        source = runner.scan(
+        source = scan_tables(tables, spill_dir=spill_dir, key_column=key_column) if tables \
+            else runner.scan(
             src, imagefolder=imagefolder, include=include, exclude=exclude,
             follow_symlinks=follow_symlinks, class_folders=class_folders,
         ) if shards is None else scan_tars(shards, label_field=label_field, shuffle=shuffle,
@@ -297,8 +309,9 @@ def pack(
             "check_images": check_images}
         if source.class_folders:  # only then: a resume of an older pack keeps its identity
             pack_options[CLASS_FOLDERS_OPTION] = True
-        if shards is not None:
-            pack_options.update({"from": source.origin, "label_field": label_field})
+        if shards is not None or tables is not None:
+            pack_options.update({"from": source.origin, "label_field": label_field,
+                                 "key_column": key_column})
         return _pack_or_append(source, target, options, pack_options, append=append,
                                skip_existing=skip_existing, seed=seed, shuffle=shuffle,
                                engine=runner, skip_bad=skip_bad, overwrite=overwrite,

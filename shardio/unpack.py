@@ -376,16 +376,16 @@ def webdataset_members(sample: Mapping[str, Any], *, layout: str) -> list[tuple[
     """
     key = str(sample[KEY_FIELD])
     _, dot, ext = key.rpartition("/")[2].partition(".")
-    if layout == IMAGEFOLDER:
+    if layout == IMAGEFOLDER and set(sample) - RESERVED_FIELDS == {IMAGE_FIELD, "label"}:
         base = key[:len(key) - len(ext) - 1] if dot else key
         named = [(f"{base}.{ext.lower() or IMAGE_FIELD}", sample[IMAGE_FIELD]),
                  (f"{base}.cls", sample["label"])]
+        dot = ""  # the image's extension, which becomes its field
     else:
         named = [(f"{key}.{name}", value) for name, value in sample.items()
                  if name not in RESERVED_FIELDS]
     why = check_key(key) or (
-        "has a dot in its last component, which WebDataset would split at" if (
-            dot and layout != IMAGEFOLDER) else None)
+        "has a dot in its last component, which WebDataset would split at" if dot else None)
     for name, _ in named:
         if why is None and (name.endswith(".") or check_field(name.rpartition(".")[2])):
             why = f"has a field that cannot be a member name ({name!r})"

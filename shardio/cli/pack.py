@@ -84,10 +84,14 @@ def format_summary(summary: PackSummary) -> str:
               help="Label every sample with its top-level folder, as torchvision's "
                    "DatasetFolder does for any file type: fields per file as in a generic "
                    "folder, plus `label` (the folder's index among SRC's sorted folders).")
-@click.option("--from", "source_format", type=click.Choice(["folder", "webdataset"]),
+@click.option("--from", "source_format", type=click.Choice(["folder", "webdataset", "table"]),
               default=None, help="What SRC is [default: WebDataset tar shards when SRC is a .tar, "
                                  "a folder of only .tar/.tar.gz files, a glob or "
-                                 "train-{000000..000099}.tar; else a folder of files].")
+                                 "train-{000000..000099}.tar; a table when SRC is a .parquet "
+                                 "file, a folder of them or a datasets.save_to_disk folder; "
+                                 "else a folder of files].")
+@click.option("--key-column", metavar="COLUMN", default=None,
+              help="Tables: the column whose values are the keys [default: the row's position].")
 @click.option("--label-field", metavar="FIELD", default=None,
               help="WebDataset tars: the field (e.g. cls) whose text becomes `label` (integers "
                    "as they are; names numbered in sorted order as `classes`).")
@@ -125,7 +129,7 @@ def pack_command(
     max_shard_samples: int | None, include: tuple[str, ...], exclude: tuple[str, ...],
     follow_symlinks: bool, seed: int, no_shuffle: bool, num_workers: int | None,
     imagefolder: bool | None, class_folders: bool, source_format: str | None,
-    label_field: str | None, check_images: bool | None,
+    label_field: str | None, key_column: str | None, check_images: bool | None,
     skip_bad: bool | None, overwrite: bool, resume: bool, append: bool, skip_existing: bool,
     retry_skipped: bool, engine: str, scheduler: str | None, force: bool,
     progress: bool | None, as_json: bool,
@@ -176,7 +180,7 @@ def pack_command(
             overwrite=overwrite, resume=resume, append=append, skip_existing=skip_existing,
             retry_skipped=retry_skipped,
             progress=progress, engine=engine, scheduler=scheduler, force=force,
-            source_format=source_format, label_field=label_field,
+            source_format=source_format, label_field=label_field, key_column=key_column,
         )
     except ShardioError as exc:
         raise click.ClickException(str(exc)) from exc
