@@ -321,14 +321,12 @@ class Budget:
             if used + need > self.max_bytes:  # count again, with the LRU order
                 count = self._scan()
                 used = self._used(count)
-                freed = self._evict(count.ranges, used + need - self.max_bytes,
+                used -= self._evict(count.ranges, used + need - self.max_bytes,
                                     self.max_bytes // EVICT_SLACK)
-                if freed:
-                    count = self._scan(mtimes=False)
-                    used = self._used(count)
             if used + need <= self.max_bytes:
                 return self._create_partial(key, num_bytes)
-            return used, count.partial_bytes + sum(size for _m, size, _p in count.ranges)
+            count = self._scan(mtimes=False)  # what is left, for the caller's decision
+            return self._used(count), count.partial_bytes + sum(s for _m, s, _p in count.ranges)
 
     def reserve(self, key: str, num_bytes: int, *, own_bytes: Callable[[], int],
                 wait_s: float) -> Reservation:
@@ -391,8 +389,8 @@ class Budget:
                         path=self.root,
                     )
                 now = time.monotonic()
-                if deadline is None:  # read-ahead download: the wait starts when it is wanted
-                    deadline = now + wait_s
+                if deadline is None:  # a read-ahead download's wait starts when it is wanted
+                    deadline, delay = now + wait_s, 0.005
                     # read-ahead everywhere on the node yields until this is done
                     waiting.enter_context(waiter(self.root, need))
                 elif now >= deadline:
