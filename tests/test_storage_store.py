@@ -102,11 +102,12 @@ def test_local_paths_and_remote_descriptions_import_no_fsspec(tmp_path: Path) ->
 
 def test_missing_packages_name_the_extra(monkeypatch: pytest.MonkeyPatch) -> None:
     if importlib.util.find_spec("gcsfs") is None:  # never reach for Google from a test
-        with pytest.raises(MissingDependencyError, match=r"shardio\[remote\]"):
+        with pytest.raises(MissingDependencyError, match=r"shardio-torch\[remote\]"):
             open_store("gs://bucket/ds").size("manifest.json")
     monkeypatch.setitem(sys.modules, "fsspec", None)  # as if fsspec were not installed
     store = RemoteStore("s3://bucket/ds", protocol="s3", storage_options={"key": "fresh-client"})
-    with pytest.raises(MissingDependencyError, match=r"pip install 'shardio\[remote\]'"):
+    with pytest.raises(MissingDependencyError,
+                       match=r"pip install fsspec s3fs \(the extra shardio-torch\[remote\]\)"):
         store.read_bytes("manifest.json")
 
 
