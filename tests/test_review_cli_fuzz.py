@@ -28,7 +28,7 @@ from shardio.cli.options import DatasetParam, SizeParam
 from shardio.synth import make_imagefolder, make_tiny_tree
 
 OUTPUTS = {("pack", "out"), ("merge", "out"), ("unpack", "dest"), ("preview", "output"),
-           ("demo", "keep"), ("*", "cache_dir")}
+           ("demo", "keep"), ("cat", "output"), ("doctor", "plot"), ("*", "cache_dir")}
 """Paths a command creates: a missing one is what they expect, so it is not fed as invalid."""
 
 
@@ -66,6 +66,8 @@ BASELINES = {
     "unpack": ["{root}/gen", "{new}"],
     "demo": ["--images", "5", "--keep", "{new}"],
     "bench": ["{root}/gen", "--max-workers", "0", "--max-samples", "1", "--min-seconds", "0"],
+    "doctor": ["{root}/gen", "--steps", "2", "--batch-size", "2", "--num-workers", "0",
+               "--no-verify"],
 }
 """A valid command line per command, options first where a case appends its own."""
 

@@ -12,6 +12,7 @@ from pathlib import Path
 import click
 
 from shardio.cli.inspect import DATASET
+from shardio.cli.options import LocalPath
 
 
 @click.command(name="doctor")
@@ -29,7 +30,7 @@ from shardio.cli.inspect import DATASET
               help="The side the model takes (judges decoding at a smaller size).")
 @click.option("--no-verify", is_flag=True,
               help="Do not apply and measure the first recommendation.")
-@click.option("--plot", type=click.Path(dir_okay=False, path_type=Path), default=None,
+@click.option("--plot", type=LocalPath("plot", dir_okay=False), default=None,
               help="Write a PNG of the per-step wait, the stages stacked.")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
 def doctor_command(path: Path | str, step_ms: float, num_steps: int, batch_size: int,

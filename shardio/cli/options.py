@@ -36,12 +36,13 @@ class SizeParam(click.ParamType):  # type: ignore[type-arg]
     def convert(
         self, value: object, param: click.Parameter | None, ctx: click.Context | None
     ) -> int:
-        if isinstance(value, int):
-            return value
         try:
-            return parse_size(str(value))
+            size = value if isinstance(value, int) else parse_size(str(value))
         except ValueError as exc:
             self.fail(str(exc), param, ctx)
+        if size < 1:  # every size here bounds something that must hold at least a byte
+            self.fail(f"{value!r} is no size: give 1 byte or more, e.g. 256MB", param, ctx)
+        return size
 
 
 SIZE = SizeParam()
