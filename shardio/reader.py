@@ -11,6 +11,7 @@ here in place.
 
 from __future__ import annotations
 
+import atexit
 import bisect
 import os
 import weakref
@@ -51,8 +52,25 @@ if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_forget_inherited_shards)
 
 
+@atexit.register
+def _close_at_exit() -> None:
+    """Close every reader while the interpreter still has its modules.
+
+    A stream a script stopped reading early (``next(iter(dataset))``, a ``break``) is
+    closed by the collector after the modules its ``finally`` calls into are cleared,
+    which printed ``Exception ignored in: <generator …>``; a reader closed here makes
+    that late close a no-op.
+    """
+    for reader in list(_LIVE):
+        reader.close()
+        reader._exited = True
+
+
 class DatasetReader:
     """Random and sequential access to the samples of one dataset directory."""
+
+    _exited = False
+    """Closed by ``_close_at_exit``: a later ``close`` has nothing left to do."""
 
     def __init__(self, path: str | os.PathLike[str], *, verify: bool = True,
                  remote: RemoteOptions | None = None, num_processes: int = 1) -> None:
@@ -225,6 +243,8 @@ class DatasetReader:
 
     def close(self) -> None:
         """Release every open shard (and a remote dataset's downloads ahead and threads)."""
+        if self._exited:
+            return
         for shard in [*self._open, *self._hinted]:
             self.close_shard(shard)
         self._source.close()

@@ -19,7 +19,10 @@ chunk at a time (``iter_chunks``). Torch-free.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator
+import atexit
+import contextlib
+import weakref
+from collections.abc import Callable, Generator, Iterable, Iterator
 from dataclasses import dataclass
 from functools import partial
 from operator import itemgetter
@@ -155,8 +158,8 @@ def iter_samples(
         placed: copied bytes values of mapped local shards as ``FileBytes``, which
             cross to another process as their places in the files (a DataLoader worker).
     """
-    for open_window in _windows(reader, order, window, max_run, skip,
-                                check_ahead=check_ahead, head=head):
+    for open_window in _tracked(_windows(reader, order, window, max_run, skip,
+                                         check_ahead=check_ahead, head=head)):
         columns = open_window.columns
         if columns is not None:
             columns.placed = placed and not zero_copy
@@ -215,9 +218,9 @@ def iter_chunks(
     much larger (``HEAD_SAMPLES``).
     """
     pending: Chunk | list[dict[str, Any]] = Chunk() if zero_copy else []
-    for open_window in _windows(reader, order, window, max_run, skip, columns=zero_copy,
-                                check_ahead=check_ahead, drop_decoded=drop_decoded,
-                                head=size):
+    for open_window in _tracked(_windows(reader, order, window, max_run, skip,
+                                         columns=zero_copy, check_ahead=check_ahead,
+                                         drop_decoded=drop_decoded, head=size)):
         ranks = open_window.ranks
         at = 0
         while at < len(ranks):
@@ -485,9 +488,31 @@ class _OpenWindow:
             drop(*spans[shard], keep.get(shard, ()), later=later)
 
 
+_STREAMS: weakref.WeakSet[Generator[_OpenWindow, None, None]] = weakref.WeakSet()
+"""The window streams of this process not yet finished or collected."""
+
+
+def _tracked(windows: Generator[_OpenWindow, None, None]) -> Generator[_OpenWindow, None, None]:
+    _STREAMS.add(windows)
+    return windows
+
+
+@atexit.register
+def _close_streams_at_exit() -> None:
+    """Close the streams a script stopped reading early while modules are still there.
+
+    Left to the collector, one held until exit is closed after the modules its window's
+    ``close`` calls into are cleared, which printed ``Exception ignored in: <generator
+    object _windows …>`` (``tests/test_review_quiet_exit.py``).
+    """
+    for windows in list(_STREAMS):
+        with contextlib.suppress(ValueError):  # running in another thread: it ends with it
+            windows.close()
+
+
 def _windows(reader: RunReader, order: IndexArray, window: int, max_run: int, skip: int,
              columns: bool = False, check_ahead: bool = True, drop_decoded: bool = False,
-             head: int = 0) -> Iterator[_OpenWindow]:
+             head: int = 0) -> Generator[_OpenWindow, None, None]:
     """The windows of ``order[skip:]`` in turn; the next window's runs are advised ahead.
 
     A remote reader reads the records of the first ``head`` samples on their own where
