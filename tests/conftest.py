@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import tempfile
 import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -68,6 +69,17 @@ def tiny_tree(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("tiny")
     make_tiny_tree(root, num_files=300, seed=2, files_per_folder=25)
     return root
+
+
+@pytest.fixture
+def staging_tmp(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """Staging folders (a remote pack's) under this test's own temporary folder, here and in
+    child processes, so that a test can see what a pack left there."""
+    folder = tmp_path / "tmp"
+    folder.mkdir()
+    monkeypatch.setenv("TMPDIR", str(folder))
+    monkeypatch.setattr(tempfile, "tempdir", str(folder))
+    return folder
 
 
 @pytest.fixture(autouse=True)

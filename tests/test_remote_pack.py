@@ -12,7 +12,6 @@ import os
 import signal
 import subprocess
 import sys
-import tempfile
 import textwrap
 from pathlib import Path
 from typing import Any
@@ -35,13 +34,8 @@ OPTIONS = WriteOptions(max_shard_samples=40)  # tiny_tree: 300 samples -> 8 shar
 
 
 @pytest.fixture(autouse=True)
-def staging_tmp(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """Staging folders under this test's own temporary folder, here and in children."""
-    folder = tmp_path / "tmp"
-    folder.mkdir()
-    monkeypatch.setenv("TMPDIR", str(folder))
-    monkeypatch.setattr(tempfile, "tempdir", str(folder))
-    return folder
+def _staging(staging_tmp: Path) -> Path:
+    return staging_tmp
 
 
 def local_files(folder: Path) -> dict[str, bytes]:

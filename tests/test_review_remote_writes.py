@@ -17,7 +17,6 @@ import os
 import signal
 import subprocess
 import sys
-import tempfile
 import textwrap
 from pathlib import Path
 from typing import Any
@@ -39,13 +38,8 @@ SECRET = "Vq9xS3CR3Tversion"
 
 
 @pytest.fixture(autouse=True)
-def staging_tmp(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """Staging folders under this test's own temporary folder, here and in children."""
-    folder = tmp_path / "tmp"
-    folder.mkdir()
-    monkeypatch.setenv("TMPDIR", str(folder))
-    monkeypatch.setattr(tempfile, "tempdir", str(folder))
-    return folder
+def _staging(staging_tmp: Path) -> Path:
+    return staging_tmp
 
 
 def s3_client(s3: S3Endpoint) -> Any:
