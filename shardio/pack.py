@@ -31,7 +31,7 @@ from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from shardio.append import pack_choices, prepare_append, settle_interrupted_append
 from shardio.engines import PackEngine, open_engine
@@ -45,6 +45,7 @@ from shardio.inputbytes import is_locator, locator_name
 from shardio.journal import JOURNAL_NAME, dataset_lock
 from shardio.location import is_url
 from shardio.manifest import CLASS_FOLDERS_OPTION, MANIFEST_NAME
+from shardio.objectsource import is_python_source, scan_objects
 from shardio.packstate import journal_state, pack_manifest, resumable_shards
 from shardio.packtarget import LocalTarget, PackTarget, open_target
 from shardio.shardbuild import ShardFailure, ShardJob, file_image_problem, is_image_field
@@ -85,6 +86,8 @@ class PackSummary:
     """With ``skip_existing``: samples of SRC left out because their keys were in the dataset."""
     class_folders: bool = False
     """Generic samples labelled by their top-level folder (``pack(class_folders=True)``)."""
+    notes: tuple[str, ...] = ()
+    """How samples were made where it is not plain (a Python object's images made PNG)."""
 
     def to_json(self) -> dict[str, Any]:
         """The summary as a JSON-ready dict; ``skipped`` as ``[{"path", "reason"}, …]``."""
@@ -162,7 +165,7 @@ def _relative(source: Source, path: str) -> str:
 
 
 def pack(
-    src: str | os.PathLike[str],
+    src: str | os.PathLike[str] | object,
     out: str | os.PathLike[str],
     *,
     options: WriteOptions | None = None,
@@ -208,7 +211,11 @@ def pack(
     (``shardio.packtarget``). Staging needs about ``num_workers`` shards of space.
 
     Args:
-        src: the folder to pack; a local path (a URL is refused).
+        src: the folder to pack; a local path (a URL is refused). Or a Python object
+            (``shardio.objectsource``): a ``datasets.Dataset``, a torchvision-style dataset
+            naming its files (``.samples``), a map-style dataset of dicts or
+            ``(image, label)`` pairs (read in ``num_workers`` forked processes), or an
+            iterable of sample dicts.
         out: the dataset folder or URL; must be empty or absent unless
             ``overwrite``/``resume``.
         options: backend, codec, level and shard size limits.
@@ -269,15 +276,18 @@ def pack(
             is a shardio dataset (and not ``force``).
     """
     start = time.perf_counter()
-    root = _local_source(src)
+    path = None if is_python_source(src) else cast("str | os.PathLike[str]", src)
+    root = Path(type(src).__name__) if path is None else _local_source(path)
     if source_format not in (None, "folder", "webdataset", "table"):
         raise ValueError(f"unknown source_format {source_format!r}; expected 'folder', "
                          "'webdataset' or 'table'")
-    tables = table_files(src) if source_format in (None, "table") else None
+    tables = table_files(path) if path is not None and source_format in (None, "table") \
+        else None
     if source_format == "table" and tables is None:
         raise BadInputError(f"{root}: not a table: pass a .parquet file, a folder of them or "
                             "a datasets.save_to_disk folder", path=str(root))
-    shards = None if source_format == "folder" or tables is not None else tar_shards(src)
+    shards = None if path is None or source_format == "folder" or tables is not None \
+        else tar_shards(path)
     if source_format == "webdataset" and shards is None:
         raise BadInputError(f"{root}: not WebDataset tar shards: pass a .tar file, a folder "
                             "holding only .tar/.tar.gz files, a glob or a brace pattern",
@@ -285,21 +295,23 @@ def pack(
     if label_field is not None and shards is None:
         raise ValueError("label_field names a field of WebDataset tars; a folder is labelled "
                          "with imagefolder or class_folders")
-    if not force and shards is None and tables is None:
+    if not force and path is not None and shards is None and tables is None:
         _refuse_dataset(root)
     with contextlib.closing(open_target(out, remote)) as target, _write_lock(
             target, append=append, overwrite=overwrite, resume=resume), contextlib.closing(
             open_engine(engine, num_workers=num_workers, scheduler=scheduler)) as runner, \
-            _gc_paused(), (contextlib.nullcontext("") if tables is None else
+            _gc_paused(), (contextlib.nullcontext("") if tables is None and path is not None else
                            tempfile.TemporaryDirectory(prefix="shardio-cells-")) as spill_dir:
-        if isinstance(target, LocalTarget):
+        if isinstance(target, LocalTarget) and path is not None:
             _refuse_nested(root, target.staging)
         imagefolder, class_folders, check_images, skip_bad = pack_choices(
             target, append=append, imagefolder=imagefolder, class_folders=class_folders,
             check_images=check_images, skip_bad=skip_bad)
-        source = scan_tables(tables, spill_dir=spill_dir, key_column=key_column) if tables \
-            else runner.scan(
-            src, imagefolder=imagefolder, include=include, exclude=exclude,
+        source = scan_objects(
+            src, spill_dir=spill_dir, num_workers=num_workers or default_workers(),
+            key_column=key_column) if path is None else scan_tables(
+            tables, spill_dir=spill_dir, key_column=key_column) if tables else runner.scan(
+            path, imagefolder=imagefolder, include=include, exclude=exclude,
             follow_symlinks=follow_symlinks, class_folders=class_folders,
         ) if shards is None else scan_tars(shards, label_field=label_field, shuffle=shuffle,
                                            num_workers=num_workers or default_workers())
@@ -309,7 +321,7 @@ def pack(
             "check_images": check_images}
         if source.class_folders:  # only then: a resume of an older pack keeps its identity
             pack_options[CLASS_FOLDERS_OPTION] = True
-        if shards is not None or tables is not None:
+        if source.origin != "folder":
             pack_options.update({"from": source.origin, "label_field": label_field,
                                  "key_column": key_column})
         return _pack_or_append(source, target, options, pack_options, append=append,
@@ -526,5 +538,5 @@ def _pack_source(
         skipped=tuple((f.path, f.reason) for f in manifest.skipped),
         imagefolder=source.is_imagefolder,
         resumed_samples=sum(r.num_samples for r in resumed.values()),
-        class_folders=source.class_folders,
+        class_folders=source.class_folders, notes=source.notes,
     )

@@ -47,6 +47,8 @@ class Source:
     origin: str = "folder"
     """What SRC was: ``"folder"`` (files), or the container its samples are read from
     (``"webdataset"``: ``shardio.tarsource``); only a folder can be an ImageFolder."""
+    notes: tuple[str, ...] = ()
+    """What the summary must say about how samples were made (images encoded as PNG)."""
 
     @property
     def is_imagefolder(self) -> bool:

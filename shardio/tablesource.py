@@ -13,7 +13,8 @@ compressed), so the scan streams the table once, batch by batch, and spills
 each cell's bytes into one file in ``spill_dir``; samples locate their fields
 there (``shardio.inputbytes``), and the rest of the pack is a tar's. Memory is
 one batch; disk is the table's bytes once more. Imports ``errors``,
-``inputbytes``, ``source``, ``stems`` and ``walk`` from shardio; pyarrow lazily.
+``inputbytes``, ``source``, ``stems`` and ``walk`` from shardio; pyarrow lazily. A
+``datasets.Dataset`` object is read the same way, batch by batch (``scan_hf_dataset``).
 """
 
 from __future__ import annotations
@@ -91,6 +92,15 @@ def _cell_bytes(value: Any) -> bytes:
     return json.dumps(value, ensure_ascii=False).encode("utf-8")
 
 
+def _pyarrow() -> Any:
+    try:
+        import pyarrow as pa
+    except ImportError as exc:
+        raise MissingDependencyError(f"packing Parquet or Arrow needs pyarrow ({exc}); "
+                                     "pip install pyarrow") from exc
+    return pa
+
+
 def scan_tables(files: list[str], *, spill_dir: str, key_column: str | None = None) -> Source:
     """The rows of ``files`` as samples, their cells spilled into ``spill_dir``.
 
@@ -98,11 +108,7 @@ def scan_tables(files: list[str], *, spill_dir: str, key_column: str | None = No
         MissingDependencyError: pyarrow is not installed.
         BadInputError: a file is not a table, or its columns differ from the first file's.
     """
-    try:
-        import pyarrow as pa
-    except ImportError as exc:
-        raise MissingDependencyError(f"packing Parquet or Arrow needs pyarrow ({exc}); "
-                                     "pip install pyarrow") from exc
+    pa = _pyarrow()
     root = os.path.dirname(os.path.abspath(files[0]))
     names = [os.path.relpath(os.path.abspath(f), root).replace(os.sep, "/") for f in files]
     try:
@@ -110,41 +116,106 @@ def scan_tables(files: list[str], *, spill_dir: str, key_column: str | None = No
     except (pa.ArrowException, OSError) as exc:
         raise BadInputError(f"{files[0]}: not a Parquet or Arrow table ({exc})",
                             path=files[0]) from exc
-    features = _features(files, schema)
-    label = next((c for c in schema.names if (features.get(c) or {}).get("_type")
-                  == "ClassLabel"), None)
-    classes = tuple(features[label]["names"]) if label is not None else None
-    if key_column is not None and key_column not in schema.names:
-        raise BadInputError(f"{files[0]}: no column {key_column!r} for the key; its columns "
-                            f"are {schema.names}", path=files[0])
-    fields = [c for c in schema.names if c not in (label, key_column)]
-    bad_names = [c for c in fields if c in RESERVED_FIELDS or not c]
-    if bad_names:
-        raise BadInputError(f"{files[0]}: column name {bad_names[0]!r} is reserved for shardio; "
-                            "rename the column", path=files[0])
-    spill = os.path.join(spill_dir, "cells.bin")
-    samples: list[SourceSample] = []
-    bad: list[Bad] = []
     digest = hashlib.sha256(f"table\n{key_column}\n".encode())
-    position = 0
-    with open(spill, "wb") as out:
+
+    def parts() -> Iterator[tuple[str, str, Iterator[Any]]]:
         for path, name in zip(files, names, strict=True):
             st = os.stat(path)
             digest.update(f"{name}\0{st.st_size}\0{st.st_mtime_ns}\n".encode("utf-8", "replace"))
             try:
-                if _schema(path).names != schema.names:
-                    raise BadInputError(
-                        f"{path}: its columns {_schema(path).names} differ from those of "
-                        f"{names[0]} ({schema.names}); pack tables of one schema", path=path)
-                for batch in _batches(path):
+                names_here = _schema(path).names
+            except (pa.ArrowException, OSError) as exc:
+                raise BadInputError(f"{path}: not a Parquet or Arrow table ({exc})",
+                                    path=path) from exc
+            if names_here != schema.names:
+                raise BadInputError(
+                    f"{path}: its columns {names_here} differ from those of "
+                    f"{names[0]} ({schema.names}); pack tables of one schema", path=path)
+            yield path, name, _batches(path)
+
+    samples, bad, classes = spill_rows(parts(), schema.names, _features(files, schema),
+                                       spill=os.path.join(spill_dir, "cells.bin"),
+                                       key_column=key_column, where=files[0])
+    _refuse_repeated_keys(samples, root, key_column)
+    return Source(root=root, samples=tuple(samples), classes=classes, hidden_ignored=0,
+                  bad=tuple(sorted(bad)), digest=digest.hexdigest(), origin="table")
+
+
+def is_hf_dataset(obj: object) -> bool:
+    """Whether ``obj`` is a ``datasets.Dataset`` (duck-typed: datasets is never imported)."""
+    return all(hasattr(obj, a) for a in ("features", "with_format", "column_names", "data"))
+
+
+def scan_hf_dataset(dataset: Any, *, spill_dir: str, key_column: str | None = None) -> Source:
+    """The rows of a ``datasets.Dataset`` (in its order, selections and shuffles included)
+    as samples, read as Arrow batches (images never decoded) like a ``save_to_disk`` folder.
+
+    An object has no file to stamp, so the digest a resume checks covers every cell's bytes.
+
+    Raises:
+        BadInputError: a column name is reserved, or ``key_column`` is missing or repeats.
+    """
+    pa = _pyarrow()
+    name = type(dataset).__name__
+    digest = hashlib.sha256(f"hf-dataset\n{key_column}\n".encode())
+    batches = dataset.with_format("arrow").iter(batch_size=1024)
+    try:
+        samples, bad, classes = spill_rows(
+            iter([(name, name, batches)]), list(dataset.column_names),
+            dataset.features.to_dict(), spill=os.path.join(spill_dir, "cells.bin"),
+            key_column=key_column, where=name, content=digest)
+    except pa.ArrowException as exc:  # pragma: no cover - an in-memory table reads
+        raise BadInputError(f"{name}: its rows cannot be read ({exc})", path=name) from exc
+    _refuse_repeated_keys(samples, name, key_column)
+    return Source(root=name, samples=tuple(samples), classes=classes, hidden_ignored=0,
+                  bad=tuple(sorted(bad)), digest=digest.hexdigest(), origin="table")
+
+
+def _refuse_repeated_keys(samples: list[SourceSample], root: str, key_column: str | None) -> None:
+    keys = [s.key for s in samples]
+    if len(set(keys)) != len(keys):
+        raise BadInputError(f"{root}: the key column {key_column!r} repeats values; keys must "
+                            "be unique (leave --key-column out to key rows by position)",
+                            path=root)
+
+
+def spill_rows(
+    parts: Iterator[tuple[str, str, Iterator[Any]]], columns: list[str],
+    features: dict[str, Any], *, spill: str, key_column: str | None, where: str,
+    content: Any = None,
+) -> tuple[list[SourceSample], list[Bad], tuple[str, ...] | None]:
+    """Spill the cells of every Arrow batch of ``parts`` (``(path, name, batches)``) into the
+    file ``spill`` and return the samples locating them, the bad rows and the classes.
+
+    ``content``: a hash updated with every key and cell, for sources without file stamps.
+    """
+    pa = _pyarrow()
+    label = next((c for c in columns if (features.get(c) or {}).get("_type")
+                  == "ClassLabel"), None)
+    classes = tuple(features[label]["names"]) if label is not None else None
+    if key_column is not None and key_column not in columns:
+        raise BadInputError(f"{where}: no column {key_column!r} for the key; its columns "
+                            f"are {columns}", path=where)
+    fields = [c for c in columns if c not in (label, key_column)]
+    bad_names = [c for c in fields if c in RESERVED_FIELDS or not c]
+    if bad_names:
+        raise BadInputError(f"{where}: column name {bad_names[0]!r} is reserved for shardio; "
+                            "rename the column", path=where)
+    samples: list[SourceSample] = []
+    bad: list[Bad] = []
+    position = 0
+    with open(spill, "wb") as out:
+        for path, name, batches in parts:
+            try:
+                for batch in batches:
                     for row in batch.to_pylist():
-                        where = f"{name}#row{position}"
+                        at = f"{name}#row{position}"
                         key = str(row[key_column]) if key_column else f"{position:09d}"
                         position += 1
                         missing = [c for c in fields if row[c] is None] + (
                             [label] if label is not None and row[label] is None else [])
                         if missing:
-                            bad.append((where, f"column {missing[0]!r} is null; every field "
+                            bad.append((at, f"column {missing[0]!r} is null; every field "
                                         "of a sample needs a value"))
                             continue
                         locs, sizes = [], []
@@ -153,20 +224,18 @@ def scan_tables(files: list[str], *, spill_dir: str, key_column: str | None = No
                             if isinstance(value, dict) and "bytes" in value:  # an HF Image
                                 value = value["bytes"]
                             data = _cell_bytes(value)
-                            locs.append(locator(spill, out.tell(), len(data),
-                                                f"{where}/{column}"))
+                            locs.append(locator(spill, out.tell(), len(data), f"{at}/{column}"))
                             sizes.append(len(data))
                             out.write(data)
-                        samples.append(SourceSample(
-                            key, tuple(fields), tuple(locs), tuple(sizes),
-                            None if label is None else int(row[label]), sum(sizes)))
+                            if content is not None:
+                                content.update(b"%d\0" % len(data))
+                                content.update(data)
+                        value = None if label is None else int(row[label])
+                        if content is not None:
+                            content.update(f"{key}\0{value}\n".encode("utf-8", "replace"))
+                        samples.append(SourceSample(key, tuple(fields), tuple(locs),
+                                                    tuple(sizes), value, sum(sizes)))
             except (pa.ArrowException, OSError) as exc:
                 raise BadInputError(f"{path}: the table cannot be read ({exc}); download or "
                                     "write it again", path=path) from exc
-    keys = [s.key for s in samples]
-    if len(set(keys)) != len(keys):
-        raise BadInputError(f"{root}: the key column {key_column!r} repeats values; keys must "
-                            "be unique (leave --key-column out to key rows by position)",
-                            path=root)
-    return Source(root=root, samples=tuple(samples), classes=classes, hidden_ignored=0,
-                  bad=tuple(sorted(bad)), digest=digest.hexdigest(), origin="table")
+    return samples, bad, classes
