@@ -63,19 +63,23 @@ class _Grouped(IterableDataset[list[Any]]):
     """A worker's batches of a ``batched`` view, up to ``most`` per DataLoader item.
 
     Groups start at one batch and double, so the first batch waits for no other. Each
-    batch's times become ``telemetry.WORKER_STAGES`` seconds here, in the worker:
-    ``timed`` tells the collate's own part from the hand-over; ``decodes``: that part
-    decodes the batch's images (``ImageBatchDecoder``), so it counts as ``decode``.
+    batch's times become ``telemetry.WORKER_STAGES`` seconds here, in the worker, and
+    then the shard files opened since the batch before: ``timed`` tells the collate's
+    own part from the hand-over (None: no hand-over, the collate is all); ``decodes``:
+    that part decodes the batch's images (``ImageBatchDecoder``), so it counts as
+    ``decode``.
     """
 
-    def __init__(self, view: StreamingDataset, most: int, timed: _TimedCollate,
+    def __init__(self, view: StreamingDataset, most: int, timed: _TimedCollate | None,
                  decodes: bool) -> None:
         self.view = view
         self.most = most
         self.timed = timed
         self.decodes = decodes
+        self._opens = 0
 
     def __iter__(self) -> Iterator[list[Any]]:
+        self._opens = telemetry.shard_opens
         batches = map(self._stages, iter(self.view))
         size = 1
         while group := list(itertools.islice(batches, size)):
@@ -85,10 +89,12 @@ class _Grouped(IterableDataset[list[Any]]):
     def _stages(self, item: tuple[Any, int, int, int, tuple[float, float, float]]
                 ) -> tuple[Any, int, int, int, tuple[float, ...]]:
         batch, first, stop, pid, (read, decode, collate) = item
-        own = min(self.timed.last_s, collate)
+        opens = telemetry.shard_opens - self._opens
+        self._opens += opens
+        own = collate if self.timed is None else min(self.timed.last_s, collate)
         if self.decodes:
-            return batch, first, stop, pid, (read, decode + own, 0.0, collate - own)
-        return batch, first, stop, pid, (read, decode, own, collate - own)
+            return batch, first, stop, pid, (read, decode + own, 0.0, collate - own, opens)
+        return batch, first, stop, pid, (read, decode, own, collate - own, opens)
 
 
 def collate_items(items: list[Any]) -> Any:
@@ -192,9 +198,11 @@ class ShardLoader:
         # (``__iter__``) while it builds the next
         max_slots = items * self._most + (self._most if self._most > 1 else 0) + (
             shmring.SLOTS_BEYOND_PREFETCH)
-        timed = _TimedCollate(collate)
-        wrapped: Callable[[list[Any]], Any] = (
-            timed if workers == 0 or not shmring.ENABLED else shmring.RingCollate(
+        # timed only where a hand-over follows the collate: its two clock reads tell them
+        # apart, and in one process they would be the loop's own cost
+        timed = None if workers == 0 or not shmring.ENABLED else _TimedCollate(collate)
+        wrapped: Callable[[list[Any]], Any] = collate if timed is None else (
+            shmring.RingCollate(
                 timed, self._token, max_slots=max_slots,
                 roots=local_roots(dataset.reader) if shmring.FILES_ENABLED else ()))
         # raw bytes may stay views of the blocks read: these collates copy or decode them
@@ -228,15 +236,16 @@ class ShardLoader:
         self._position = 0
         self._running = False
         self._pids: set[int] = set()
-        self._stats = telemetry.LoaderStats(telemetry.WORKER_STAGES, log_every=log_every,
-                                            log_fn=log_fn)
+        self._stats = telemetry.LoaderStats(telemetry.WORKER_STAGES, counts=("shard_opens",),
+                                            log_every=log_every, log_fn=log_fn)
 
     def stats(self) -> dict[str, Any]:
         """The training loop's wait for batches and the workers' time per stage, since the
         loader was made or ``reset_stats()``: see ``shardio.telemetry.LoaderStats.as_dict``
         (``data_wait_s``, ``data_wait_pct``, ``data_wait_p50_s`` … ``read_s``,
         ``decode_s``, ``collate_s``, ``handover_s``; stage seconds are summed over the
-        workers) plus ``num_workers`` and ``batch_size``."""
+        workers; ``shard_opens``: shard files the workers opened for these batches) plus
+        ``num_workers`` and ``batch_size``."""
         out = self._stats.as_dict()
         out["num_workers"] = self.num_workers
         out["batch_size"] = self.batch_size

@@ -268,7 +268,7 @@ class DevicePrefetcher(Generic[T]):
             if start is not None and end is not None:
                 end.record(side)
                 # the step whose wait issued the copy: the next one recorded
-                self._events.append((start, end, len(self._stats.wait) + 1))
+                self._events.append((start, end, self._stats.steps + 1))
         self._staged = (self._staged[0], self._staged[1] + middle - began)
         return moved, _device_tensors(moved), state
 
@@ -280,7 +280,7 @@ class DevicePrefetcher(Generic[T]):
                 return
             end.synchronize()
             self._events.pop(0)
-            back = len(self._stats.wait) - step + 1
+            back = self._stats.steps - step + 1
             if back >= 1:
                 self._stats.add_stage("h2d", start.elapsed_time(end) / 1e3, back)
 

@@ -20,6 +20,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
+from shardio import telemetry
 from shardio.backends import ShardFileReader, keys_crc32, open_shard
 from shardio.backends.records import RecordsShardReader, advise_open
 from shardio.errors import ShardCorruptError, ShardMissingError, TruncatedShardError
@@ -229,6 +230,7 @@ class DatasetReader:
         except BaseException:
             reader.close()
             raise
+        telemetry.count_shard_open()
         return reader
 
     def close_shard(self, shard: int) -> None:

@@ -11,6 +11,7 @@ nothing of shardio and no torch, so any layer may use it.
 
 from __future__ import annotations
 
+import itertools
 import logging
 import time
 from array import array
@@ -32,6 +33,18 @@ CUDA events; else the blocking copy) and the host time of ``decode=``."""
 
 Clock = Callable[[], float]
 
+shard_opens = 0
+"""Shard files this process has opened (``DatasetReader``): the loader hands each batch
+the opens since the last (``shard_opens`` in ``stats()``), so ``shardio.doctor`` can
+say how many files a sample costs. A process-wide count: readers iterated side by side
+in one process share it."""
+
+
+def count_shard_open() -> None:
+    """One more shard file opened by this process."""
+    global shard_opens
+    shard_opens += 1
+
 
 def _no_clock() -> float:
     return 0.0
@@ -50,13 +63,22 @@ def default_log(stats: Mapping[str, Any]) -> None:
         1e3 * stats["data_wait_p50_s"], 1e3 * stats["data_wait_p99_s"])
 
 
+FOLD_STEPS = 1024
+"""Steps kept as the loaders hand them over (a list append each) before they are folded
+into compact arrays (8 bytes a figure): ``array.extend`` of a tuple costs several times
+an append, and a long run must not hold a tuple per step."""
+
+
 class LoaderStats:
     """The steps since the last ``reset()``: wait per step, stage seconds per step."""
 
-    def __init__(self, stages: Sequence[str], *, log_every: int | None = None,
+    def __init__(self, stages: Sequence[str], *, counts: Sequence[str] = (),
+                 log_every: int | None = None,
                  log_fn: Callable[[dict[str, Any]], None] | None = None) -> None:
         """Args:
         stages: the stage names this loader times.
+        counts: names of counts per step that follow the stage seconds in ``record``'s
+            ``times`` (``shard_opens``), reported summed under their own name.
         log_every: every this many steps, hand the stats of those steps to ``log_fn``.
         log_fn: receives ``as_dict()`` of the last ``log_every`` steps (default: one
             INFO line on the ``shardio`` logger).
@@ -65,19 +87,42 @@ class LoaderStats:
             raise ValueError(f"log_every must be a whole number of steps, 1 or more; "
                              f"got {log_every!r}")
         self.stages = tuple(stages)
+        self.counts = tuple(counts)
+        self._columns = (*self.stages, *self.counts)
         self.log_every = log_every
         self.log_fn = log_fn or default_log
         self.reset()
 
     def reset(self) -> None:
         """Forget every step recorded."""
-        self.wait = array("d")
-        self.stage = {name: array("d") for name in self.stages}
+        self._wait = array("d")
+        self._flat = array("d")
+        """Every folded step's ``times``, ``len(_columns)`` figures a step."""
+        self._new_wait: list[float] = []
+        self._new_times: list[Sequence[float]] = []
         self.busy_s = 0.0
-        self.first_batch_s: float | None = None
         self._handed_at: float | None = None
         self._logged = 0
         self._busy_logged = 0.0
+        self._due = self._next_due()
+
+    @property
+    def steps(self) -> int:
+        """Steps recorded since the last ``reset()``."""
+        return len(self._wait) + len(self._new_wait)
+
+    @property
+    def wait(self) -> array[float]:
+        """The loop's wait per step, in seconds."""
+        self._fold()
+        return self._wait
+
+    def _next_due(self) -> int:
+        """Pending steps at which ``record`` next folds (and maybe logs)."""
+        due = FOLD_STEPS
+        if self.log_every is not None:
+            due = min(due, self._logged + self.log_every - len(self._wait))
+        return max(1, due)
 
     def start(self) -> None:
         """A new iteration: the time until its first ask is not the loop's step."""
@@ -85,24 +130,48 @@ class LoaderStats:
 
     def record(self, asked: float, handed: float, times: Sequence[float] = ()) -> None:
         """One batch handed over: asked for at ``asked``, handed at ``handed``;
-        ``times``: its seconds per stage, in ``stages`` order (missing ones count 0)."""
+        ``times``: its seconds per stage, in ``stages`` order, then its ``counts``
+        (missing ones count 0). Kept as given (``times`` must not change after), so the
+        loop's path is two appends: the rest waits for ``FOLD_STEPS`` steps or a reader."""
         if self._handed_at is not None:
             self.busy_s += asked - self._handed_at
         self._handed_at = handed
-        self.wait.append(handed - asked)
-        if self.first_batch_s is None:
-            self.first_batch_s = handed - asked
-        for i, name in enumerate(self.stages):
-            self.stage[name].append(times[i] if i < len(times) else 0.0)
-        if self.log_every is not None and len(self.wait) - self._logged >= self.log_every:
-            self.log_fn(self.as_dict(self._logged, self._busy_logged))
-            self._logged, self._busy_logged = len(self.wait), self.busy_s
+        self._new_wait.append(handed - asked)
+        self._new_times.append(times)
+        if len(self._new_wait) >= self._due:
+            self._fold()
+            if self.log_every is not None and len(self._wait) - self._logged >= self.log_every:
+                self.log_fn(self.as_dict(self._logged, self._busy_logged))
+                self._logged, self._busy_logged = len(self._wait), self.busy_s
+            self._due = self._next_due()
+
+    def _fold(self) -> None:
+        """Move the steps recorded since the last fold into the arrays."""
+        if not self._new_wait:
+            return
+        width = len(self._columns)
+        self._wait.fromlist(self._new_wait)
+        flat = list(itertools.chain.from_iterable(self._new_times))
+        if len(flat) != width * len(self._new_times):  # some steps short (or long)
+            flat = [x for times in self._new_times
+                    for x in (*times[:width], *[0.0] * (width - len(times)))]
+        self._flat.fromlist(flat)
+        self._new_wait.clear()
+        self._new_times.clear()
+        self._due = self._next_due()
+
+    def column(self, name: str, since: int = 0) -> array[float]:
+        """Stage or count ``name`` per step, from step ``since`` on."""
+        self._fold()
+        width = len(self._columns)
+        return self._flat[since * width + self._columns.index(name)::width]
 
     def add_stage(self, name: str, seconds: float, back: int = 1) -> None:
         """Add ``seconds`` to stage ``name`` of the ``back``-th latest step (a time known late)."""
-        column = self.stage[name]
-        if len(column) >= back:
-            column[-back] += seconds
+        self._fold()
+        width = len(self._columns)
+        if len(self._wait) >= back >= 1:
+            self._flat[(len(self._wait) - back) * width + self._columns.index(name)] += seconds
 
     def as_dict(self, since: int = 0, busy_before: float = 0.0) -> dict[str, Any]:
         """The stats of the steps from ``since`` on: a plain dict, every name stable.
@@ -110,10 +179,12 @@ class LoaderStats:
         ``steps``; ``data_wait_s`` (seconds the loop waited for batches) and
         ``data_wait_pct`` (of the loop's time: waits plus the time between handing a
         batch over and asking for the next); ``data_wait_{p50,p90,p99,max}_s`` per step;
-        ``step_s`` (the loop's time); ``first_batch_s``; ``<stage>_s`` per stage.
+        ``step_s`` (the loop's time); ``first_batch_s``; ``<stage>_s`` per stage; each
+        count summed under its name.
         ``busy_before``: the loop's time outside waits before step ``since``.
         """
-        wait = self.wait[since:]
+        self._fold()
+        wait = self._wait[since:]
         waited = sum(wait)
         busy = max(0.0, self.busy_s - busy_before)
         order = sorted(wait)
@@ -130,14 +201,16 @@ class LoaderStats:
             "data_wait_p99_s": quantile(0.99),
             "data_wait_max_s": order[-1] if order else 0.0,
             "step_s": waited + busy,
-            "first_batch_s": self.first_batch_s or 0.0,
+            "first_batch_s": self._wait[0] if self._wait else 0.0,
         }
         for name in self.stages:
-            out[f"{name}_s"] = sum(self.stage[name][since:])
+            out[f"{name}_s"] = sum(self.column(name, since))
+        for name in self.counts:
+            out[name] = round(sum(self.column(name, since)))
         return out
 
     def series(self) -> dict[str, list[float]]:
-        """Per step: ``wait`` and each stage's seconds (for ``shardio.doctor``'s plot)."""
+        """Per step: ``wait``, each stage's seconds and each count (``shardio.doctor``)."""
         out = {"wait": list(self.wait)}
-        out.update({name: list(column) for name, column in self.stage.items()})
+        out.update({name: list(self.column(name)) for name in self._columns})
         return out

@@ -12,7 +12,7 @@ import shardio
 
 KEYS = {"steps", "data_wait_s", "data_wait_pct", "data_wait_p50_s", "data_wait_p90_s",
         "data_wait_p99_s", "data_wait_max_s", "step_s", "first_batch_s", "read_s",
-        "decode_s", "collate_s", "handover_s", "num_workers", "batch_size"}
+        "decode_s", "collate_s", "handover_s", "shard_opens", "num_workers", "batch_size"}
 
 
 @pytest.mark.parametrize(("num_workers", "decode"), [(0, "tensor"), (2, "tensor"), (2, "raw")])
@@ -29,6 +29,9 @@ def test_loader_stats_count_every_batch(imagefolder_pack: Path, num_workers: int
     assert stats["data_wait_p50_s"] <= stats["data_wait_p90_s"] <= stats["data_wait_p99_s"] \
         <= stats["data_wait_max_s"] <= stats["data_wait_s"]
     assert stats["read_s"] > 0  # every batch was read by someone, whose clock moved
+    # 50 samples in shards of 10: each of the 5 opened (by one worker or both), and counted
+    # in the workers' processes too
+    assert 5 <= stats["shard_opens"] <= 5 * max(1, num_workers)
     if decode == "tensor":
         assert stats["decode_s"] > 0
     # the hook saw each full window of 3 batches, with that window's own counts
