@@ -45,6 +45,7 @@ from shardio.inputbytes import is_locator, locator_name
 from shardio.journal import JOURNAL_NAME, dataset_lock
 from shardio.location import is_url
 from shardio.manifest import CLASS_FOLDERS_OPTION, MANIFEST_NAME
+from shardio.mdssource import mds_index, scan_mds
 from shardio.objectsource import is_python_source, scan_objects
 from shardio.packstate import journal_state, pack_manifest, resumable_shards
 from shardio.packtarget import LocalTarget, PackTarget, open_target
@@ -259,10 +260,13 @@ def pack(
         source_format: what ``src`` is: ``"folder"`` (files), ``"webdataset"`` (tar shards:
             a folder of them, a glob or ``train-{000000..000099}.tar``;
             ``shardio.tarsource``), ``"table"`` (Parquet files, a file or a folder of them, or
-            a ``datasets.save_to_disk`` folder; ``shardio.tablesource``); ``None`` recognises
-            tables and tar shards, else a folder.
-        label_field: with WebDataset tars, the field (``cls``) whose text becomes ``label``.
-        key_column: with a table, the column whose values are the keys (default: row position).
+            a ``datasets.save_to_disk`` folder; ``shardio.tablesource``), ``"mds"`` (a MosaicML
+            Streaming folder: ``index.json`` and its shards; ``shardio.mdssource``); ``None``
+            recognises tables, MDS folders and tar shards, else a folder.
+        label_field: with WebDataset tars, the field (``cls``) whose text becomes ``label``;
+            with MDS, the integer column.
+        key_column: with a table, a ``datasets.Dataset`` or MDS, the column whose values are
+            the keys (default: the row's position).
 
     Raises:
         BadInputError: an input cannot be packed (and not ``skip_bad``); names the file.
@@ -278,43 +282,57 @@ def pack(
     start = time.perf_counter()
     path = None if is_python_source(src) else cast("str | os.PathLike[str]", src)
     root = Path(type(src).__name__) if path is None else _local_source(path)
-    if source_format not in (None, "folder", "webdataset", "table"):
+    if source_format not in (None, "folder", "webdataset", "table", "mds"):
         raise ValueError(f"unknown source_format {source_format!r}; expected 'folder', "
-                         "'webdataset' or 'table'")
+                         "'webdataset', 'table' or 'mds'")
     tables = table_files(path) if path is not None and source_format in (None, "table") \
         else None
     if source_format == "table" and tables is None:
         raise BadInputError(f"{root}: not a table: pass a .parquet file, a folder of them or "
                             "a datasets.save_to_disk folder", path=str(root))
+    mds = mds_index(path) if path is not None and tables is None and source_format in (
+        None, "mds") else None
+    if source_format == "mds" and mds is None:
+        raise BadInputError(f"{root}: not an MDS dataset: pass the folder holding its "
+                            "index.json (MosaicML Streaming, format version 2)", path=str(root))
     shards = None if path is None or source_format == "folder" or tables is not None \
-        else tar_shards(path)
+        or mds is not None else tar_shards(path)
     if source_format == "webdataset" and shards is None:
         raise BadInputError(f"{root}: not WebDataset tar shards: pass a .tar file, a folder "
                             "holding only .tar/.tar.gz files, a glob or a brace pattern",
                             path=str(root))
-    if label_field is not None and shards is None:
-        raise ValueError("label_field names a field of WebDataset tars; a folder is labelled "
-                         "with imagefolder or class_folders")
-    if not force and path is not None and shards is None and tables is None:
+    if label_field is not None and shards is None and mds is None:
+        raise ValueError("label_field names a field of WebDataset tars or an MDS column; a "
+                         "folder is labelled with imagefolder or class_folders")
+    if not force and path is not None and shards is None and tables is None and mds is None:
         _refuse_dataset(root)
     with contextlib.closing(open_target(out, remote)) as target, _write_lock(
             target, append=append, overwrite=overwrite, resume=resume), contextlib.closing(
             open_engine(engine, num_workers=num_workers, scheduler=scheduler)) as runner, \
-            _gc_paused(), (contextlib.nullcontext("") if tables is None and path is not None else
+            _gc_paused(), (contextlib.nullcontext("") if tables is None and mds is None
+                           and path is not None else
                            tempfile.TemporaryDirectory(prefix="shardio-cells-")) as spill_dir:
         if isinstance(target, LocalTarget) and path is not None:
             _refuse_nested(root, target.staging)
         imagefolder, class_folders, check_images, skip_bad = pack_choices(
             target, append=append, imagefolder=imagefolder, class_folders=class_folders,
             check_images=check_images, skip_bad=skip_bad)
-        source = scan_objects(
-            src, spill_dir=spill_dir, num_workers=num_workers or default_workers(),
-            key_column=key_column) if path is None else scan_tables(
-            tables, spill_dir=spill_dir, key_column=key_column) if tables else runner.scan(
-            path, imagefolder=imagefolder, include=include, exclude=exclude,
-            follow_symlinks=follow_symlinks, class_folders=class_folders,
-        ) if shards is None else scan_tars(shards, label_field=label_field, shuffle=shuffle,
-                                           num_workers=num_workers or default_workers())
+        workers = num_workers or default_workers()
+        if path is None:
+            source = scan_objects(src, spill_dir=spill_dir, num_workers=workers,
+                                  key_column=key_column)
+        elif tables:
+            source = scan_tables(tables, spill_dir=spill_dir, key_column=key_column)
+        elif mds is not None:
+            source = scan_mds(path, mds, spill_dir=spill_dir, num_workers=workers,
+                              key_column=key_column, label_field=label_field)
+        elif shards is not None:
+            source = scan_tars(shards, label_field=label_field, shuffle=shuffle,
+                               num_workers=workers)
+        else:
+            source = runner.scan(path, imagefolder=imagefolder, include=include,
+                                 exclude=exclude, follow_symlinks=follow_symlinks,
+                                 class_folders=class_folders)
         pack_options: dict[str, Any] = {
             "imagefolder": source.is_imagefolder, "include": list(include),
             "exclude": list(exclude), "follow_symlinks": follow_symlinks,

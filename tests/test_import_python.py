@@ -39,7 +39,7 @@ def _files(out: Path) -> dict[str, bytes]:
 class Pairs:
     """A torchvision-style map-style dataset: ``(image, label)`` and ``classes``, no files."""
 
-    classes = ["cat", "dog", "emu"]
+    classes = ("cat", "dog", "emu")
 
     def __init__(self, images: list[Any]) -> None:
         self.images = images
@@ -113,9 +113,9 @@ def test_a_dataset_naming_its_files_packs_the_files(tmp_path: Path) -> None:
 
     class Folder:  # torchvision's ImageFolder shape; items would be transformed tensors
         root = str(tmp_path / "src")
-        classes = ["a", "b"]
-        samples = [(str(tmp_path / "src" / c / f"{i}.jpg"), n)
-                   for n, c in enumerate(classes) for i in range(3)]
+        classes = ("a", "b")
+        samples = tuple((str(tmp_path / "src" / c / f"{i}.jpg"), n)
+                        for n, c in enumerate(classes) for i in range(3))
 
         def __len__(self) -> int:
             return len(self.samples)

@@ -84,17 +84,21 @@ def format_summary(summary: PackSummary) -> str:
               help="Label every sample with its top-level folder, as torchvision's "
                    "DatasetFolder does for any file type: fields per file as in a generic "
                    "folder, plus `label` (the folder's index among SRC's sorted folders).")
-@click.option("--from", "source_format", type=click.Choice(["folder", "webdataset", "table"]),
+@click.option("--from", "source_format",
+              type=click.Choice(["folder", "webdataset", "table", "mds"]),
               default=None, help="What SRC is [default: WebDataset tar shards when SRC is a .tar, "
                                  "a folder of only .tar/.tar.gz files, a glob or "
                                  "train-{000000..000099}.tar; a table when SRC is a .parquet "
                                  "file, a folder of them or a datasets.save_to_disk folder; "
+                                 "MDS when SRC holds a MosaicML Streaming index.json; "
                                  "else a folder of files].")
 @click.option("--key-column", metavar="COLUMN", default=None,
-              help="Tables: the column whose values are the keys [default: the row's position].")
+              help="Tables and MDS: the column whose values are the keys [default: the row's "
+                   "position].")
 @click.option("--label-field", metavar="FIELD", default=None,
               help="WebDataset tars: the field (e.g. cls) whose text becomes `label` (integers "
-                   "as they are; names numbered in sorted order as `classes`).")
+                   "as they are; names numbered in sorted order as `classes`). MDS: the "
+                   "integer column that becomes `label`.")
 @click.option("--check-images/--no-check-images", default=None,
               help="Decode every image with Pillow (slow) [default: no; with --append, as the "
                    "dataset was packed]. Either way each JPEG, PNG and WebP is checked "
