@@ -147,3 +147,15 @@ def test_a_folder_with_another_index_json_is_a_folder(tmp_path: Path) -> None:
     assert set(_read(tmp_path / "out")) == {"a", "index"}
     with pytest.raises(BadInputError, match="not an MDS dataset"):
         pack(tmp_path / "src", tmp_path / "o2", source_format="mds")
+
+
+def test_resume_after_sigkill_is_identical(tmp_path: Path) -> None:
+    from test_pack import _kill_midway
+
+    _kill_midway(DATA / "zstd", tmp_path / "out", "records", label_field="label")
+    options = WriteOptions(max_shard_samples=5)
+    resumed = pack(DATA / "zstd", tmp_path / "out", options=options, label_field="label",
+                   resume=True, num_workers=1)
+    assert resumed.resumed_samples == 5 and resumed.samples == len(EXPECTED)
+    pack(DATA / "zstd", tmp_path / "whole", options=options, label_field="label", num_workers=1)
+    assert _files(tmp_path / "out") == _files(tmp_path / "whole")
