@@ -5,20 +5,25 @@ It times a bounded number of steps (a simulated step of ``step_ms``, or the call
 *headspace* (steps/s with data loading removed: the same batches replayed from memory);
 the stage that bounds the pipeline (from ``loader.stats()``, ``shardio.telemetry``);
 periodic stalls (one long wait every N batches, found in the per-step wait series);
-and recommendations, the first of which is applied and measured in the same run when
-the doctor can rebuild the loader (a dataset path or a ``shardio.loader``). Any other
-iterable of batches (a plain ``DataLoader``) is measured from outside: the wait per
-step; for a dataset of files (``.samples`` or ``.imgs`` as ImageFolder has) it also
-reads some files to compare files/s with the samples/s the step needs. Imports torch
-only through the loader it builds; the plot needs Pillow.
+files opened per sample (``shard_opens`` of ``loader.stats()``); and recommendations,
+the first of which is applied and measured in the same run when the doctor can rebuild
+the loader (a dataset path or a ``shardio.loader``). Any other iterable of batches (a
+plain ``DataLoader``) is measured from outside: the wait per step; for a dataset of
+files (``.samples`` or ``.imgs`` as ImageFolder has: one file opened per sample) it
+also times some files read whole and the same samples through the dataset, to split a
+sample's time into reading and the rest (decode, transforms) and say whether packing
+with shardio would help, and by how much. Imports torch only through the loader it
+builds; the plot needs Pillow.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import math
 import os
 import statistics
+import tempfile
 import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
@@ -30,6 +35,11 @@ KEEP_BATCHES = 4
 """Batches kept to replay for the headspace (held, so a worker's ring adds slots)."""
 STAGE_BOUND = {"read": "io", "decode": "decode", "collate": "collate",
                "handover": "handover"}
+PROBE_FILES = 64
+"""Files of a plain dataset of files read whole (and the same samples taken) to split
+a sample's time into reading and the rest."""
+READ_BOUND = 0.5
+"""Reading a sample's file this share of its time or more names a plain loader ``io``."""
 
 
 def doctor(
@@ -60,8 +70,12 @@ def doctor(
         ``data_wait_pct``, ``steps_per_s``, ``headspace_steps_per_s``, ``bound`` (``"step"``
         or the data stage: ``"io"``, ``"decode"``, ``"collate"``, ``"handover"``,
         ``"data"`` where stages are unseen), ``stall_every`` (N or None),
+        ``files_per_sample`` (shard opens per sample; 1 for a dataset of files),
         ``recommendations`` (each ``text``, ``change``, ``expected``, and for the first,
-        verified, ``measured_ratio``), ``series`` (per-step waits and stage seconds).
+        verified, ``measured_ratio``), ``series`` (per-step waits and stage seconds);
+        for a dataset of files also ``files_per_s``, ``read_share`` (of a sample's
+        time in one process), ``samples_per_s_needed`` and ``packing_gain`` (the
+        steps/s ratio packing could give at most).
     """
     if num_steps < 2:
         raise ValueError(f"num_steps must be 2 or more, got {num_steps}")
@@ -84,18 +98,23 @@ def doctor(
     }
     report["stall_every"] = find_period(run["series"]["wait"][1:])
     report["stages_s"] = run["stages"]
-    report["bound"] = _bound(report, run)
-    files = _file_rate(loader)
-    if files is not None:
-        report["files_per_s"] = files
+    report["files_per_sample"] = _opens_per_sample(run, loader)
+    probe = _probe_files(loader)
+    if probe is not None:
+        report.update(probe)
+        report["files_per_sample"] = 1.0
         report["samples_per_s_needed"] = report["headspace_steps_per_s"] * _batch_of(loader)
+        report["packing_gain"] = _packing_gain(report)
+    report["bound"] = _bound(report, run)
     report["recommendations"] = _recommend(report, loader, image_size)
     first = next(iter(report["recommendations"]), None)
     if verify and first is not None and first["change"] and _rebuildable(loader):
-        changed = _rebuilt(loader, first["change"])
-        for _ in zip(range(KEEP_BATCHES), changed, strict=False):  # warm, as the first was
-            pass
-        after = _measure(changed, step, num_steps)
+        with tempfile.TemporaryDirectory(prefix="shardio-doctor-") as cold:
+            changed = _rebuilt(loader, first["change"], Path(cold))
+            for _ in zip(range(KEEP_BATCHES), changed, strict=False):  # warm, as the first
+                pass
+            after = _measure(changed, step, num_steps)
+            del changed  # its workers and readers, before their cache folder goes
         first["measured_steps_per_s"] = after["steps_per_s"]
         first["measured_ratio"] = after["steps_per_s"] / report["steps_per_s"]
     report["series"] = run["series"]
@@ -139,14 +158,18 @@ def _measure(loader: Iterable[Any], step: Callable[[Any], None], num_steps: int
             raise ValueError(f"{type(loader).__name__} gave no batch: nothing to measure")
     series: dict[str, list[float]] = {"wait": waits}
     stages: dict[str, float] = {}
+    opens = None
     inner = getattr(loader, "step_series", None)
     if callable(inner):
         for name, column in inner().items():
-            if name != "wait":
+            if name == "shard_opens":
+                opens = sum(column[:num_steps])
+            elif name != "wait":
                 series[name] = column[:num_steps]
                 stages[name] = sum(column[1:num_steps])
     waited = sum(waits[1:])
     return {"steps": len(waits), "series": series, "stages": stages, "kept": kept,
+            "opens": opens,
             "first_batch_s": waits[0],
             "wait_pct": 100.0 * waited / (waited + busy) if waited + busy else 0.0,
             "steps_per_s": (len(waits) - 1) / (waited + busy) if waited + busy else math.inf}
@@ -186,27 +209,65 @@ def _bound(report: dict[str, Any], run: dict[str, Any]) -> str:
     if report["data_wait_pct"] < STEP_BOUND_PCT:
         return "step"
     stages = {k: v for k, v in run["stages"].items() if k in STAGE_BOUND}
+    if "read_share" in report and not stages:  # a plain loader over files, seen from outside
+        return "io" if report["read_share"] >= READ_BOUND else "decode"
     if not stages or max(stages.values()) <= 0:
         return "data"
     return STAGE_BOUND[max(stages, key=lambda k: stages[k])]
+
+
+def _opens_per_sample(run: dict[str, Any], loader: Any) -> float | None:
+    """Shard files opened per sample delivered. A shuffle window opens the shards it draws
+    from before its first sample: a run shorter than the window counts each open against
+    the samples its shard holds (all of which that window delivers)."""
+    manifest = getattr(getattr(getattr(loader, "dataset", None), "reader", None),
+                       "manifest", None)
+    if run["opens"] is None or manifest is None:
+        return None
+    per_shard = manifest.num_samples / max(1, len(manifest.shards))
+    samples = run["steps"] * _batch_of(loader)
+    return float(run["opens"] / max(samples, run["opens"] * per_shard, 1))
 
 
 def _batch_of(loader: Any) -> int:
     return int(getattr(loader, "batch_size", None) or 1)
 
 
-def _file_rate(loader: Any) -> float | None:
-    """Files/s read whole from a dataset of files (``.samples``/``.imgs``), up to 200."""
-    dataset = getattr(loader, "dataset", None)
+def _probe_files(loader: Any) -> dict[str, float] | None:
+    """For a dataset of files (``.samples``/``.imgs``, one file a sample): files/s read
+    whole and the share of a sample's time (``dataset[i]`` in this process) that is.
+
+    ``PROBE_FILES`` samples spread over the dataset, each file read first (so both
+    timings find the same page cache: what is left is the dataset's own work)."""
+    dataset: Any = getattr(loader, "dataset", None)
     files = getattr(dataset, "samples", None) or getattr(dataset, "imgs", None)
-    if not isinstance(files, list) or not files:
+    if not isinstance(files, list) or not files or not callable(
+            getattr(dataset, "__getitem__", None)):
         return None
-    paths = [f[0] if isinstance(f, tuple) else f for f in files[-200:]]
+    picked = sorted({round(i * (len(files) - 1) / max(1, PROBE_FILES - 1))
+                     for i in range(min(PROBE_FILES, len(files)))})
+    paths = [files[i][0] if isinstance(files[i], tuple) else files[i] for i in picked]
+    for path in paths:  # the first touch (a cold disk) is what a first epoch pays
+        Path(path).read_bytes()
     began = time.perf_counter()
     for path in paths:
         Path(path).read_bytes()
-    took = time.perf_counter() - began
-    return len(paths) / took if took > 0 else math.inf
+    read_s = time.perf_counter() - began
+    began = time.perf_counter()
+    for i in picked:
+        dataset[i]
+    sample_s = time.perf_counter() - began
+    return {"files_per_s": len(paths) / read_s if read_s > 0 else math.inf,
+            "read_share": min(1.0, read_s / sample_s) if sample_s > 0 else 1.0}
+
+
+def _packing_gain(report: dict[str, Any]) -> float:
+    """Steps/s after packing over steps/s now, at most: only when data bounds the loop,
+    and only the reading part of a sample's time goes (shards: one open per shard)."""
+    if report["data_wait_pct"] < STEP_BOUND_PCT:
+        return 1.0
+    limit = report["headspace_steps_per_s"] / report["steps_per_s"]
+    return float(max(1.0, min(limit, 1.0 / max(1e-3, 1.0 - report["read_share"]))))
 
 
 def _recommend(report: dict[str, Any], loader: Any, image_size: int) -> list[dict[str, Any]]:
@@ -241,17 +302,17 @@ def _recommend(report: dict[str, Any], loader: Any, image_size: int) -> list[dic
                     "expected": f"up to {min(needed, more / max(workers, 1)):.1f}x steps/s, "
                     "while cores are free"})
     if "files_per_s" in report:
-        packs = report["files_per_s"] < report["samples_per_s_needed"]
-        out.append({"text": f"the disk gives {report['files_per_s']:.0f} files/s, the step "
-                    f"needs {report['samples_per_s_needed']:.0f} samples/s: packing with "
-                    f"shardio {'would' if packs else 'would not'} help (one open per shard, "
-                    "not per sample)", "change": {},
-                    "expected": "reads no longer bound by opens" if packs else "none"})
+        gain = report["packing_gain"]
+        packs = gain >= 1.1
+        out.insert(0 if packs else len(out), {
+            "text": f"one file opened per sample: the disk gives {report['files_per_s']:.0f} "
+            f"files/s read whole, the step needs {report['samples_per_s_needed']:.0f} "
+            f"samples/s, and reading is {100 * report['read_share']:.0f}% of a sample's time "
+            f"(the rest: decode, transforms): packing with shardio (`shardio pack-imagefolder`"
+            f", one open per shard) {'would' if packs else 'would not'} help",
+            "change": {}, "expected": f"up to {gain:.1f}x steps/s" if packs else "none"})
     if bound == "io":
-        out.append({"text": "reading bounds it: for remote data give RemoteOptions(cache_dir="
-                    "...) so epochs after the first read local files; larger shards "
-                    "(max_shard_bytes) mean fewer requests", "change": {},
-                    "expected": "later epochs at local-disk speed"})
+        out.extend(_io_advice(report, dataset))
     if bound == "decode":
         out.append({"text": "decode on the GPU: DevicePrefetcher(..., decode=shardio."
                     "DeviceDecoder(...)) moves JPEG decode off the workers", "change": {},
@@ -263,6 +324,36 @@ def _recommend(report: dict[str, Any], loader: Any, image_size: int) -> list[dic
             loader, "pin_memory", True):
         out.append({"text": "pin_memory=True: copies to the GPU run asynchronously",
                     "change": {}, "expected": "H2D copy overlaps the step"})
+    return out
+
+
+def _io_advice(report: dict[str, Any], dataset: Any) -> list[dict[str, Any]]:
+    """Reading bounds a shardio dataset: the node cache for remote data, and shard size."""
+    out: list[dict[str, Any]] = []
+    reader = getattr(dataset, "reader", None)
+    manifest = getattr(reader, "manifest", None)
+    if manifest is None:
+        return out
+    data_bytes = sum(s.num_bytes for s in manifest.shards)
+    remote = getattr(reader, "remote", None)
+    if remote is not None:
+        budget = remote.max_cache_bytes or 0
+        if budget < data_bytes:
+            out.append({"text": f"the node cache holds {budget >> 20} MiB, less than the "
+                        f"dataset's {data_bytes >> 20} MiB, so every epoch downloads it again: "
+                        f"RemoteOptions(max_cache_bytes>={data_bytes}) (and a cache_dir on a "
+                        "local disk) lets epochs after the first read local files",
+                        "change": {}, "expected": "later epochs at local-disk speed"})
+        else:
+            out.append({"text": f"remote data: epochs after the first read the node cache "
+                        f"({remote.cache_dir}); this run may have met it cold", "change": {},
+                        "expected": "later epochs at local-disk speed"})
+    per_shard = manifest.num_samples / max(1, len(manifest.shards))
+    if (report["files_per_sample"] or 0) > 0.01 or per_shard < 100:
+        out.append({"text": f"shards hold {per_shard:.0f} samples each "
+                    f"({data_bytes // max(1, len(manifest.shards)) >> 10} KiB): re-pack with a "
+                    "larger max_shard_bytes for fewer opens (and, remote, fewer requests)",
+                    "change": {}, "expected": "fewer opens and requests per sample"})
     return out
 
 
@@ -291,15 +382,20 @@ def _rebuildable(loader: Any) -> bool:
     return isinstance(loader, ShardLoader)
 
 
-def _rebuilt(loader: Any, change: dict[str, Any]) -> Any:
-    """``loader`` (a ``shardio.loader``) with ``change`` applied, over a new dataset view."""
+def _rebuilt(loader: Any, change: dict[str, Any], cold: Path) -> Any:
+    """``loader`` (a ``shardio.loader``) with ``change`` applied, over a new dataset view.
+
+    A remote dataset's view gets the empty node cache ``cold``: the first run filled the
+    real one, and a second run reading from it would credit the change with the cache."""
     import shardio
 
     dataset = loader.dataset
-    if "draft_size" in change:
+    remote = dataset.reader.remote
+    if "draft_size" in change or remote is not None:
         dataset = shardio.StreamingDataset(
             dataset.path, decode=dataset.decoder.mode, transform=dataset.decoder.transform,
-            draft_size=change["draft_size"])
+            draft_size=change.get("draft_size", getattr(dataset.decoder, "draft_size", None)),
+            remote=None if remote is None else dataclasses.replace(remote, cache_dir=cold))
     return shardio.loader(dataset, loader.batch_size,
                           num_workers=change.get("num_workers", loader.num_workers),
                           collate_fn=loader.collate_fn, prefetch_factor=loader.prefetch_factor,
@@ -322,6 +418,12 @@ def format_report(report: dict[str, Any]) -> str:
             f"{k} {v:.3f}" for k, v in report["stages_s"].items()))
     if report["stall_every"]:
         lines.append(f"periodic stall: a long wait every {report['stall_every']} batches")
+    if report.get("files_per_sample") is not None:
+        lines.append(f"files opened per sample: {report['files_per_sample']:.3g}")
+    if "files_per_s" in report:
+        lines.append(f"files read whole: {report['files_per_s']:.0f}/s; reading is "
+                     f"{100 * report['read_share']:.0f}% of a sample's time; the step needs "
+                     f"{report['samples_per_s_needed']:.0f} samples/s")
     for i, rec in enumerate(report["recommendations"], 1):
         lines.append(f"{i}. {rec['text']} — expected: {rec['expected']}")
         if "measured_ratio" in rec:

@@ -1,7 +1,8 @@
 """``shardio.doctor`` on pipelines whose bottleneck is known: it names it, and its first
 recommendation, applied in the same run, raises steps/s. Cases are extreme (a 1,600 px
 JPEG decoded for a 128 px model, a step 100x the read, workers that sleep 40 ms a batch
-for a 2 ms step) so the answers hold on a loaded machine; no duration is asserted."""
+for a 2 ms step, a remote dataset whose every request waits 50 ms for a 1 ms step) so
+the answers hold on a loaded machine; no duration is asserted."""
 
 from __future__ import annotations
 
@@ -12,11 +13,15 @@ from typing import Any
 
 import pytest
 from click.testing import CliRunner
+from PIL import Image
+from storage_servers import HttpEndpoint
 
 import shardio
 from shardio.cli import main
-from shardio.doctor import find_period
+from shardio.doctor import find_period, format_report
 from shardio.synth import make_imagefolder, make_tiny_tree
+
+pytest_plugins = ("storage_plugin",)
 
 
 def slow_transform(sample: dict[str, Any]) -> int:
@@ -72,3 +77,61 @@ def test_find_period_needs_a_repeating_gap() -> None:
     assert find_period([0.05, 0, 0] * 6) == 3
     assert find_period([0.01] * 18) is None  # every step waits: no stall, a slow pipeline
     assert find_period([0.0] * 18) is None
+
+
+def test_a_remote_dataset_behind_a_slow_link_is_io_bound(http: HttpEndpoint,
+                                                           tmp_path: Path) -> None:
+    # 2,000 samples in 100 shards: the two runs (before, after) read a few shards each,
+    # so the second finds next to nothing of the first's in the node cache: what it
+    # gains is the workers' requests in parallel, not the cache
+    make_tiny_tree(tmp_path / "tree", num_files=2000)
+    shardio.pack(tmp_path / "tree", http.root / "ds", num_workers=1, progress=False,
+                 options=shardio.WriteOptions(max_shard_samples=20))
+    remote = shardio.RemoteOptions(cache_dir=tmp_path / "cache", max_in_flight=1)
+    dataset = shardio.StreamingDataset(f"{http.url}/ds", decode="raw", remote=remote)
+    http.plan.reset(latency_s=0.05)  # every request: 50 ms before it is forwarded
+    report = shardio.doctor(shardio.loader(dataset, 8, num_workers=0), step_ms=1,
+                            num_steps=12)
+    print(format_report(report))
+    assert report["bound"] == "io"
+    assert 0 < report["files_per_sample"] <= 0.2  # a shard opened per 20 samples
+    first = report["recommendations"][0]
+    assert first["change"]["num_workers"] > 0
+    assert first["measured_ratio"] > 1
+    assert any("max_shard_bytes" in r["text"] for r in report["recommendations"])
+
+
+class FolderDataset:
+    """An ImageFolder as torchvision builds it: ``samples`` of (path, class), each
+    ``__getitem__`` opening its file with PIL and converting it to RGB."""
+
+    def __init__(self, root: Path) -> None:
+        classes = sorted(p.name for p in root.iterdir() if p.is_dir())
+        self.samples = [(str(path), i) for i, name in enumerate(classes)
+                        for path in sorted((root / name).iterdir())]
+
+    def __len__(self) -> int:
+        return len(self.samples)
+
+    def __getitem__(self, index: int) -> tuple[Any, int]:
+        path, target = self.samples[index]
+        with open(path, "rb") as f:
+            image = Image.open(f).convert("RGB")
+        return image.resize((32, 32)), target
+
+
+def test_a_plain_dataloader_over_large_jpegs_says_packing_would_not_help(
+        tmp_path: Path) -> None:
+    import torch
+
+    make_imagefolder(tmp_path / "imgs", num_classes=2, per_class=6, long_side=(1600, 1700))
+    loader = torch.utils.data.DataLoader(FolderDataset(tmp_path / "imgs"), batch_size=4,
+                                         collate_fn=lambda batch: batch)
+    report = shardio.doctor(loader, step_ms=1, num_steps=6)
+    assert report["files_per_sample"] == 1
+    assert report["files_per_s"] > 0 and report["samples_per_s_needed"] > 0
+    # reading a file is a small part of decoding a 1,600 px JPEG: packing saves little
+    assert report["read_share"] < 0.5
+    assert report["bound"] == "decode"
+    assert report["packing_gain"] < 1.1
+    assert any("would not help" in r["text"] for r in report["recommendations"])
