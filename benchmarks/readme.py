@@ -31,7 +31,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 RESULTS = REPO / "benchmarks" / "results"
 
-DOCUMENTS = ("README.md", "benchmarks/README.md", "docs/remote.md")
+DOCUMENTS = ("README.md", "benchmarks/README.md", "docs/remote.md", "docs/import.md")
 """Documents (relative to the repository) scanned for generated blocks."""
 
 BLOCKS: dict[str, str] = {
@@ -60,6 +60,7 @@ BLOCKS: dict[str, str] = {
     "s3-request": "benchmarks.bench_s3_request:s3_request_block",
     "remote-ab": "benchmarks.remote_ab:ab_block",
     "remote-ab-uncapped": "benchmarks.remote_ab:ab_uncapped_block",
+    "import": "benchmarks.bench_import:import_block",
 }
 """Block name -> ``"module:function"`` rendering it; imported only when rendered."""
 

@@ -1,0 +1,210 @@
+"""Question: is ``shardio pack`` from WebDataset tars and from Parquet at least as fast as
+``shardio pack`` of the same samples as a folder of files, and what memory does it hold?
+
+Both harness trees (``benchmarks.datagen``: the ImageFolder of photo-like JPEGs and the
+tiny-file tree, labelled by their top-level folder) are converted once, beside the tree
+under ``benchmarks/work/import/``, into WebDataset tar shards (``<key>.<ext>`` and
+``<key>.cls`` members, about 64 MB a tar, as ``webdataset.ShardWriter`` writes them) and
+into Parquet files (a ``data`` binary column and a ``label`` ``ClassLabel`` column in the
+Hugging Face schema metadata, 1024-row groups). Each round packs the folder (an
+ImageFolder, or ``--class-folders`` for the tiny tree), the tars (``--label-field cls``)
+and the Parquet files, in a rotated order, each in a fresh process with the same
+options (2 workers, zstd, seed 0): the same samples, labels and shuffle. Reports per
+source the median seconds, samples/s, the ratio to the folder, and the peak RSS of the
+packing process and of its largest worker (``ru_maxrss``). Writes
+``benchmarks/results/import.json`` (``--quick``: the quick trees, 3 rounds).
+
+    benchmarks/.env/bin/python -m benchmarks.bench_import [--quick]
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import os
+import resource
+import shutil
+import statistics
+import subprocess
+import sys
+import tarfile
+import time
+from pathlib import Path
+from typing import Any
+
+from benchmarks.datagen import QUICK_SIZES, Tree, ensure_tree
+from benchmarks.machine import describe_machine, library_versions, source_id
+
+HERE = Path(__file__).resolve().parent
+WORK = HERE / "work" / "import"
+TAR_BYTES = 64 << 20
+WORKERS = 2
+
+
+def _samples(tree: Tree) -> list[tuple[str, str, bytes, int]]:
+    """``(key, extension, bytes, label)`` of every file, in the tree's order."""
+    out = []
+    for path in tree.files():
+        rel = path.relative_to(tree.root).as_posix()
+        stem, _, ext = rel.rpartition(".")
+        out.append((stem, ext, path.read_bytes(), tree.label_of(rel)))
+    return out
+
+
+def write_tars(tree: Tree, folder: Path) -> None:
+    """The tree as WebDataset tar shards (members grouped by key, in the tree's order)."""
+    folder.mkdir(parents=True)
+    parts: list[list[tuple[str, str, bytes, int]]] = [[]]
+    written = 0
+    for sample in _samples(tree):
+        if written >= TAR_BYTES:
+            parts.append([])
+            written = 0
+        parts[-1].append(sample)
+        written += len(sample[2]) + 2048  # two members, a header and padding each
+    for number, part in enumerate(parts):
+        with tarfile.open(folder / f"train-{number:06d}.tar", "w") as tar:
+            for key, ext, data, label in part:
+                for name, payload in ((f"{key}.{ext}", data),
+                                      (f"{key}.cls", str(label).encode())):
+                    info = tarfile.TarInfo(name)
+                    info.size, info.mtime = len(payload), 0
+                    tar.addfile(info, io.BytesIO(payload))
+
+
+def write_parquet(tree: Tree, folder: Path) -> None:
+    """The tree as Parquet files with Hugging Face ``ClassLabel`` metadata, about 64 MB each."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    samples = _samples(tree)
+    classes = sorted({rel.split("/", 1)[0] for rel, *_ in samples})
+    features = {"data": {"dtype": "binary", "_type": "Value"},
+                "label": {"names": classes, "_type": "ClassLabel"}}
+    meta = {b"huggingface": json.dumps({"info": {"features": features}}).encode()}
+    folder.mkdir(parents=True)
+    part: list[tuple[str, str, bytes, int]] = []
+    number = 0
+
+    def flush() -> None:
+        nonlocal number, part
+        table = pa.table({"data": pa.array([s[2] for s in part], pa.binary()),
+                          "label": pa.array([s[3] for s in part], pa.int64())})
+        pq.write_table(table.replace_schema_metadata(meta),
+                       folder / f"train-{number:05d}.parquet", row_group_size=1024)
+        number, part = number + 1, []
+
+    size = 0
+    for sample in samples:
+        part.append(sample)
+        size += len(sample[2])
+        if size >= TAR_BYTES:
+            flush()
+            size = 0
+    if part:
+        flush()
+
+
+def child(src: str, out: str, kwargs: dict[str, Any]) -> None:
+    """Pack once in this process; print seconds, samples and peak RSS as JSON."""
+    import shardio
+
+    began = time.perf_counter()
+    summary = shardio.pack(src, out, num_workers=WORKERS, progress=False, **kwargs)
+    seconds = time.perf_counter() - began
+    print(json.dumps({
+        "seconds": seconds, "samples": summary.samples,
+        "rss_main_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+        "rss_worker_mib": resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024}))
+
+
+def run_once(src: Path, out: Path, kwargs: dict[str, Any]) -> dict[str, Any]:
+    shutil.rmtree(out, ignore_errors=True)
+    done = subprocess.run([sys.executable, "-m", "benchmarks.bench_import", "--child", str(src),
+                           str(out), json.dumps(kwargs)], capture_output=True, text=True,
+                          check=True, cwd=HERE.parent)
+    result: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
+    shutil.rmtree(out, ignore_errors=True)
+    return result
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="the quick trees, 3 rounds")
+    parser.add_argument("--child", nargs=3, help=argparse.SUPPRESS)
+    parser.add_argument("--out", type=Path, default=HERE / "results" / "import.json")
+    args = parser.parse_args(argv)
+    if args.child:
+        child(args.child[0], args.child[1], json.loads(args.child[2]))
+        return
+    sizes = QUICK_SIZES if args.quick else {"images": 4000, "tiny": 50_000}
+    rounds = 3 if args.quick else 5
+    results: dict[str, Any] = {}
+    for kind in ("images", "tiny"):
+        tree = ensure_tree(kind, sizes[kind])
+        base = WORK / tree.root.name
+        if not (base / "done").exists():
+            shutil.rmtree(base, ignore_errors=True)
+            write_tars(tree, base / "tars")
+            write_parquet(tree, base / "parquet")
+            (base / "done").write_text("")
+        folder_kwargs = {"imagefolder": True} if kind == "images" else {"class_folders": True}
+        sources = {"folder": (tree.root, folder_kwargs),
+                   "webdataset": (base / "tars", {"label_field": "cls"}),
+                   "parquet": (base / "parquet", {})}
+        runs: dict[str, list[dict[str, Any]]] = {name: [] for name in sources}
+        names = list(sources)
+        for r in range(rounds):
+            for name in names[r % 3:] + names[:r % 3]:
+                src, kwargs = sources[name]
+                runs[name].append(run_once(src, WORK / "out", kwargs))
+        folder_s = statistics.median(x["seconds"] for x in runs["folder"])
+        for name, got in runs.items():
+            seconds = statistics.median(x["seconds"] for x in got)
+            results[f"{kind}-{name}"] = {
+                "tree": kind, "source": name, "samples": got[0]["samples"],
+                "input_bytes": tree.num_bytes, "seconds": seconds,
+                "samples_per_s": got[0]["samples"] / seconds,
+                "ratio_to_folder": folder_s / seconds,
+                "rss_main_mib": max(x["rss_main_mib"] for x in got),
+                "rss_worker_mib": max(x["rss_worker_mib"] for x in got),
+                "all_seconds": [x["seconds"] for x in got]}
+            row = results[f"{kind}-{name}"]
+            print(f"{kind:6} {name:10} {seconds:7.2f} s {row['samples_per_s']:9.0f} samples/s "
+                  f"x{row['ratio_to_folder']:.2f} of folder, RSS main "
+                  f"{row['rss_main_mib']:.0f} MiB, worker {row['rss_worker_mib']:.0f} MiB",
+                  flush=True)
+    out = {
+        "question": "pack from WebDataset tars and from Parquet vs pack of the same samples as "
+                    "a folder: seconds, samples/s and peak RSS",
+        "date": time.strftime("%Y-%m-%d %H:%M"), "rounds": rounds, "num_workers": WORKERS,
+        "load_avg_1m": os.getloadavg()[0], "machine": describe_machine(WORK),
+        "libraries": library_versions(), "shardio": source_id(HERE.parent / "shardio"),
+        "results": results,
+    }
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(out, indent=1) + "\n", encoding="utf-8")
+    print(f"wrote {args.out}")
+
+
+def import_block() -> str:
+    """The generated block of docs/import.md: the measured ratios and peak RSS."""
+    data = json.loads((HERE / "results" / "import.json").read_text(encoding="utf-8"))
+    lines = ["| tree | source | samples | seconds | samples/s | vs folder | peak RSS main / "
+             "worker |", "|---|---|---:|---:|---:|---:|---:|"]
+    for row in data["results"].values():
+        lines.append(f"| {row['tree']} | {row['source']} | {row['samples']:,} | "
+                     f"{row['seconds']:.2f} | {row['samples_per_s']:,.0f} | "
+                     f"{row['ratio_to_folder']:.2f}x | {row['rss_main_mib']:.0f} / "
+                     f"{row['rss_worker_mib']:.0f} MiB |")
+    machine = data["machine"]
+    lines.append("")
+    lines.append(f"Median of {data['rounds']} rounds, {data['num_workers']} workers, "
+                 f"{machine.get('cores', '?')} cores, {data['date']} "
+                 "(`python -m benchmarks.bench_import`, `benchmarks/results/import.json`).")
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    main()
