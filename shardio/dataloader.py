@@ -452,11 +452,10 @@ def loader(
             batches (the loop's wait for data, the workers' time per stage).
         log_fn: receives that dict (default: one INFO line on the ``shardio`` logger).
 
-    ``loader.stats()`` is always kept: about 0.5-0.7 us a batch (six clock reads and two
-    appends; 0.9 us before ``record`` stopped copying each step), 0.6% of a warm epoch
-    of 2-4 KB records at batch 16 in one process and 0.15-0.3% otherwise
-    (``python -m benchmarks.bench_telemetry --quick``, on 2 loaded cores);
-    ``loader.reset_stats()`` starts it afresh.
+    ``loader.stats()`` is always kept: about 0.55 us a batch (clock reads and two
+    appends), 0.7% of a warm epoch of 2-4 KB records at batch 16 in one process and
+    0.2-0.4% otherwise (``benchmarks/results/telemetry.json``, written by
+    ``python -m benchmarks.bench_telemetry``); ``loader.reset_stats()`` starts it afresh.
     """
     return ShardLoader(
         dataset,
