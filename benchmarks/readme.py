@@ -31,7 +31,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 RESULTS = REPO / "benchmarks" / "results"
 
-DOCUMENTS = ("README.md", "benchmarks/README.md", "docs/remote.md", "docs/import.md")
+DOCUMENTS = ("README.md", "benchmarks/README.md", "docs/remote.md", "docs/import.md",
+             "docs/doctor.md")
 """Documents (relative to the repository) scanned for generated blocks."""
 
 BLOCKS: dict[str, str] = {
@@ -61,6 +62,7 @@ BLOCKS: dict[str, str] = {
     "remote-ab": "benchmarks.remote_ab:ab_block",
     "remote-ab-uncapped": "benchmarks.remote_ab:ab_uncapped_block",
     "import": "benchmarks.bench_import:import_block",
+    "doctor": "benchmarks.bench_doctor:doctor_block",
 }
 """Block name -> ``"module:function"`` rendering it; imported only when rendered."""
 
