@@ -9,12 +9,10 @@ fetch shard tails in parallel (``prefetch``: a window of the stream touches
 many shards, and each tail is a round trip). A shard's tail stays held in the cache
 while the shard is open here (``HELD_TAILS``): the process copies it once, but its
 siblings open that shard later, and eviction took it from them in between (a worker
-started 2.4 s after the others downloaded it again). Held tails are a courtesy, given
-back like read-ahead (``sharing.py``) when a download of any process waits for space:
-another job sharing the folder holds tails of its own that this one cannot count.
-``.rec`` shards are read by ranges (``backends.remoterecords``); LMDB shards, and
-any shard ``verify`` checks whole, are downloaded whole and checked against the
-manifest's file checksum (``backends.cachedshard``).
+started 2.4 s after the others downloaded it again). ``.rec`` shards are read by
+ranges (``backends.remoterecords``); LMDB shards, and any shard ``verify``
+checks whole, are downloaded whole and checked against the manifest's file
+checksum (``backends.cachedshard``).
 
 Process safety: the description (store, manifest, options) pickles; the
 per-process parts are made on first use in each process. A forked child
@@ -58,7 +56,6 @@ from shardio.storage.fetch import (
 )
 from shardio.storage.options import RemoteOptions
 from shardio.storage.readahead import ReadAhead
-from shardio.storage.sharing import held_ahead, hold_ahead
 from shardio.storage.url import split_url
 
 TAIL_THREADS = 32
@@ -190,7 +187,6 @@ class ShardSource:
             assert self.options is not None and self.options.max_cache_bytes is not None
             self._cache = RangeCache(self.options.cache_path,
                                      max_cache_bytes=self.options.max_cache_bytes)
-            hold_ahead(self._cache.root, self)
         return self._cache
 
     def _remote(self) -> tuple[RemoteDataset, RemoteOptions]:
@@ -243,31 +239,6 @@ class ShardSource:
                 cached.close()
             self._held[number] = ranges
         self._trim_held()
-        held_ahead(self.cache().root, self.cache().free_bytes)  # watch for downloads waiting
-
-    @property
-    def held_ahead(self) -> int:
-        """Bytes of the tails held for siblings (``sharing.AheadHolder``)."""
-        return self._held_bytes() if self._pid == os.getpid() else 0
-
-    @property
-    def idle_s(self) -> float:
-        """This process's reader never takes a held tail again: always idle for them."""
-        return float("inf")
-
-    def give_back(self, num_bytes: int) -> int:
-        """Let go of held tails, the oldest first, until ``num_bytes`` are released or none
-        is held; the bytes released (``sharing.AheadHolder``)."""
-        released = 0
-        while released < num_bytes and self._pid == os.getpid():  # not a parent's, forked
-            with self._held_lock:
-                if not self._held:
-                    break
-                ranges = self._held.popitem(last=False)[1]
-            for cached in ranges:
-                released += cached.size
-                cached.close()
-        return released
 
     def _held_bytes(self) -> int:
         with self._held_lock:
