@@ -6,10 +6,7 @@ copy, no cache, no extra call). For a URL it holds the store, the manifest
 and its version, and, per process, the node cache (``RangeCache``), the
 read-ahead queue shared by all shards (``ReadAhead``) and a few threads that
 fetch shard tails in parallel (``prefetch``: a window of the stream touches
-many shards, and each tail is a round trip). A shard's tail stays held in the cache
-while the shard is open here (``HELD_TAILS``): the process copies it once, but its
-siblings open that shard later, and eviction took it from them in between (a worker
-started 2.4 s after the others downloaded it again). ``.rec`` shards are read by
+many shards, and each tail is a round trip). ``.rec`` shards are read by
 ranges (``backends.remoterecords``); LMDB shards, and any shard ``verify``
 checks whole, are downloaded whole and checked against the manifest's file
 checksum (``backends.cachedshard``).
@@ -24,9 +21,7 @@ the parent's) and starts afresh. Imports ``backends``, ``location`` and
 from __future__ import annotations
 
 import os
-import threading
 import weakref
-from collections import OrderedDict
 from collections.abc import Iterable
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from pathlib import Path
@@ -61,12 +56,6 @@ from shardio.storage.url import split_url
 TAIL_THREADS = 32
 """Shard tails fetched at once (each is one small GET: latency, not bandwidth; a shuffle
 window of a large dataset touches up to its number of blocks, 128 by default)."""
-HELD_TAILS = 128
-"""Tails a process holds in the cache at most, the latest fetched: a shuffle window touches
-up to 128 shards by default, and its siblings read the same windows. Each is a descriptor
-and its bytes; a dataset of thousands of shards held all of them for the whole epoch
-(every shard stays open), past the descriptors a process may open and, under a small
-budget, past the budget."""
 
 _LIVE: weakref.WeakSet[ShardSource] = weakref.WeakSet()
 
@@ -122,13 +111,6 @@ class ShardSource:
         self._ahead: ReadAhead | None = None
         self._pool: ThreadPoolExecutor | None = None
         self._tails: dict[int, Future[ShardTail]] = {}
-        self._held: OrderedDict[int, list[CachedRange]] = OrderedDict()
-        """The cached ranges of each shard's tail, held while the shard is open or about to
-        be (``HELD_TAILS``), the oldest first; guarded by ``_held_lock`` (tail threads)."""
-        self._held_lock = threading.Lock()
-        self._tail_room: int | None = None
-        """What held tails may take of the budget: what the ranges in flight leave
-        (``_fit_in_flight``); half of it until a shard is open."""
         self._whole: dict[int, CachedRange] = {}
         self._readers: weakref.WeakSet[RemoteRecordsReader | CachedShardReader] = (
             weakref.WeakSet())
@@ -164,7 +146,7 @@ class ShardSource:
         one at the fork, and it would never be released here), then start afresh."""
         for reader in list(self._readers):
             reader.forget()
-        for cached in [*self._whole.values(), *(c for held in self._held.values() for c in held)]:
+        for cached in self._whole.values():
             cached.forget()
         if self._ahead is not None:
             self._ahead.forget()
@@ -208,60 +190,16 @@ class ShardSource:
                                     skip_cached=fits)
         return self._ahead
 
-    def _tail(self, number: int) -> ShardTail:
-        """Shard ``number``'s tail, its cached ranges held (``_hold``) for its siblings."""
+    def _fetch(self, request: RangeRequest) -> bytes:
         remote, _options = self._remote()
-        info = self.manifest.shards[number]
-        ranges: list[CachedRange] = []
-
-        def fetch(request: RangeRequest) -> bytes:
-            cached = self.cache().open_range(remote.store, request.name, request.start,
-                                             request.stop, version=remote.version,
-                                             check=request.check)
-            ranges.append(cached)
+        with self.cache().open_range(remote.store, request.name, request.start, request.stop,
+                                     version=remote.version, check=request.check) as cached:
             return cached.read()
 
-        try:
-            tail = read_tail(fetch, info.name, url=self.shard_url(number),
-                             size=info.num_bytes, num_records=info.num_samples)
-        except BaseException:
-            for cached in ranges:
-                cached.close()
-            raise
-        self._hold(number, ranges)
-        return tail
-
-    def _hold(self, number: int, ranges: list[CachedRange]) -> None:
-        """Hold ``ranges`` (shard ``number``'s tail) until the shard is released, letting go
-        of the oldest held tails beyond ``HELD_TAILS`` or the budget's room for them."""
-        with self._held_lock:
-            for cached in self._held.pop(number, []):
-                cached.close()
-            self._held[number] = ranges
-        self._trim_held()
-
-    def _held_bytes(self) -> int:
-        with self._held_lock:
-            return sum(cached.size for held in self._held.values() for cached in held)
-
-    def _trim_held(self) -> None:
-        """Let go of the oldest held tails (they stay cached, evictable) beyond ``HELD_TAILS``
-        or ``_tail_room`` bytes."""
-        _remote, options = self._remote()
-        assert options.max_cache_bytes is not None
-        room = options.max_cache_bytes // 2 if self._tail_room is None else self._tail_room
-        with self._held_lock:
-            held = sum(cached.size for ranges in self._held.values() for cached in ranges)
-            while self._held and (len(self._held) > HELD_TAILS or held > room):
-                for cached in self._held.popitem(last=False)[1]:
-                    held -= cached.size
-                    cached.close()
-
-    def _release_tail(self, number: int) -> None:
-        with self._held_lock:
-            ranges = self._held.pop(number, [])
-        for cached in ranges:
-            cached.close()
+    def _tail(self, number: int) -> ShardTail:
+        info = self.manifest.shards[number]
+        return read_tail(self._fetch, info.name, url=self.shard_url(number),
+                         size=info.num_bytes, num_records=info.num_samples)
 
     def prefetch(self, numbers: Iterable[int]) -> None:
         """Start fetching the tails of remote ``.rec`` shards ``numbers`` in the background."""
@@ -306,13 +244,10 @@ class ShardSource:
             else:
                 cached = self._whole.pop(number, None) or self._download_whole(number)
                 reader = CachedShardReader(self.manifest.backend, cached, url=url)
-        except BaseException as exc:
-            self._release_tail(number)  # no reader holds this shard open
-            if isinstance(exc, (StorageError, ShardCorruptError)):
-                raise self._diagnose(info, url, exc) from exc
-            if isinstance(exc, FileNotFoundError):
-                raise self._missing(info, url) from exc
-            raise
+        except (StorageError, ShardCorruptError) as exc:
+            raise self._diagnose(info, url, exc) from exc
+        except FileNotFoundError as exc:
+            raise self._missing(info, url) from exc
         self._readers.add(reader)
         return reader
 
@@ -322,10 +257,7 @@ class ShardSource:
         Every reading process of the node (DataLoader workers times ``LOCAL_WORLD_SIZE``)
         holds the range it reads plus those it has in flight; when the budget cannot
         hold the options' in-flight limits for all of them, the limits shrink to fit,
-        down to one range ahead; below that the read fails saying the minimum. The
-        tails this process holds come off the budget first, once: its siblings read
-        the same windows, so they hold the same tails (the same files). Held tails
-        that would leave less than that minimum are let go.
+        down to one range ahead; below that the read fails saying the minimum.
 
         Raises:
             CacheBudgetError: the budget cannot hold two ranges per reading process.
@@ -334,17 +266,13 @@ class ShardSource:
         assert options.max_cache_bytes is not None
         local_world = int(os.environ.get("LOCAL_WORLD_SIZE", "1") or 1)
         processes = max(1, self.num_processes) * max(1, local_world)
-        minimum = min_cache_bytes(max_range_bytes, max_in_flight=1, num_processes=processes)
         self.cache().require(
-            minimum,
+            min_cache_bytes(max_range_bytes, max_in_flight=1, num_processes=processes),
             what=f"the ranges {processes} reading process(es) need at least (one ahead + the "
                  f"one read, up to {max_range_bytes} bytes each, for {url})")
-        self._tail_room = options.max_cache_bytes - minimum
-        self._trim_held()
         want = in_flight_bytes(max_range_bytes, max_in_flight=options.max_in_flight,
                                max_in_flight_bytes=options.max_in_flight_bytes)
-        share = (options.max_cache_bytes - self._held_bytes()) // processes
-        ahead = min(want, share - max_range_bytes)
+        ahead = min(want, options.max_cache_bytes // processes - max_range_bytes)
         # two ranges always go (ReadAhead): one only when two of these would not fit; the
         # count is otherwise left alone, as one shard with a large range would keep it
         # low for all the others
@@ -422,12 +350,10 @@ class ShardSource:
         return self._whole[number].path
 
     def release(self, number: int) -> None:
-        """Release a whole copy of shard ``number`` that no reader took, and its held tail
-        (its reader is closed)."""
+        """Release a whole copy of shard ``number`` that no reader took."""
         cached = self._whole.pop(number, None)
         if cached is not None:
             cached.close()
-        self._release_tail(number)
 
     def close(self) -> None:
         """Stop the threads of this process and release everything fetched ahead or held."""
@@ -441,5 +367,5 @@ class ShardSource:
         if self._ahead is not None:
             self._ahead.close()
             self._ahead = None
-        for number in [*self._whole, *self._held]:
+        for number in list(self._whole):
             self.release(number)

@@ -220,11 +220,6 @@ class RangeCache:
         """What the folder holds now, as the budget counts it."""
         return self._budget.usage()
 
-    def free_bytes(self) -> int:
-        """Bytes of the budget that no file of the folder occupies now (unused ranges,
-        which a download would evict, are not counted free)."""
-        return max(0, self.max_cache_bytes - self.usage().total_bytes)
-
     def require(self, num_bytes: int, *, what: str = "the ranges in flight") -> None:
         """Fail at once unless the budget can hold ``num_bytes`` (what readers need at once).
 

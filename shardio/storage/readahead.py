@@ -165,7 +165,7 @@ class ReadAhead:
             raise
         with self._lock:
             self._fetched.append((order, cached))
-        held_ahead(self.cache.root, self.cache.free_bytes)
+        held_ahead(self.cache.root)
         return cached
 
     def _claim(self, future: Future[CachedRange | None], *, want: bool) -> CachedRange | None:

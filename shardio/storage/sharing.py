@@ -19,9 +19,7 @@ is therefore a guest:
   samples), and the ranges it held ahead were what the sibling waited for. A
   holder still reading releases ranges as it goes. A daemon thread per process
   and cache folder watches for that (``held_ahead`` starts it; it ends once
-  nothing is held ahead); it gives back only what the space free now cannot
-  cover (a download sleeping between tries after space came free took ranges
-  back that its next try did not need).
+  nothing is held ahead).
 
 Holders give back the ranges furthest ahead first; they are downloaded again when
 their turn comes if evicted meanwhile. Imports nothing from shardio.
@@ -36,7 +34,7 @@ import secrets
 import threading
 import time
 import weakref
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Protocol
@@ -118,17 +116,14 @@ def hold_ahead(root: str | os.PathLike[str], holder: AheadHolder) -> None:
     _HOLDERS[holder] = os.path.abspath(root)
 
 
-def held_ahead(root: str | os.PathLike[str], free_bytes: Callable[[], int]) -> None:
-    """Say that a holder of ``root`` now holds a range ahead: watch for downloads waiting.
-
-    ``free_bytes`` counts the budget's bytes no file of ``root`` occupies now.
-    """
+def held_ahead(root: str | os.PathLike[str]) -> None:
+    """Say that a holder of ``root`` now holds a range ahead: watch for downloads waiting."""
     folder = os.path.abspath(root)
     with _WATCH_LOCK:
         if folder in _WATCHERS:
             return
         _WATCHERS.add(folder)
-    threading.Thread(target=_watch, args=(folder, free_bytes), name="shardio-cache-yield",
+    threading.Thread(target=_watch, args=(folder,), name="shardio-cache-yield",
                      daemon=True).start()
 
 
@@ -160,9 +155,9 @@ def give_back_ahead(root: str, num_bytes: int, *, idle_s: float = 0.0) -> int:
     return released
 
 
-def _watch(root: str, free_bytes: Callable[[], int]) -> None:
+def _watch(root: str) -> None:
     """Give back what the downloads of other processes into ``root`` wait for, once they
-    have waited ``YIELD_AFTER_S``, less the space free now; end once nothing is held ahead."""
+    have waited ``YIELD_AFTER_S``; end once nothing is held ahead."""
     while True:
         time.sleep(WATCH_S)
         with _WATCH_LOCK:
@@ -172,8 +167,6 @@ def _watch(root: str, free_bytes: Callable[[], int]) -> None:
                 return
         need = waited_for(root, older_than_s=YIELD_AFTER_S, others_only=True)
         if need:
-            need -= free_bytes()
-        if need > 0:
             give_back_ahead(root, need, idle_s=YIELD_AFTER_S)
 
 
