@@ -200,6 +200,15 @@ def hostile_manifest_cases(root: Path) -> list[Case]:
 # --- damaging and restoring a working copy ----------------------------------------------
 
 
+def _replace(path: Path, data: bytes) -> None:
+    """Give ``path`` new contents as a new file: a map of the old one that the previous
+    case's reader or checker thread still holds stays valid (truncating it in place would
+    be a SIGBUS of the harness's making, not of the damage)."""
+    temporary = path.with_name(path.name + ".stress-tmp")
+    temporary.write_bytes(data)
+    os.replace(temporary, path)
+
+
 def apply_case(root: Path, case: Case) -> None:
     """Damage the dataset at ``root`` as ``case`` says."""
     kind = case["kind"]
@@ -207,20 +216,21 @@ def apply_case(root: Path, case: Case) -> None:
         path = root / case["file"]
         data = bytearray(path.read_bytes())
         data[case["bit"] // 8] ^= 1 << (case["bit"] % 8)
-        path.write_bytes(bytes(data))
+        _replace(path, bytes(data))
     elif kind == "truncate":
-        os.truncate(root / case["file"], case["size"])
+        path = root / case["file"]
+        _replace(path, path.read_bytes()[: case["size"]])
     elif kind == "zero":
         path = root / case["file"]
         data = bytearray(path.read_bytes())
         start = case["page"] * PAGE_BYTES
         data[start : start + PAGE_BYTES] = bytes(len(data[start : start + PAGE_BYTES]))
-        path.write_bytes(bytes(data))
+        _replace(path, bytes(data))
     elif kind == "swap":
         a, b = (root / f for f in case["files"])
         data_a = a.read_bytes()
-        a.write_bytes(b.read_bytes())
-        b.write_bytes(data_a)
+        _replace(a, b.read_bytes())
+        _replace(b, data_a)
     elif kind == "selftest":  # the harness's own test: a child that dies or hangs here
         if case["do"] == "sigbus":
             os.kill(os.getpid(), signal.SIGBUS)
@@ -233,7 +243,7 @@ def apply_case(root: Path, case: Case) -> None:
             for step in steps[:-1]:
                 node = node[step]
             node[steps[-1]] = value
-        path.write_text(json.dumps(m))
+        _replace(path, json.dumps(m).encode())
     else:
         raise ValueError(f"unknown case kind {kind!r}")
 
@@ -250,7 +260,7 @@ def touched(case: Case) -> list[str]:
 def restore(work: Path, pristine: Path, names: list[str] | None = None) -> None:
     """Make ``work`` an exact copy of ``pristine`` again (only ``names``, when given)."""
     for name in names if names is not None else os.listdir(pristine):
-        shutil.copyfile(pristine / name, work / name)
+        _replace(work / name, (pristine / name).read_bytes())
     for extra in set(os.listdir(work)) - set(os.listdir(pristine)):
         path = work / extra
         shutil.rmtree(path) if path.is_dir() else path.unlink()
