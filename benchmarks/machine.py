@@ -68,8 +68,13 @@ def describe_machine(path: Path) -> dict[str, Any]:
 
 def library_versions() -> dict[str, str | None]:
     """Installed version of every library the harness may use (None when absent)."""
+    from shardio.version import __version__  # its distribution is named shardio-torch
+
     out: dict[str, str | None] = {}
     for name in LIBRARIES:
+        if name == "shardio":
+            out[name] = __version__
+            continue
         try:
             out[name] = importlib.metadata.version(name)
         except importlib.metadata.PackageNotFoundError:
