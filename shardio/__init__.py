@@ -20,6 +20,7 @@ from shardio.errors import (
     BadInputError,
     CacheBudgetError,
     ChecksumError,
+    DatasetLockedError,
     DecodeError,
     EmptySourceError,
     ManifestError,
@@ -39,6 +40,7 @@ from shardio.manifest import Manifest, ShardInfo
 from shardio.version import __version__
 
 if TYPE_CHECKING:
+    from shardio.badimage import BadImageWarning
     from shardio.batch import RecordBatch
     from shardio.crop import CenterCrop, RandomResizedCrop
     from shardio.dataloader import loader
@@ -86,15 +88,18 @@ _LAZY = {
     "RemoteOptions": "shardio.storage.options",
     "Source": "shardio.mix",
     "doctor": "shardio.doctor",
+    "BadImageWarning": "shardio.badimage",
     "RandomResizedCrop": "shardio.crop",
     "CenterCrop": "shardio.crop",
 }
 
 __all__ = [
+    "BadImageWarning",
     "BadInputError",
     "CacheBudgetError",
     "CenterCrop",
     "ChecksumError",
+    "DatasetLockedError",
     "DatasetReader",
     "DecodeError",
     "DeviceDecoder",

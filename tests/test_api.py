@@ -8,7 +8,8 @@ import sys
 import shardio
 
 EXPECTED = {
-    "BadInputError", "CacheBudgetError", "CenterCrop", "ChecksumError", "DatasetReader",
+    "BadImageWarning", "BadInputError", "CacheBudgetError", "CenterCrop", "ChecksumError",
+    "DatasetLockedError", "DatasetReader",
     "DecodeError", "DeviceDecoder", "DevicePrefetcher", "EmptySourceError", "Fields",
     "IndexedDataset", "Manifest",
     "ManifestError", "ManifestNotFoundError", "MergeSummary", "OutputExistsError", "PackError",
