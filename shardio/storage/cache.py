@@ -272,13 +272,20 @@ class RangeCache:
         check_range(name, start, stop)
         key = range_key(dataset_namespace(store.url, version), name, start, stop)
         damaged: _DamagedCopy | None = None
-        for attempt in (0, 1):
+
+        def cached() -> CachedRange | None:
+            """The complete cached copy, counted as a hit; None (a damaged one remembered)."""
+            nonlocal damaged
             try:
                 hit = self._open_complete(key, name, start, stop, check)
             except _DamagedCopy as exc:
                 hit, damaged = None, exc
             if hit is not None:
                 self.stats.hits += 1
+            return hit
+
+        for attempt in (0, 1):
+            if (hit := cached()) is not None:
                 return hit
             fd, holder = self._lock_download(key)
             if fd is None and holder is None:
@@ -286,12 +293,7 @@ class RangeCache:
                     continue  # completed by its downloader while we waited: open it
                 holder = "another process"  # yet it cannot be opened (evicted, or locked)
             try:
-                try:
-                    hit = self._open_complete(key, name, start, stop, check)
-                except _DamagedCopy as exc:
-                    hit, damaged = None, exc
-                if hit is not None:
-                    self.stats.hits += 1
+                if (hit := cached()) is not None:
                     return hit
                 if holder is not None:
                     self.stats.takeovers += 1
