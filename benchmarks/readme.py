@@ -32,7 +32,7 @@ REPO = Path(__file__).resolve().parent.parent
 RESULTS = REPO / "benchmarks" / "results"
 
 DOCUMENTS = ("README.md", "benchmarks/README.md", "docs/remote.md", "docs/import.md",
-             "docs/doctor.md")
+             "docs/doctor.md", "docs/guarantees.md", "docs/performance.md")
 """Documents (relative to the repository) scanned for generated blocks."""
 
 BLOCKS: dict[str, str] = {
@@ -63,6 +63,7 @@ BLOCKS: dict[str, str] = {
     "remote-ab-uncapped": "benchmarks.remote_ab:ab_uncapped_block",
     "import": "benchmarks.bench_import:import_block",
     "doctor": "benchmarks.bench_doctor:doctor_block",
+    "perf-systems": "benchmarks.performance:systems_block",
 }
 """Block name -> ``"module:function"`` rendering it; imported only when rendered."""
 

@@ -19,7 +19,8 @@ class PublicNames(griffe.Extension):
 
     def on_package(self, *, pkg: griffe.Module, loader: griffe.GriffeLoader,
                    **kwargs: Any) -> None:
-        for name in pkg.exports or ():
+        for export in pkg.exports or ():
+            name = str(export)  # an entry of __all__ may be parsed as an expression
             member = pkg.members.get(name)
             if isinstance(member, griffe.Module) and name in member.members:
                 pkg.set_member(name, griffe.Alias(name, member.members[name], parent=pkg))
