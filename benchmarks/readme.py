@@ -32,7 +32,8 @@ REPO = Path(__file__).resolve().parent.parent
 RESULTS = REPO / "benchmarks" / "results"
 
 DOCUMENTS = ("README.md", "benchmarks/README.md", "docs/remote.md", "docs/import.md",
-             "docs/doctor.md", "docs/guarantees.md", "docs/performance.md")
+             "docs/doctor.md", "docs/guarantees.md", "docs/performance.md",
+             "docs/decisions.md")
 """Documents (relative to the repository) scanned for generated blocks."""
 
 BLOCKS: dict[str, str] = {
