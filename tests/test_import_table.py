@@ -104,3 +104,33 @@ def test_hf_pack_exports_every_column_to_webdataset(tmp_path: Path) -> None:
                                                    shardshuffle=False)}
     assert read["000000002"]["text"] == b"z" and read["000000002"]["label"] == b"1"
     assert read["000000002"]["image"] == _png(2)
+
+
+def test_row_groups_spilled_in_parallel_give_the_same_samples_for_any_worker_count(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from shardio import tablesource
+    from shardio.inputbytes import read_range
+
+    monkeypatch.setattr(tablesource, "TASK_ROWS", 3)  # many tasks: runs of 3 row groups of 1
+    (tmp_path / "src").mkdir()
+    for part in range(3):
+        rows = range(part * 7, part * 7 + 7)
+        pq.write_table(pa.table({"bin": pa.array([bytes([i]) * i for i in rows], pa.large_binary()),
+                                 "txt": [None if i == 9 else f"t{i}" for i in rows],
+                                 "n": list(rows)}),
+                       tmp_path / "src" / f"p{part}.parquet", row_group_size=1)
+    files = sorted(str(p) for p in (tmp_path / "src").iterdir())
+    got = []
+    for workers in (1, 3):
+        (tmp_path / f"spill{workers}").mkdir()
+        source = tablesource.scan_tables(files, spill_dir=str(tmp_path / f"spill{workers}"),
+                                         num_workers=workers)
+        got.append(([(s.key, s.fields, [read_range(p) for p in s.paths]) for s in source.samples],
+                    source.bad, source.digest))
+    assert got[0] == got[1]
+    samples, bad, _ = got[0]
+    assert [s[0] for s in samples] == [f"{i:09d}" for i in range(21) if i != 9]
+    assert samples[10] == ("000000011", ("bin", "txt", "n"), [bytes([11]) * 11, b"t11", b"11"])
+    assert bad == (("p1.parquet#row9", "column 'txt' is null; every field of a sample needs "
+                    "a value"),)
+    assert len(os.listdir(tmp_path / "spill3")) == 9  # 3 files of 7 row groups, 3 a task
