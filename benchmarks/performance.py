@@ -2,7 +2,8 @@
 
 Both come from the newest committed full run of the harness (``benchmarks/run.py``,
 ``benchmarks/results/<date>-full.json``): ``systems_block`` renders the generated block
-``perf-systems`` of ``docs/performance.md`` (``benchmarks/readme.py`` fills it) and
+``perf-systems`` of ``docs/performance.md`` (``benchmarks/readme.py`` fills it; ``remote_block``
+fills ``perf-remote``) and
 ``draw_figures`` draws ``docs/img/perf-<tree>.png``, which the block shows.
 
     python -m benchmarks.performance      # redraw the figures, after a new full run
@@ -79,6 +80,16 @@ def systems_block() -> str:
         out += ["", f"![samples/s per system, 1 process and 2 workers, {kind} tree]"
                     f"(img/perf-{kind}.png)"]
     return "\n".join(out)
+
+
+def remote_block() -> str:
+    """The ``perf-remote`` block: the main README's streaming-from-S3 summary, with its link
+    to the benchmarks README (outside the site) named instead of linked."""
+    from benchmarks.remote_report import summary_block
+
+    return summary_block().replace(
+        "[benchmarks/README.md](benchmarks/README.md#remote-reading-bench_remotepy)",
+        '`benchmarks/README.md`, "Remote reading"')
 
 
 def draw(kind: str, ds: dict[str, Any], date: str, path: Path) -> None:

@@ -65,6 +65,7 @@ BLOCKS: dict[str, str] = {
     "import": "benchmarks.bench_import:import_block",
     "doctor": "benchmarks.bench_doctor:doctor_block",
     "perf-systems": "benchmarks.performance:systems_block",
+    "perf-remote": "benchmarks.performance:remote_block",
 }
 """Block name -> ``"module:function"`` rendering it; imported only when rendered."""
 
