@@ -300,7 +300,8 @@ def _dataset_options(base: Manifest) -> WriteOptions:
     return WriteOptions(backend=base.backend, codec=base.codec, level=int(stored.get("level", 3)),
                         max_shard_bytes=int(stored.get("max_shard_bytes",
                                                        DEFAULT_MAX_SHARD_BYTES)),
-                        max_shard_samples=None if samples is None else int(samples))
+                        max_shard_samples=None if samples is None else int(samples),
+                        version=max(base.version, FORMAT_VERSION))
 
 
 def _write_options(out: Path, base: Manifest, options: WriteOptions | None) -> WriteOptions:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import mmap
 import os
 from numbers import Integral
+from typing import Any
 
 import msgpack
 
@@ -85,6 +86,10 @@ def read_label(reader: DatasetReader, index: int) -> int:
     """
     number, record = reader.locate(index)
     shard = reader.shard(number)
+    if getattr(shard, "block_index", None) is not None:  # v3: the label column of its block
+        return _checked_label(reader, index, reader.decode_run(number, record, record + 1)[0]
+                              .get(LABEL_FIELD), f"{shard.path}: record {record} (sample {index}",
+                              shard.path, record, None)
     offset = shard.offset(record)
     codec, stored = unframe(shard.frame(record), path=shard.path, record=record, offset=offset,
                             verify=False, exact=True)
@@ -105,15 +110,20 @@ def read_label(reader: DatasetReader, index: int) -> int:
             f"{expected!r}; run `shardio verify` on the dataset and re-pack it",
             path=shard.path, record=record, offset=offset,
         )
-    label = fields.get(LABEL_FIELD)
+    return _checked_label(reader, index, fields.get(LABEL_FIELD), f"{where}, key {expected!r}",
+                          shard.path, record, offset)
+
+
+def _checked_label(reader: DatasetReader, index: int, label: Any, where: str, path: str,
+                   record: int, offset: int | None) -> int:
+    """``label`` once it indexes the manifest's classes."""
     classes = reader.manifest.classes or ()
     if isinstance(label, bool) or not isinstance(label, Integral) or not (
         0 <= int(label) < len(classes)
     ):
         raise ShardCorruptError(
-            f"{where}, key {expected!r}) has label {label!r} where an index into the "
-            f"manifest's {len(classes)} classes was expected; run `shardio verify` on the "
-            "dataset and re-pack it",
-            path=shard.path, record=record, offset=offset,
+            f"{where}) has label {label!r} where an index into the manifest's {len(classes)} "
+            "classes was expected; run `shardio verify` on the dataset and re-pack it",
+            path=path, record=record, offset=offset,
         )
     return int(label)

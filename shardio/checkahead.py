@@ -108,7 +108,7 @@ class Check:
             return False
         try:
             self.failing = first_failing(run)
-            if self.failing is None and compressed(run, self.only):
+            if self.failing is None and run.blocks is None and compressed(run, self.only):
                 self.inflated = inflate_payloads(run, self.only)
         except BaseException as exc:  # the reader checks the run itself, which names it
             self.error = exc

@@ -41,8 +41,11 @@ from shardio.errors import (
 
 FORMAT_NAME: Final = "shardio"
 FORMAT_VERSION: Final = 2
-SUPPORTED_VERSIONS: Final = frozenset({1, 2})
-CHECKSUM_OF_VERSION: Final = {1: CRC32, 2: DEFAULT}
+SUPPORTED_VERSIONS: Final = frozenset({1, 2, 3})
+FRAMED_VERSIONS: Final = frozenset({1, 2})
+"""The versions whose shards hold one frame a record (this module's layouts); v3 shards hold
+blocks (``shardio.shardfile3``)."""
+CHECKSUM_OF_VERSION: Final = {1: CRC32, 2: DEFAULT, 3: DEFAULT}
 """The checksum a writer of each version uses (v2 readers accept any name in ``NAMES``)."""
 
 CODEC_NONE: Final = 0
@@ -58,6 +61,7 @@ HEADER_SIZES: Final = {1: HEADER.size, 2: HEADER_V2.size}
 FRAME = struct.Struct("<IIBB2x")
 """Record frame header: payload length, checksum of bytes 8.., codec id, checksum id."""
 _HEAD = struct.Struct("<IIBBH")
+_U32 = struct.Struct("<I")
 """``FRAME`` with its reserved bytes, which must be zero."""
 VECTOR_MIN_RECORDS: Final = 128
 """Runs at least this long have their frame headers parsed with numpy, shorter ones in a loop."""
@@ -126,6 +130,13 @@ class RunBytes:
     chain: npt.NDArray[np.uint32] | None = None
     offset: int = 0
     """File offset of ``buffer[0]`` (for messages); -1 where records have none (LMDB)."""
+    blocks: Bounds | None = None
+    """Format v3: ``buffer[bounds[k]:bounds[k+1]]`` is a whole block holding records
+    ``blocks[k]..blocks[k+1]`` of the shard (``shardio.block``); None: frames."""
+    span: tuple[int, int] = (0, 0)
+    """Format v3: the records ``start..stop`` the run was read for (its blocks hold more)."""
+    first_block: int = 0
+    """Format v3: the shard's number of the run's first block (for messages)."""
 
 
 def frame(payload: bytes | memoryview, codec: int, checksum: str = DEFAULT) -> bytes:
@@ -205,6 +216,9 @@ def check_frames(
         TruncatedShardError, ShardCorruptError, ChecksumError: the first damaged record,
             with file, record and byte offset (``offset_of(record)``, else the run's).
     """
+    if run.blocks is not None:
+        _check_blocks(run, path, verify)
+        return []
     buf, bounds = run.buffer, run.bounds
     count = len(bounds) - 1
     where = offset_of or (lambda r: run.offset + int(bounds[r - first_record]))
@@ -308,9 +322,16 @@ def header_codecs(headers: npt.NDArray[np.uint8], sizes: Bounds, checksum: str
 
 
 def first_failing(run: RunBytes) -> int | None:
-    """The first record of ``run`` whose checksum fails (its chain link, else its frame's)."""
+    """The first record of ``run`` whose checksum fails (its chain link, else its frame's;
+    v3: the first block whose CRC-32C fails)."""
     compute = checksum_function(run.checksum)
     buf, bounds, chain = run.buffer, run.bounds.tolist(), run.chain
+    if run.blocks is not None:
+        for k in range(len(bounds) - 1):
+            if bounds[k + 1] - bounds[k] < 4 or compute(buf[bounds[k] + 4 : bounds[k + 1]], 0
+                                                        ) != _U32.unpack_from(buf, bounds[k])[0]:
+                return k
+        return None
     if chain is not None:
         if compute(buf[bounds[0] : bounds[-1]], int(chain[0])) == int(chain[-1]):
             return None
@@ -324,6 +345,21 @@ def first_failing(run: RunBytes) -> int | None:
         if compute(buf[bounds[k] + 8 : bounds[k + 1]], 0) != unpack(buf, bounds[k])[1]:
             return k
     return None
+
+
+def _check_blocks(run: RunBytes, path: str, verify: bool) -> None:
+    """Refuse the first v3 block of ``run`` whose CRC-32C fails, naming it and its records."""
+    k = first_failing(run) if verify else None
+    if k is None:
+        return
+    assert run.blocks is not None
+    first, stop = int(run.blocks[k]), int(run.blocks[k + 1])
+    where = f" at byte {run.offset + int(run.bounds[k])}" if run.offset >= 0 else ""
+    raise ChecksumError(
+        f"{path}: block {run.first_block + k}{where} (records {first}..{stop - 1}) fails its "
+        "checksum; the shard is corrupt: restore it from a copy or re-pack",
+        path=path, record=first, offset=run.offset + int(run.bounds[k]) if run.offset >= 0
+        else None)
 
 
 def _refuse(run: RunBytes, path: str, first: int, where: Callable[[int], int], k: int) -> None:
@@ -510,7 +546,7 @@ def parse_index(body: bytes | memoryview, footer: Footer, *, path: str) -> Shard
 
 
 def _check_version(version: int, path: str) -> None:
-    if version not in SUPPORTED_VERSIONS:
+    if version not in FRAMED_VERSIONS:
         raise UnsupportedVersionError(
             f"{path}: written by shardio format version {version}; this reader supports "
             f"{sorted(SUPPORTED_VERSIONS)}. Upgrade shardio to read it.",

@@ -24,7 +24,9 @@ MIN_RECORD_BYTES: Final = FRAME_SIZE + 8
 """Bytes every record occupies in its shard file at least, in every backend and version: its
 frame, plus an 8-byte index offset (``records``) or its 8-byte key (``lmdb``). A shard of
 ``n`` bytes holds at most ``n // MIN_RECORD_BYTES`` records, which bounds what a reader
-allocates for a manifest's counts before any shard is opened."""
+allocates for a manifest's counts before any shard is opened. Format v3 records are columns
+of blocks: a record takes at least its key's 4-byte offset (``shardfile3.MIN_RECORD_BYTES``)."""
+MIN_RECORD_BYTES_V3: Final = 4
 
 
 @dataclass(frozen=True)
@@ -194,7 +196,7 @@ class Manifest:
                     f"expected {expected}; the manifest is damaged",
                     path=path,
                 )
-            check_shard_count(shard, shard.num_bytes, path)
+            check_shard_count(shard, shard.num_bytes, path, self.version)
             expected += shard.num_samples
         if expected != self.num_samples:
             raise ManifestError(
@@ -209,17 +211,19 @@ class Manifest:
         return tuple(s.num_samples for s in self.shards)
 
 
-def check_shard_count(shard: ShardInfo, size: int, path: str) -> None:
+def check_shard_count(shard: ShardInfo, size: int, path: str, version: int = FORMAT_VERSION
+                      ) -> None:
     """Refuse ``shard``'s sample count where a file of ``size`` bytes cannot hold it.
 
     Raises:
         ManifestError: naming the manifest ``path`` and the shard.
     """
-    if shard.num_bytes < 0 or shard.num_samples > max(size, 0) // MIN_RECORD_BYTES:
+    least = MIN_RECORD_BYTES_V3 if version >= 3 else MIN_RECORD_BYTES
+    if shard.num_bytes < 0 or shard.num_samples > max(size, 0) // least:
         raise ManifestError(
             f"{path}: shard {shard.name} is said to hold {shard.num_samples} samples in "
-            f"{size} bytes, but a record takes at least {MIN_RECORD_BYTES} bytes, so it can "
-            f"hold {max(size, 0) // MIN_RECORD_BYTES} at most; the manifest is damaged or "
+            f"{size} bytes, but a record takes at least {least} bytes, so it can "
+            f"hold {max(size, 0) // least} at most; the manifest is damaged or "
             "forged: restore it from a copy or re-pack the dataset",
             path=path,
         )
@@ -280,7 +284,7 @@ def read_manifest(path: str | os.PathLike[str]) -> Manifest:
             size = (mpath.parent / shard.name).stat().st_size
         except (OSError, ValueError):
             continue
-        check_shard_count(shard, size, str(mpath))
+        check_shard_count(shard, size, str(mpath), manifest.version)
     return manifest
 
 

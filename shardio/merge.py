@@ -23,11 +23,12 @@ import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Final
+from typing import Any, Final, cast
 
-from shardio.backends import ShardFileReader, create_shard, keys_crc32, shard_name
+from shardio.backends import ShardFileReader, create_shard, shard_name
 from shardio.codecs import get_codec
 from shardio.errors import OutputExistsError, PackError
+from shardio.format import FORMAT_VERSION
 from shardio.journal import dataset_entries, dataset_lock
 from shardio.location import local_path
 from shardio.manifest import (
@@ -41,6 +42,7 @@ from shardio.manifest import (
 )
 from shardio.reader import DatasetReader
 from shardio.rekey import rekey_frame
+from shardio.rundecode import decode_run
 from shardio.version import __version__
 
 MAX_LISTED: Final = 5
@@ -168,6 +170,12 @@ def _refuse_mismatch(paths: Sequence[Path], manifests: Sequence[Manifest]) -> No
                    "(or none): re-pack them together" if what == "classes" else
                    f"a dataset has one {what}: re-pack the odd ones with --{what} {values[0]}")
             raise PackError(f"the inputs differ in {what} ({listed}); {why}", path=paths[0])
+    blocks = [m.version >= 3 for m in manifests]
+    if any(blocks) and not all(blocks):
+        listed = "; ".join(f"{p}: v{m.version}" for p, m in zip(paths, manifests, strict=True))
+        raise PackError(f"the inputs differ in format version ({listed}): a dataset's shards "
+                        "are all format v3 or none are; re-pack the older ones with "
+                        "--format-version 3", path=paths[0])
 
 
 def _refuse_clashes(paths: Sequence[Path], *, prefix_keys: bool) -> None:
@@ -222,14 +230,31 @@ def _rewrite(reader: ShardFileReader, target: Path, manifest: Manifest, prefix: 
     tmp = target.with_name(f".{target.name}.tmp")
     created += [tmp, target]
     keys = reader.keys()
-    writer = create_shard(manifest.backend, tmp)
+    writer = create_shard(manifest.backend, tmp, version=max(manifest.version, FORMAT_VERSION),
+                          codec=manifest.codec,
+                          level=int(manifest.options.get("level", 3)))
     new_keys = [prefix + key for key in keys]
+    index = getattr(reader, "block_index", None)
+    if index is not None:  # v3: block by block, values kept as they are (images not decoded)
+        try:
+            for b in range(len(index.firsts) - 1):
+                run = reader.read_run(index.firsts[b], index.firsts[b + 1])
+                for sample in decode_run(run, path=reader.path, first_record=index.firsts[b],
+                                         keys=new_keys):
+                    writer.add(sample)
+            size, checksum = writer.finish()
+        except BaseException:
+            writer.abort()
+            raise
+        os.replace(tmp, target)
+        counts["rewritten"] += 1
+        return size, checksum, writer.keys_crc32
     try:
         for record, framed in reader.scan():
             new, again = rekey_frame(framed, new_keys[record], old_key=keys[record], codec=codec,
                                      path=reader.path, record=record,
                                      offset=reader.offset(record))
-            writer.append(new_keys[record], new)
+            cast(Any, writer).append(new_keys[record], new)
             counts["recompressed"] += again
         size, checksum = writer.finish()
     except BaseException:
@@ -237,7 +262,7 @@ def _rewrite(reader: ShardFileReader, target: Path, manifest: Manifest, prefix: 
         raise
     os.replace(tmp, target)
     counts["rewritten"] += 1
-    return size, checksum, keys_crc32(new_keys)
+    return size, checksum, writer.keys_crc32
 
 
 def _merged_manifest(manifests: Sequence[Manifest], names: Sequence[str],
@@ -264,4 +289,4 @@ def _merged_manifest(manifests: Sequence[Manifest], names: Sequence[str],
         seed=seeds.pop() if len(seeds) == 1 else None, shuffle=all(m.shuffle for m in manifests),
         options=options, input_bytes=sum(m.input_bytes for m in manifests),
         skipped=tuple(sorted(skipped, key=lambda s: (s.path, s.reason))),
-        shardio_version=__version__)
+        shardio_version=__version__, version=max(FORMAT_VERSION, *(m.version for m in manifests)))

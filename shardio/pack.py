@@ -506,7 +506,8 @@ def _pack_source(
     identity = {"write": asdict(options), "plan": PLAN_VERSION, "source": source.digest,
                 "seed": seed, "shuffle": shuffle, "pack": pack_options}
     job = ShardJob(stream, plan, target.staging, options.backend, options.codec, options.level,
-                   bool(pack_options["check_images"]), skip_bad, source.is_imagefolder)
+                   bool(pack_options["check_images"]), skip_bad, source.is_imagefolder,
+                   version=options.version)
     target.prepare(overwrite=overwrite, resume=resume)
     done = resumable_shards(job, identity, target) if resume else {}
     resumed = dict(done)

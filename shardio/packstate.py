@@ -85,5 +85,5 @@ def pack_manifest(
         seed=seed, shuffle=shuffle, options={**asdict(options), **pack_options},
         input_bytes=input_bytes,
         skipped=tuple(SkippedFile(str(p), str(r)) for p, r in sorted(skipped)),
-        shardio_version=__version__,
+        shardio_version=__version__, version=options.version,
     )

@@ -20,8 +20,8 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-from shardio import telemetry
-from shardio.backends import ShardFileReader, keys_crc32, open_shard
+from shardio import rundecode, telemetry
+from shardio.backends import ShardFileReader, open_shard, stored_keys_crc32
 from shardio.backends.records import RecordsShardReader, advise_open
 from shardio.errors import ShardCorruptError, ShardMissingError, TruncatedShardError
 from shardio.manifest import Manifest, ShardInfo
@@ -220,7 +220,7 @@ class DatasetReader:
                 )
             # size and count can match another shard's (LMDB files grow by whole pages): the
             # key block's CRC tells this shard's records from any other's, for one small read
-            if info.keys_crc32 is not None and keys_crc32(reader.keys()) != info.keys_crc32:
+            if info.keys_crc32 is not None and stored_keys_crc32(reader) != info.keys_crc32:
                 raise ShardCorruptError(
                     f"{path}: the shard's key block does not match the manifest's "
                     f"keys_crc32 {info.keys_crc32:08x}: the file holds another shard's records "
@@ -275,7 +275,18 @@ class DatasetReader:
     def get(self, index: int) -> dict[str, Any]:
         """Sample ``index`` (global, stored order) as a dict with ``__key__`` and ``__index__``."""
         shard, record = self.locate(index)
-        return self.decode(shard, record, self.shard(shard).frame(record))
+        reader = self.shard(shard)
+        if getattr(reader, "block_index", None) is not None:  # v3: its block, checked
+            return self.decode_run(shard, record, record + 1)[0]
+        return self.decode(shard, record, reader.frame(record))
+
+    def decode_run(self, shard: int, start: int, stop: int) -> list[dict[str, Any]]:
+        """Records ``start..stop`` of ``shard``, read as one run and checked, as sample dicts."""
+        reader = self.shard(shard)
+        return rundecode.decode_run(
+            reader.read_run(start, stop), path=reader.path, first_record=start,
+            offset_of=reader.offset, verify=self.verify, first_index=self._firsts[shard] + start,
+            keys=reader.keys())
 
     def __getitem__(self, index: int) -> dict[str, Any]:
         return self.get(index)
@@ -285,8 +296,16 @@ class DatasetReader:
     ) -> Iterator[dict[str, Any]]:
         """Samples ``start..stop`` of one shard, read front to back."""
         reader = self.shard(shard)
-        for record, framed in reader.scan(start, stop):
-            yield self.decode(shard, record, framed)
+        index = getattr(reader, "block_index", None)
+        if index is None:
+            for record, framed in reader.scan(start, stop):
+                yield self.decode(shard, record, framed)
+            return
+        stop = reader.num_records if stop is None else stop
+        b0, b1 = index.blocks(start, stop)
+        for b in range(b0, b1):  # block by block: one read, check and inflate each
+            yield from self.decode_run(shard, max(start, index.firsts[b]),
+                                       min(stop, index.firsts[b + 1]))
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
         """Every sample in stored order, one shard open at a time."""

@@ -25,10 +25,11 @@ from shardio.batch import RecordBatch
 from shardio.filebytes import file_bytes
 from shardio.flatmap import ViewedSample
 from shardio.record import INDEX_FIELD, KEY_FIELD
-from shardio.runfields import BYTES, INT
+from shardio.rundecode import BYTES, GENERIC, INT
 
 if TYPE_CHECKING:
-    from shardio.columnar import Columns
+    from shardio.columnar import Columns as FrameColumns
+    from shardio.rundecode import Columns
 
 IndexArray = npt.NDArray[np.int64]
 _BYTES = frozenset({bytes, memoryview})
@@ -168,20 +169,26 @@ class WindowColumns:
                 column = self.fields[name] = _Column(len(self.keys))
             column.put(lo, [s.get(name) for s in samples])
 
-    def put_columns(self, lo: int, decoded: Columns) -> None:
+    def put_columns(self, lo: int, decoded: Columns | FrameColumns) -> None:
         """File records decoded field by field (``shardio.columnar``) at ranks from ``lo``."""
         hi = lo + len(decoded.keys)
         self.keys[lo:hi] = decoded.keys
-        self.buffers += decoded.buffers
+        self.buffers += getattr(decoded, "buffers", [])
         starts = decoded.starts or [None] * len(decoded.names)
         views = decoded.views or [None] * len(decoded.names)
-        for name, kind, values, array, where, view in zip(
+        sources = getattr(decoded, "sources", None) or [getattr(decoded, "source", None)] * len(
+            decoded.names)
+        for name, kind, values, array, where, view, source in zip(
                 decoded.names, decoded.kinds, decoded.values, decoded.arrays, starts, views,
-                strict=True):
+                sources, strict=True):
             column = self.fields.get(name)
             if column is None:
                 column = self.fields[name] = _Column(len(self.keys))
-            column.put_typed(lo, values, kind, array, decoded.source, where, view)
+            if kind == GENERIC:  # a list with None where a record lacks the field
+                assert values is not None
+                column.put(lo, values)
+            else:
+                column.put_typed(lo, values, kind, array, source, where, view)
 
     def sample(self, rank: int, *, owned: bool = False) -> dict[str, Any]:
         """The sample at ``rank`` as its reader yields it: bytes values as filed (views of

@@ -23,12 +23,12 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Final
 
-from shardio.backends import create_shard, keys_crc32, shard_name
-from shardio.codecs import Codec, get_codec
+from shardio.backends import create_shard, shard_name
 from shardio.errors import PackError, RecordEncodeError
+from shardio.format import FORMAT_VERSION
 from shardio.inputbytes import is_locator, read_range
 from shardio.manifest import fsync_dir
-from shardio.record import KEY_FIELD, encode_record
+from shardio.record import KEY_FIELD
 from shardio.source import IMG_EXTENSIONS, Bad, SourceSample
 
 REPORT_EVERY: Final = 64
@@ -59,6 +59,8 @@ class ShardJob:
     """Stream position of ``stream[0]``."""
     base: str | None = None
     """The folder relative sample paths are relative to, when not the working folder."""
+    version: int = FORMAT_VERSION
+    """The format version the shards are written in."""
 
     def for_shard(self, number: int) -> ShardJob:
         """This job cut down to shard ``number``: what a task on another machine is sent."""
@@ -223,14 +225,12 @@ def _decode_error(data: bytes) -> str | None:
     return None
 
 
-Framed = tuple["bytes | None", int, "str | None"]
-"""``(framed record, or None with the failing field's position and the reason)``."""
+Read = tuple["dict[str, Any] | None", int, "str | None"]
+"""``(the sample's values, or None with the failing field's position and the reason)``."""
 
 
-def frame_sample(
-    sample: SourceSample, codec: Codec, check_images: bool, dir_fd: int | None = None
-) -> Framed:
-    """Read ``sample``'s files and frame them as one record, or say which file is bad and why.
+def read_sample(sample: SourceSample, check_images: bool, dir_fd: int | None = None) -> Read:
+    """Read ``sample``'s files into its values, or say which file is bad and why.
 
     Each file is read with one ``read`` of its scanned size + 1, which also
     finds files that changed since the scan. Relative paths are opened from
@@ -262,10 +262,7 @@ def frame_sample(
         values[name] = data
     if sample.label is not None:
         values["label"] = sample.label
-    try:
-        return encode_record(values, codec), -1, None
-    except (RecordEncodeError, struct.error) as exc:
-        return None, 0, f"cannot be stored as a record ({exc})"
+    return values, -1, None
 
 
 def temporary_name(name: str, attempt: str = "") -> str:
@@ -304,7 +301,7 @@ def build_shard(
 
 def _build_shard(job: ShardJob, number: int, report: Report | None, attempt: str,
                  dir_fd: int | None) -> ShardOutcome:
-    stream, codec, check = job.stream, get_codec(job.codec, job.level), job.check_images
+    stream, check = job.stream, job.check_images
     name = shard_name(job.backend, number)
     tmp = job.out / temporary_name(name, attempt)
     offset = job.offset
@@ -312,14 +309,19 @@ def _build_shard(job: ShardJob, number: int, report: Report | None, attempt: str
     left_out: list[int] = []
     skipped: list[Bad] = []
     keys: list[str] = []
-    writer = create_shard(job.backend, tmp)
+    writer = create_shard(job.backend, tmp, version=job.version, codec=job.codec,
+                          level=job.level)
     files = nbytes = 0
     try:
         for pos in job.plan[number]:
             sample = stream[pos - offset]
-            framed, failed, reason = frame_sample(sample, codec, check, dir_fd)
-            if framed is not None:
-                writer.append(sample.key, framed)
+            values, failed, reason = read_sample(sample, check, dir_fd)
+            if values is not None:
+                try:
+                    writer.add(values)
+                except (RecordEncodeError, struct.error) as exc:
+                    values, failed, reason = None, 0, f"cannot be stored as a record ({exc})"
+            if values is not None:
                 keys.append(sample.key)
                 if not job.labelled:
                     fields.update(dict.fromkeys(sample.fields))
@@ -351,4 +353,4 @@ def _build_shard(job: ShardJob, number: int, report: Report | None, attempt: str
     if report is not None:
         report(files, nbytes)
     return ShardResult(number, name, count, size, checksum, tuple(fields) if count else (),
-                       tuple(left_out), tuple(skipped), keys_crc32(keys) if count else None)
+                       tuple(left_out), tuple(skipped), writer.keys_crc32 if count else None)

@@ -19,6 +19,7 @@ Imports from shardio only ``errors``, ``checksum``, ``format`` and ``block``.
 
 from __future__ import annotations
 
+import bisect
 import struct
 import zlib
 from collections.abc import Mapping, Sequence
@@ -50,7 +51,7 @@ from shardio.errors import (
     TruncatedShardError,
     UnsupportedVersionError,
 )
-from shardio.format import FORMAT_NAME, HEADER_V2, SHARD_MAGIC
+from shardio.format import FORMAT_NAME, HEADER_V2, SHARD_MAGIC, RunBytes
 from shardio.record import KEY_FIELD
 
 VERSION: Final = 3
@@ -101,6 +102,37 @@ class ShardIndex3:
             raise IndexError(f"record {record} out of range 0..{self.num_records - 1}")
         block = int(np.searchsorted(self.first_records, record, side="right")) - 1
         return block, record - int(self.first_records[block])
+
+
+class BlockIndex:
+    """A v3 shard's index as a reader walks it: records to blocks, blocks to bytes."""
+
+    def __init__(self, index: ShardIndex3) -> None:
+        self.index = index
+        self.firsts: list[int] = index.first_records.tolist()
+        self.offsets: list[int] = ([] if index.block_offsets is None
+                                   else index.block_offsets.tolist())
+
+    def blocks(self, start: int, stop: int) -> tuple[int, int]:
+        """Blocks ``b0..b1`` holding records ``start..stop`` (none when the run is empty)."""
+        b0 = bisect.bisect_right(self.firsts, start) - 1
+        if stop <= start:
+            return b0, b0
+        return b0, bisect.bisect_left(self.firsts, stop, b0)
+
+    def byte_span(self, start: int, stop: int) -> tuple[int, int]:
+        """The bytes of the ``.rec`` file holding records ``start..stop``: whole blocks."""
+        b0, b1 = self.blocks(start, stop)
+        return self.offsets[b0], self.offsets[b1]
+
+    def run(self, view: memoryview, start: int, stop: int, at: int = 0) -> RunBytes:
+        """Records ``start..stop`` as their blocks in ``view``, which holds the file's bytes
+        from ``at``."""
+        b0, b1 = self.blocks(start, stop)
+        base = self.offsets[b0]
+        bounds = np.asarray(self.offsets[b0 : b1 + 1], np.int64) - base
+        return RunBytes(view[base - at : self.offsets[b1] - at], bounds, CRC32C, None, base,
+                        np.asarray(self.firsts[b0 : b1 + 1], np.int64), (start, stop), b0)
 
 
 def record_bytes(sample: Mapping[str, Any]) -> int:
@@ -255,14 +287,24 @@ def lmdb_entries(samples: Sequence[Mapping[str, Any]], *,
     ``b`` under ``b`` as 8 big-endian bytes, then the metadata, index and key section."""
     encoder = ShardEncoder3(max_block_bytes=max_block_bytes, level=level)
     blocks = [b for sample in samples for b in encoder.add(sample)] + encoder.finish()
+    return [*((block_key(b), block) for b, block in enumerate(blocks)), *lmdb_tail(encoder)]
+
+
+def block_key(block: int) -> bytes:
+    """The LMDB key of block ``block``: 8 big-endian bytes."""
+    return block.to_bytes(8, "big")
+
+
+def lmdb_tail(encoder: ShardEncoder3) -> list[tuple[bytes, bytes]]:
+    """The metadata, index and key section entries of a v3 LMDB shard whose blocks
+    ``encoder`` made (all of them: ``finish`` was called)."""
     index = np.array(encoder.first_records, "<u8").tobytes()
-    keys = encode_keys(encoder.keys, level)
+    keys = encode_keys(encoder.keys, encoder.level)
     meta = {"format": FORMAT_NAME, "version": VERSION, "checksum": CRC32C,
-            "num_records": len(encoder.keys), "num_blocks": len(blocks),
+            "num_records": len(encoder.keys), "num_blocks": len(encoder.first_records) - 1,
             "index_crc32c": checksum_function(CRC32C)(index, 0),
             "keys_bytes": len(keys), "keys_crc32": zlib.crc32(keys)}
-    return [*((b.to_bytes(8, "big"), block) for b, block in enumerate(blocks)),
-            (META_KEY, msgpack.packb(meta, use_bin_type=True)), (INDEX_KEY, index),
+    return [(META_KEY, msgpack.packb(meta, use_bin_type=True)), (INDEX_KEY, index),
             (KEYS_KEY, keys)]
 
 

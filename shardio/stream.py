@@ -30,7 +30,7 @@ from typing import Any, Protocol, cast
 
 import numpy as np
 
-from shardio import inflatepool
+from shardio import inflatepool, rundecode
 from shardio.backends import ShardFileReader
 from shardio.backends.records import RecordsShardReader
 from shardio.backends.remoterecords import RemoteRecordsReader
@@ -41,7 +41,6 @@ from shardio.flatmap import ViewedSample
 from shardio.format import RunBytes, check_frames
 from shardio.manifest import Manifest
 from shardio.plan import IndexArray
-from shardio.record import decode_run
 from shardio.runbatch import Chunk, WindowColumns
 from shardio.windowdecode import ShardRuns, decode_window
 
@@ -271,7 +270,10 @@ class _OpenWindow:
         self.decodes_whole = self._local
         """Whether every run is decoded at once when the first sample is due (``_load_local``),
         not one at a time."""
-        self.columns = WindowColumns(plan.unique) if columns or self._local else None
+        self._blocks = reader.manifest.version >= 3
+        """Format v3: runs are filed field by field from their blocks (``rundecode``)."""
+        self.columns = (WindowColumns(plan.unique) if columns or self._local or self._blocks
+                        else None)
         self._complete = False
         self._drop_decoded = drop_decoded
         self._defer_drops = defer_drops and bool(self._checks)
@@ -325,12 +327,16 @@ class _OpenWindow:
         exact = _exact_reads(self._reader.shard(shard))
         assert exact is not None  # advise_first chose it for that
         run_bytes = exact.read_run_exact(start, stop)
-        decoded = read_run(self._reader, run, self._firsts, True, ahead=run_bytes)
         at = int(np.searchsorted(self._unique, int(self._firsts[shard]) + start))
-        self.samples[at : at + len(decoded)] = decoded
-        if self.columns is not None:
-            self.columns.put(at, decoded)
-        for rank in range(at, at + len(decoded)):
+        if self._blocks:
+            end = self._put_blocks(at, self._reader.shard(shard), run_bytes, False, None)
+        else:
+            decoded = read_run(self._reader, run, self._firsts, True, ahead=run_bytes)
+            self.samples[at : at + len(decoded)] = decoded
+            if self.columns is not None:
+                self.columns.put(at, decoded)
+            end = at + len(decoded)
+        for rank in range(at, end):
             del self._head_of[rank]
 
     def load(self, r: int) -> None:
@@ -344,6 +350,14 @@ class _OpenWindow:
                 return
         lo, hi = self._base[r], self._base[r + 1]
         ahead = self._checks.pop(self._runs[r], None)
+        if self._blocks:
+            shard, start, stop = self._runs[r]
+            shard_reader = self._reader.shard(shard)
+            self._put_blocks(lo, shard_reader,
+                             ahead[0] if ahead is not None else shard_reader.read_run(start, stop),
+                             ahead is not None and ahead[1].passed(), self._only(r))
+            self._loaded[r] = True
+            return
         decoded = read_run(self._reader, self._runs[r], self._firsts, True, self._only(r),
                            ahead=None if ahead is None else ahead[0],
                            checked=ahead is not None and ahead[1].passed())
@@ -351,6 +365,16 @@ class _OpenWindow:
         if self.columns is not None:
             self.columns.put(lo, decoded)
         self._loaded[r] = True
+
+    def _put_blocks(self, lo: int, shard_reader: ShardFileReader, run: RunBytes, checked: bool,
+                    only: list[int] | None) -> int:
+        """File a v3 run's wanted records field by field at ranks from ``lo``; how many."""
+        assert self.columns is not None
+        for got in rundecode.run_columns(run, path=shard_reader.path, keys=shard_reader.keys(),
+                                         verify=self._reader.verify and not checked, only=only):
+            self.columns.put_columns(lo, got)
+            lo += len(got.keys)
+        return lo
 
     def _only(self, r: int) -> list[int] | None:
         """Positions of run ``r``'s wanted records when it reads through gaps, else None."""
@@ -376,7 +400,7 @@ class _OpenWindow:
                 groups.append([r])
         gathered = [self._group_parts(group) for group in groups]
         decoded: list[Columns] | None = None
-        if len(gathered) > 1:
+        if len(gathered) > 1 and not self._blocks:
             decoded = decode_window([ShardRuns(parts, shard_reader.keys())
                                      for shard_reader, parts in gathered])
         for k, (group, (shard_reader, parts)) in enumerate(zip(groups, gathered, strict=True)):
@@ -405,16 +429,20 @@ class _OpenWindow:
     def _file_group(self, group: list[int], shard_reader: ShardFileReader,
                     parts: list[RunPart], decoded: Columns | None) -> None:
         """File one shard's runs (``decoded``: already decoded with the window's others)."""
-        if decoded is None:
+        if self._blocks:
+            for r, part in zip(group, parts, strict=True):
+                self._put_blocks(self._base[r], shard_reader, part.run, part.checked, part.only)
+        elif decoded is None:
             decoded = decode_columns(parts, path=shard_reader.path, keys=shard_reader.keys(),
                                      verify=self._reader.verify, offset_of=shard_reader.offset)
-        if decoded is None:  # record by record, where what is wrong gets its name
+        if decoded is None and not self._blocks:  # record by record, naming what is wrong
             for r, part in zip(group, parts, strict=True):
                 self._checks[self._runs[r]] = part.run, _PASSED
                 self.load(r)
             return
         assert self.columns is not None
-        self.columns.put_columns(self._base[group[0]], decoded)
+        if decoded is not None:
+            self.columns.put_columns(self._base[group[0]], decoded)
         for r in group:
             self._loaded[r] = True
         drop = getattr(shard_reader, "drop_pages", None) if self._drop_decoded else None
@@ -699,7 +727,7 @@ def read_run(
     """
     shard, start, stop = run
     shard_reader = reader.shard(shard)
-    return decode_run(
+    return rundecode.decode_run(
         ahead if ahead is not None else shard_reader.read_run(start, stop),
         path=shard_reader.path,
         first_record=start,

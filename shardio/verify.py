@@ -301,6 +301,9 @@ def _record_faults(
                                   f"{shard.num_records} records; re-pack the dataset"))
     faults.extend(seen.add_keys(keys, info, shard.path))
     checked = 0
+    index = getattr(shard, "block_index", None)
+    if index is not None:  # v3: block by block
+        scan = _block_samples(reader, number, index.firsts, faults, info.name)
     while True:
         try:
             record, framed = next(scan)
@@ -312,14 +315,16 @@ def _record_faults(
         checked += 1
         bar.update(1)
         try:
-            sample = reader.decode(number, record, framed)
+            sample = (framed if isinstance(framed, dict)
+                      else reader.decode(number, record, framed))
         except ShardioError as exc:
             key_note = f" (key {keys[record]!r})" if record < len(keys) else ""
             faults.append(_fault(info.name, exc, note=f"; sample {info.first_index + record}"
                                  f"{key_note}"))
             continue
         why = _sample_fault(sample, manifest, seen)
-        if why is None and manifest.codec == "none" and FRAME.unpack_from(framed)[2] != CODEC_NONE:
+        if why is None and manifest.codec == "none" and index is None and FRAME.unpack_from(
+                framed)[2] != CODEC_NONE:
             why = "is stored compressed although the manifest's codec is 'none'"
         if why is not None:
             why += "; re-pack the dataset"
@@ -336,6 +341,19 @@ def _record_faults(
                                   f"{shard.path}: read {checked} records but the manifest says "
                                   f"{info.num_samples}; re-pack the dataset"))
     return checked, faults
+
+
+def _block_samples(reader: DatasetReader, number: int, firsts: list[int],
+                   faults: list[VerifyFault], name: str) -> Iterator[tuple[int, Any]]:
+    """``(record, sample)`` of a v3 shard, block by block; a block that fails its checks is
+    one fault (naming it and its records), and its records are not read."""
+    for b in range(len(firsts) - 1):
+        try:
+            samples = reader.decode_run(number, firsts[b], firsts[b + 1])
+        except ShardioError as exc:
+            faults.append(_fault(name, exc))
+            continue
+        yield from enumerate(samples, start=firsts[b])
 
 
 def _is_plain_name(name: str) -> bool:

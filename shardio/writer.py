@@ -12,23 +12,23 @@ missing or partial shard.
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from numbers import Integral
 from pathlib import Path
 from types import TracebackType
-from typing import Any, Final
+from typing import Any, Final, cast
 
 from shardio.backends import (
     SHARD_SUFFIX,
     ShardFileWriter,
     create_shard,
-    keys_crc32,
     open_shard,
     shard_name,
 )
 from shardio.codecs import get_codec
 from shardio.errors import RecordEncodeError
+from shardio.format import FORMAT_VERSION, SUPPORTED_VERSIONS
 from shardio.journal import JOURNAL_NAME as JOURNAL_NAME  # where callers have always found it
 from shardio.manifest import (
     Manifest,
@@ -39,6 +39,7 @@ from shardio.manifest import (
 from shardio.packtarget import PackTarget, open_target
 from shardio.packtarget import prepare_output as prepare_output  # where pack found it
 from shardio.record import INDEX_FIELD, KEY_FIELD, SOURCE_FIELD, encode_record
+from shardio.shardfile3 import record_bytes
 from shardio.storage import RemoteOptions, is_remote
 from shardio.version import __version__
 
@@ -54,6 +55,8 @@ class WriteOptions:
     level: int = 3
     max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES
     max_shard_samples: int | None = None
+    version: int = FORMAT_VERSION
+    """The format version shards are written in (docs/format.md)."""
 
     def __post_init__(self) -> None:
         if self.backend not in SHARD_SUFFIX:
@@ -61,6 +64,9 @@ class WriteOptions:
         get_codec(self.codec, self.level)
         if self.max_shard_bytes <= 0:
             raise ValueError(f"max_shard_bytes must be positive, got {self.max_shard_bytes}")
+        if self.version not in SUPPORTED_VERSIONS:
+            raise ValueError(f"version must be one of {sorted(SUPPORTED_VERSIONS)}, got "
+                             f"{self.version!r}")
         if self.max_shard_samples is not None and self.max_shard_samples <= 0:
             raise ValueError(f"max_shard_samples must be positive, got {self.max_shard_samples}")
 
@@ -247,7 +253,10 @@ class ShardWriter:
                 )
         if self.classes is not None:
             _check_labelled(sample, key, self.classes)
-        self._write_encoded(key, encode_record(sample, self._codec), sample.keys())
+        if self.options.version >= 3:
+            self._put(key, sample.keys(), record_bytes(sample), lambda shard: shard.add(sample))
+        else:
+            self._write_encoded(key, encode_record(sample, self._codec), sample.keys())
 
     def _write_encoded(self, key: str, framed: bytes, fields: Iterable[str]) -> None:
         """Append a record framed by ``encode_record`` from a sample whose key and fields these are.
@@ -256,6 +265,12 @@ class ShardWriter:
         and ``fields``, or the key block and manifest would describe records
         that are not there (``unpack`` and every reader rely on them agreeing).
         """
+        self._put(key, fields, len(framed),
+                  lambda shard: cast(Any, shard).append(key, framed))
+
+    def _put(self, key: str, fields: Iterable[str], size: int,
+             add: Callable[[ShardFileWriter], None]) -> None:
+        """Add a record of ``size`` stored bytes (about) to the open shard with ``add``."""
         if self._closed:
             raise ValueError("ShardWriter is closed")
         if key in self._keys:
@@ -266,7 +281,7 @@ class ShardWriter:
                 self._fields[name] = None
         opts = self.options
         if self._current is not None and (
-            self._current_bytes + len(framed) > opts.max_shard_bytes
+            self._current_bytes + size > opts.max_shard_bytes
             or (
                 opts.max_shard_samples is not None and self._current_count >= opts.max_shard_samples
             )
@@ -275,11 +290,12 @@ class ShardWriter:
         if self._current is None:
             name = shard_name(opts.backend, len(self._shards))
             self._current_tmp = self._target.staging / f".{name}.tmp"
-            self._current = create_shard(opts.backend, self._current_tmp)
-        self._current.append(key, framed)
+            self._current = create_shard(opts.backend, self._current_tmp, version=opts.version,
+                                         codec=opts.codec, level=opts.level)
+        add(self._current)
         self._current_keys.append(key)
         self._current_count += 1
-        self._current_bytes += len(framed)
+        self._current_bytes += size
         self._num_samples += 1
 
     def _finish_shard(self) -> None:
@@ -289,7 +305,7 @@ class ShardWriter:
         os.replace(self._current_tmp, self._target.staging / name)
         first = self._shards[-1].first_index + self._shards[-1].num_samples if self._shards else 0
         self._shards.append(ShardInfo(name, self._current_count, first, size, checksum,
-                                      keys_crc32(self._current_keys)))
+                                      self._current.keys_crc32))
         self._current = None
         self._current_tmp = None
         self._current_keys = []
@@ -344,6 +360,7 @@ class ShardWriter:
             input_bytes=int(info.get("input_bytes", 0)),
             skipped=tuple(SkippedFile(str(p), str(r)) for p, r in info.get("skipped", ())),
             shardio_version=__version__,
+            version=self.options.version,
         )
         self._target.write_manifest(manifest)
         self._target.finish()

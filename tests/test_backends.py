@@ -261,7 +261,7 @@ def test_lmdb_layout(lmdb_shard: Path) -> None:
     [
         (lmdb_meta(), None, ""),
         (None, ShardCorruptError, "not a shardio shard"),
-        (lmdb_meta(version=3), UnsupportedVersionError, "version 3"),
+        (lmdb_meta(version=4), UnsupportedVersionError, "version 4"),
         (lmdb_meta(checksum="md5"), ShardCorruptError, "checksum 'md5'"),
         (lmdb_meta(format="webdataset"), ShardCorruptError, "not a shardio shard"),
         (lmdb_meta(num_records=3), ShardCorruptError, "does not match"),

@@ -277,10 +277,10 @@ def test_records_shard_of_an_unknown_version_is_refused(tmp_path: Path) -> None:
     writer.append("k", frame(b"x", CODEC_NONE))
     writer.finish()
     data = bytearray(path.read_bytes())
-    data[8:12] = (3).to_bytes(4, "little")
+    data[8:12] = (4).to_bytes(4, "little")
     path.write_bytes(bytes(data))
     with pytest.raises(UnsupportedVersionError, match=re.escape(f"{path}: written by shardio "
-                                                                "format version 3")):
+                                                                "format version 4")):
         open_shard("records", path)
 
 
@@ -297,10 +297,10 @@ def test_lmdb_shard_of_an_unknown_version_is_refused(tmp_path: Path) -> None:
     path = tmp_path / "shard-00000.mdb"
     env = lmdb.open(str(path), subdir=False, lock=False)
     with env.begin(write=True) as txn:
-        txn.put(b"__shardio__", msgpack.packb({"format": "shardio", "version": 3}))
+        txn.put(b"__shardio__", msgpack.packb({"format": "shardio", "version": 4}))
     env.close()
     with pytest.raises(UnsupportedVersionError, match=re.escape(f"{path}: written by shardio "
-                                                                "format version 3")):
+                                                                "format version 4")):
         open_shard("lmdb", path)
 
 
@@ -363,8 +363,8 @@ def test_manifest_consistency_check(tmp_path: Path, change: dict[str, Any], word
 @pytest.mark.parametrize(
     ("text", "error", "words"),
     [
-        (json.dumps({**make_manifest().to_json(), "version": 3}), UnsupportedVersionError,
-         "format version 3 is not supported"),
+        (json.dumps({**make_manifest().to_json(), "version": 4}), UnsupportedVersionError,
+         "format version 4 is not supported"),
         (json.dumps({**make_manifest().to_json(), "format": "webdataset"}), ManifestError,
          "not a shardio manifest"),
         (json.dumps([1, 2]), ManifestError, "not a shardio manifest"),

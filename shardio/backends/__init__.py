@@ -12,20 +12,27 @@ hand a run of records to ``shardio.format.check_frames`` as one ``RunBytes``.
 from __future__ import annotations
 
 import zlib
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 import msgpack
 
-from shardio.format import FORMAT_VERSION, RunBytes
+from shardio.codecs import get_codec
+from shardio.format import CHECKSUM_OF_VERSION, FORMAT_VERSION, RunBytes
+from shardio.record import encode_record
 
 
 class ShardFileWriter(Protocol):
-    """Appends framed records to one shard file under a temporary name."""
+    """Writes the samples of one shard file under a temporary name."""
 
-    def append(self, key: str, framed: bytes) -> None:
-        """Add the next record; ``key`` is the sample's ``__key__``."""
+    def add(self, sample: Mapping[str, Any]) -> None:
+        """Add the next sample (with its ``__key__``), encoded as the shard's version does."""
+        ...
+
+    @property
+    def keys_crc32(self) -> int:
+        """The manifest's ``keys_crc32`` of the finished shard."""
         ...
 
     def finish(self) -> tuple[int, str]:
@@ -89,21 +96,44 @@ def keys_crc32(keys: Sequence[str]) -> int:
     return zlib.crc32(pack_keys(keys))
 
 
+def stored_keys_crc32(reader: ShardFileReader) -> int:
+    """The manifest's ``keys_crc32`` of the shard ``reader`` reads: its v3 key section's as
+    stored, else that of the key block its keys make."""
+    index = getattr(reader, "block_index", None)
+    return index.index.keys_crc32 if index is not None else keys_crc32(reader.keys())
+
+
 def shard_name(backend: str, number: int) -> str:
     """The file name of shard ``number`` for ``backend``."""
     return f"shard-{number:05d}{SHARD_SUFFIX[backend]}"
 
 
-def create_shard(backend: str, path: Path, *, version: int = FORMAT_VERSION) -> ShardFileWriter:
-    """Start writing a shard of ``backend`` at temporary ``path`` in format ``version``."""
+class ShardFileEncoder:
+    """How a writer of format ``version`` turns samples into stored bytes: v1/v2 frames
+    (``encode_record``); for v3, the zstd ``level`` of its columns (None: all raw)."""
+
+    def __init__(self, version: int, codec: str = "zstd", level: int = 3) -> None:
+        self._codec = get_codec(codec, level)
+        self._checksum = CHECKSUM_OF_VERSION[version]
+        self.level: int | None = None if codec == "none" else level
+
+    def frame(self, sample: Mapping[str, Any]) -> bytes:
+        """A v1/v2 record of ``sample``."""
+        return encode_record(sample, self._codec, self._checksum)
+
+
+def create_shard(backend: str, path: Path, *, version: int = FORMAT_VERSION,
+                 codec: str = "zstd", level: int = 3) -> ShardFileWriter:
+    """Start writing a shard of ``backend`` at temporary ``path`` in format ``version``,
+    compressed with ``codec`` at ``level`` where it pays."""
     if backend == "records":
         from shardio.backends.records import RecordsShardWriter
 
-        return RecordsShardWriter(path, version=version)
+        return RecordsShardWriter(path, version=version, codec=codec, level=level)
     if backend == "lmdb":
         from shardio.backends.lmdb import LmdbShardWriter
 
-        return LmdbShardWriter(path, version=version)
+        return LmdbShardWriter(path, version=version, codec=codec, level=level)
     raise ValueError(f"unknown backend {backend!r}; expected one of {', '.join(SHARD_SUFFIX)}")
 
 

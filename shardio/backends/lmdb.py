@@ -33,7 +33,7 @@ from __future__ import annotations
 import os
 import weakref
 import zlib
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Final, NoReturn
 
@@ -41,11 +41,12 @@ import lmdb
 import msgpack
 import numpy as np
 
+from shardio.backends import ShardFileEncoder
 from shardio.backends.lmdbcheck import check_lmdb_file
 from shardio.backends.lmdbenv import REPACK as _REPACK
 from shardio.backends.lmdbenv import SharedEnv, acquire_env, release_env
 from shardio.backends.lmdbenv import translate_error as _translate
-from shardio.checksum import IDS, NAMES, checksum_function, digest
+from shardio.checksum import CRC32C, IDS, NAMES, checksum_function, digest
 from shardio.errors import (
     ChecksumError,
     PackError,
@@ -63,6 +64,10 @@ from shardio.format import (
     SUPPORTED_VERSIONS,
     RunBytes,
 )
+from shardio.record import KEY_FIELD
+from shardio.shardfile3 import INDEX_KEY as INDEX_KEY
+from shardio.shardfile3 import VERSION as VERSION3
+from shardio.shardfile3 import BlockIndex, ShardEncoder3, block_key, lmdb_tail, parse_lmdb
 
 META_KEY: Final = b"__shardio__"
 """Key of the shard's metadata entry; never 8 bytes long, so never a record key."""
@@ -93,11 +98,17 @@ def _write_error(exc: lmdb.Error, path: Path, doing: str, record: int | None = N
 class LmdbShardWriter:
     """Writes one LMDB shard at ``path``: batched appends, one fsync at the end."""
 
-    def __init__(self, path: Path, *, version: int = FORMAT_VERSION) -> None:
-        """Start ``path``; ``version`` 1 exists to write the datasets older readers made."""
+    def __init__(self, path: Path, *, version: int = FORMAT_VERSION, codec: str = "zstd",
+                 level: int = 3) -> None:
+        """Start ``path`` in format ``version`` (1 and 2 exist to write the datasets older
+        readers made); ``codec`` and ``level``: how ``add`` compresses."""
         self.path = Path(path)
         self.version = version
         self.checksum = CHECKSUM_OF_VERSION[version]
+        self._encode = ShardFileEncoder(version, codec, level)
+        self._encoder3 = ShardEncoder3(level=self._encode.level) if version == 3 else None
+        self._num_blocks = 0
+        self._keys_crc32 = 0
         self.path.unlink(missing_ok=True)
         self._map_bytes = INITIAL_MAP_BYTES
         try:
@@ -111,8 +122,28 @@ class LmdbShardWriter:
         self._batch: list[tuple[bytes, bytes]] = []
         self._batch_bytes = 0
 
+    def add(self, sample: Mapping[str, Any]) -> None:
+        """Add the next sample (with its ``__key__``), encoded as this shard's version does."""
+        if self._encoder3 is None:
+            self.append(sample[KEY_FIELD], self._encode.frame(sample))
+            return
+        self._put_blocks(self._encoder3.add(sample))
+
+    def _put_blocks(self, blocks: list[bytes]) -> None:
+        for block in blocks:
+            self._batch.append((block_key(self._num_blocks), block))
+            self._num_blocks += 1
+            self._batch_bytes += len(block)
+        if self._batch_bytes >= BATCH_BYTES:
+            self._commit()
+
+    @property
+    def keys_crc32(self) -> int:
+        """The manifest's ``keys_crc32`` of the shard (after ``finish``)."""
+        return self._keys_crc32
+
     def append(self, key: str, framed: bytes) -> None:
-        """Add the next record; it is committed with its batch."""
+        """Add the next record (v1/v2 frame); it is committed with its batch."""
         if self._env is None:
             raise ValueError(f"{self.path}: shard already finished")
         if len(framed) < FRAME_SIZE or framed[9] != IDS[self.checksum]:
@@ -137,6 +168,8 @@ class LmdbShardWriter:
                 self._env.set_mapsize(self._map_bytes)
             except lmdb.Error as exc:
                 first = len(self._keys) - len(self._batch)
+                if self._encoder3 is not None:
+                    first = len(self._encoder3.keys)
                 raise _write_error(exc, self.path, f"writing records {first}..", first) from exc
         self._batch = []
         self._batch_bytes = 0
@@ -149,14 +182,21 @@ class LmdbShardWriter:
         """
         if self._env is None:
             raise ValueError(f"{self.path}: shard already finished")
-        keys = msgpack.packb(self._keys, use_bin_type=True)
-        meta = {
-            "format": FORMAT_NAME, "version": self.version, "num_records": len(self._keys),
-            "keys_bytes": len(keys), "keys_crc32": zlib.crc32(keys),
-        }
-        if self.version > 1:
-            meta["checksum"] = self.checksum
-        self._batch += [(META_KEY, msgpack.packb(meta, use_bin_type=True)), (KEYS_KEY, keys)]
+        if self._encoder3 is not None:
+            self._put_blocks(self._encoder3.finish())
+            tail = lmdb_tail(self._encoder3)
+            self._keys_crc32 = zlib.crc32(tail[-1][1])
+            self._batch += tail
+        else:
+            keys = msgpack.packb(self._keys, use_bin_type=True)
+            self._keys_crc32 = zlib.crc32(keys)
+            meta = {
+                "format": FORMAT_NAME, "version": self.version, "num_records": len(self._keys),
+                "keys_bytes": len(keys), "keys_crc32": self._keys_crc32,
+            }
+            if self.version > 1:
+                meta["checksum"] = self.checksum
+            self._batch += [(META_KEY, msgpack.packb(meta, use_bin_type=True)), (KEYS_KEY, keys)]
         self._commit()
         try:
             self._env.sync(True)
@@ -260,7 +300,13 @@ class LmdbShardReader:
                     f"{needed}; it is truncated: restore it from a copy or re-pack",
                     path=self.path, offset=self._size,
                 )
+            self.block_index: BlockIndex | None = None
             self._meta = self._read_meta(stat["entries"] - NUM_META_ENTRIES)
+            if self._meta.get("version") == VERSION3:
+                self.block_index = BlockIndex(parse_lmdb(
+                    self._value(META_KEY), self._value(INDEX_KEY), self._value(KEYS_KEY),
+                    stat["entries"] - NUM_META_ENTRIES - 1, path=self.path))
+                self._keys = self.block_index.index.keys
         except BaseException:
             if txn is not None:
                 txn.abort()
@@ -294,6 +340,8 @@ class LmdbShardReader:
                 path=self.path,
             )
         version = meta.get("version")
+        if version == VERSION3:  # checked whole by parse_lmdb
+            return meta
         if version not in SUPPORTED_VERSIONS:
             raise UnsupportedVersionError(
                 f"{self.path}: written by shardio format version {version!r}; this reader "
@@ -314,6 +362,44 @@ class LmdbShardReader:
             )
         return meta
 
+    def _value(self, key: bytes) -> bytes:
+        """A copy of entry ``key`` (empty where it is missing: the caller's check refuses it)."""
+        view = self._get(key, f"reading the entry {key!r}")
+        return b"" if view is None else bytes(view)
+
+    def _check_framed(self) -> None:
+        if self.block_index is not None:
+            raise TypeError(f"{self.path}: a format v3 shard holds blocks, not one frame a "
+                            "record: read records with read_run and shardio.rundecode")
+
+    def _read_blocks(self, start: int, stop: int) -> RunBytes:
+        """Records ``start..stop`` of a v3 shard as copies of their blocks, one cursor pass."""
+        assert self.block_index is not None
+        b0, b1 = self.block_index.blocks(start, stop)
+        values: list[bytes] = []
+        try:
+            with self._txn.cursor() as cursor:
+                if b1 > b0 and cursor.set_key(block_key(b0)):
+                    for key, value in cursor.iternext():
+                        if key != block_key(b0 + len(values)):
+                            break
+                        values.append(bytes(value))
+                        if len(values) == b1 - b0:
+                            break
+        except lmdb.Error as exc:
+            self._check_open()
+            raise _translate(exc, self.path, "reading blocks", start) from exc
+        if len(values) != b1 - b0:
+            raise ShardCorruptError(
+                f"{self.path}: block {b0 + len(values)} (records from "
+                f"{self.block_index.firsts[b0 + len(values)]}) is missing from the LMDB file; "
+                f"{_REPACK}", path=self.path, record=self.block_index.firsts[b0 + len(values)])
+        bounds = np.zeros(len(values) + 1, np.int64)
+        np.cumsum(np.fromiter(map(len, values), np.int64, len(values)), out=bounds[1:])
+        return RunBytes(memoryview(b"".join(values)), bounds, CRC32C, None, -1,
+                        np.asarray(self.block_index.firsts[b0 : b1 + 1], np.int64),
+                        (start, stop), b0)
+
     def _copy_frame(self, view: memoryview, index: int) -> memoryview:
         """A private copy of record ``index``'s value, once its length agrees with its frame."""
         if len(view) >= FRAME_SIZE:
@@ -328,6 +414,7 @@ class LmdbShardReader:
 
     def frame(self, index: int) -> memoryview:
         """Framed bytes of record ``index`` (a copy)."""
+        self._check_framed()
         if not 0 <= index < self.num_records:
             raise IndexError(f"{self.path}: record {index} out of range 0..{self.num_records - 1}")
         view = self._get(record_key(index), "reading the record", index)
@@ -344,6 +431,7 @@ class LmdbShardReader:
 
     def scan(self, start: int = 0, stop: int | None = None) -> Iterator[tuple[int, memoryview]]:
         """Yield ``(index, framed bytes)`` for records ``start..stop`` with one cursor."""
+        self._check_framed()
         stop = self.num_records if stop is None else stop
         if not 0 <= start <= stop <= self.num_records:
             raise IndexError(f"{self.path}: records {start}..{stop} out of range "
@@ -381,6 +469,8 @@ class LmdbShardReader:
         ``check_frames`` then checks each value's length against its frame header
         and each frame's own checksum (LMDB records have no chain).
         """
+        if self.block_index is not None:
+            return self._read_blocks(start, stop)
         frames = self.read_frames(start, stop)
         bounds = np.zeros(len(frames) + 1, np.int64)
         np.cumsum(np.fromiter(map(len, frames), np.int64, len(frames)), out=bounds[1:])

@@ -15,16 +15,16 @@ from __future__ import annotations
 
 import mmap
 import os
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from functools import partial
 from pathlib import Path
-from typing import BinaryIO
+from typing import Any, BinaryIO
 
 import msgpack
 import numpy as np
 
-from shardio.backends import pack_keys
-from shardio.checksum import IDS, checksum_function, digest
+from shardio.backends import ShardFileEncoder, keys_crc32, pack_keys
+from shardio.checksum import CRC32C, IDS, checksum_function, digest
 from shardio.errors import ShardCorruptError, ShardMissingError
 from shardio.format import (
     CHECKSUM_OF_VERSION,
@@ -39,6 +39,10 @@ from shardio.format import (
     tail_bytes,
     unpack_footer,
 )
+from shardio.record import KEY_FIELD
+from shardio.shardfile3 import HEADER as HEADER3
+from shardio.shardfile3 import VERSION as VERSION3
+from shardio.shardfile3 import BlockIndex, RecFileWriter3, parse_rec
 
 WRITE_BUFFER_BYTES = 1 << 20
 """Large enough that writes are few; small enough that glibc does not map (and the kernel
@@ -139,20 +143,37 @@ def _address(view: memoryview) -> int:
 class RecordsShardWriter:
     """Writes one ``.rec`` shard, computing its file checksum (the v2 chain) as it goes."""
 
-    def __init__(self, path: Path, *, version: int = FORMAT_VERSION) -> None:
-        """Start ``path``; ``version`` 1 exists to write the datasets older readers made."""
+    def __init__(self, path: Path, *, version: int = FORMAT_VERSION, codec: str = "zstd",
+                 level: int = 3) -> None:
+        """Start ``path`` in format ``version`` (1 and 2 exist to write the datasets older
+        readers made); ``codec`` and ``level``: how ``add`` compresses."""
         self.path = Path(path)
         self.version = version
         self.checksum = CHECKSUM_OF_VERSION[version]
         self._compute = checksum_function(self.checksum)
-        self._ident = IDS[self.checksum]
+        self._ident = IDS.get(self.checksum, 0)
         self._fh: BinaryIO | None = open(self.path, "wb", buffering=WRITE_BUFFER_BYTES)  # noqa: SIM115 - closed in finish/abort
         self._crc = 0
         self._size = 0
         self._offsets: list[int] = []
         self._chain: list[int] = []
         self._keys: list[str] = []
-        self._write(pack_header(version, self.checksum))
+        self._encode = ShardFileEncoder(version, codec, level)
+        self._v3 = RecFileWriter3(self._fh, level=self._encode.level) if version == 3 else None
+        if self._v3 is None:
+            self._write(pack_header(version, self.checksum))
+
+    def add(self, sample: Mapping[str, Any]) -> None:
+        """Add the next sample (with its ``__key__``), encoded as this shard's version does."""
+        if self._v3 is not None:
+            self._v3.append(sample)
+        else:
+            self.append(sample[KEY_FIELD], self._encode.frame(sample))
+
+    @property
+    def keys_crc32(self) -> int:
+        """The manifest's ``keys_crc32`` of the shard as written so far (after ``finish``)."""
+        return self._keys_crc32 if self._v3 is not None else keys_crc32(self._keys)
 
     def _write(self, data: bytes) -> None:
         assert self._fh is not None, "shard already finished"
@@ -172,6 +193,10 @@ class RecordsShardWriter:
 
     def finish(self) -> tuple[int, str]:
         """Write index, keys and footer; fsync; return ``(bytes, checksum)``."""
+        if self._v3 is not None:
+            size, checksum, self._keys_crc32 = self._v3.finish()
+            self._close_synced()
+            return size, checksum
         index_offset = self._size
         index = np.asarray([*self._offsets, index_offset], dtype="<u8").tobytes()
         if self.version > 1:
@@ -180,12 +205,15 @@ class RecordsShardWriter:
         self._write(tail)
         self._write(pack_footer(index_offset, index_offset + len(index), len(self._keys),
                                 self._compute(tail, 0), self.version, self.checksum))
+        self._close_synced()
+        return self._size, digest(self.checksum, self._crc)
+
+    def _close_synced(self) -> None:
         assert self._fh is not None
         self._fh.flush()
         os.fsync(self._fh.fileno())
         self._fh.close()
         self._fh = None
-        return self._size, digest(self.checksum, self._crc)
 
     def abort(self) -> None:
         """Close and delete the partial file."""
@@ -234,6 +262,18 @@ class RecordsShardReader:
 
     def _check_layout(self, view: memoryview, size: int) -> None:
         """Check header, footer and index, and keep what reading records needs of them."""
+        self.block_index: BlockIndex | None = None
+        self._offsets_list: list[int] = []
+        self._keys: list[str] | None = None
+        if size >= 12 and int.from_bytes(view[8:12], "little") == VERSION3:
+            index3 = parse_rec(view[: HEADER3.size], view, size, path=self.path)
+            self.block_index = BlockIndex(index3)
+            self.version, self.checksum = VERSION3, CRC32C
+            self.num_records = index3.num_records
+            self.offsets = np.asarray(index3.block_offsets, "<u8")
+            self._chain = None
+            self._keys = index3.keys
+            return
         header = check_header(view[: HEADER_SIZES[2]], path=self.path)
         footer = unpack_footer(view, path=self.path)
         if (footer.version, footer.checksum) != (header.version, header.checksum):
@@ -250,25 +290,39 @@ class RecordsShardReader:
         index = parse_index(view[footer.index_offset : size - footer.size], footer, path=self.path)
         self.num_records = footer.num_records
         self.offsets = index.offsets
-        self._offsets_list: list[int] = index.offsets.tolist()
+        self._offsets_list = index.offsets.tolist()
         self._chain = index.chain
         self._key_block = index.key_block
         self._keys_offset = footer.keys_offset
-        self._keys: list[str] | None = None
 
     def frame(self, index: int) -> memoryview:
         """Framed bytes of record ``index``."""
+        self._check_framed()
         if not 0 <= index < self.num_records:
             raise IndexError(f"{self.path}: record {index} out of range 0..{self.num_records - 1}")
         offs = self._offsets_list
         return self._view[offs[index] : offs[index + 1]]
 
+    def _check_framed(self) -> None:
+        if self.block_index is not None:
+            raise TypeError(f"{self.path}: a format v3 shard holds blocks, not one frame a "
+                            "record: read records with read_run and shardio.rundecode")
+
     def offset(self, index: int) -> int:
-        """Byte offset of record ``index``."""
+        """Byte offset of record ``index`` (v3: of its block)."""
+        if self.block_index is not None:
+            return self.block_index.byte_span(index, index + 1)[0]
         return self._offsets_list[index]
+
+    def _span(self, start: int, stop: int) -> tuple[int, int]:
+        """The bytes holding records ``start..stop`` (v3: their whole blocks)."""
+        if self.block_index is None:
+            return self._offsets_list[start], self._offsets_list[stop]
+        return self.block_index.byte_span(start, stop)
 
     def scan(self, start: int = 0, stop: int | None = None) -> Iterator[tuple[int, memoryview]]:
         """Yield ``(index, framed bytes)`` front to back."""
+        self._check_framed()
         stop = self.num_records if stop is None else stop
         offs = self._offsets_list
         view = self._view
@@ -288,8 +342,7 @@ class RecordsShardReader:
         """
         if not hasattr(os, "posix_fadvise"):
             return
-        offs = self._offsets_list
-        lo, hi = offs[start], offs[stop]
+        lo, hi = self._span(start, stop)
         if hi <= lo or (hi - lo >= PROBED_BYTES and all(
                 self._cached(at) for at in (lo, (lo + hi) // 2, hi - 1))):
             return
@@ -312,6 +365,8 @@ class RecordsShardReader:
         if not 0 <= start <= stop <= self.num_records:
             raise IndexError(f"{self.path}: records {start}..{stop} out of range "
                              f"0..{self.num_records}")
+        if self.block_index is not None:
+            return self.block_index.run(self._view, start, stop)
         base = self._offsets_list[start]
         bounds = self.offsets[start : stop + 1].astype(np.int64)
         bounds -= base
@@ -321,6 +376,7 @@ class RecordsShardReader:
 
     def read_frames(self, start: int, stop: int) -> list[memoryview]:
         """Records ``start..stop``: views of the map, one per record."""
+        self._check_framed()
         offs = self._offsets_list
         view = self._view
         return [view[offs[i] : offs[i + 1]] for i in range(start, stop)]
@@ -345,12 +401,12 @@ class RecordsShardReader:
         """
         if not hasattr(mmap, "MADV_DONTNEED"):
             return
-        offs = self._offsets_list
-        lo = offs[start] // FAULT_AROUND * FAULT_AROUND
-        hi = min(self.size, -(-offs[stop] // FAULT_AROUND) * FAULT_AROUND)
+        first, last = self._span(start, stop)
+        lo = first // FAULT_AROUND * FAULT_AROUND
+        hi = min(self.size, -(-last // FAULT_AROUND) * FAULT_AROUND)
         spans: list[tuple[int, int]] = []
-        for a, b in sorted((offs[a] // PAGE * PAGE, -(-offs[b] // PAGE) * PAGE)
-                           for a, b in keep if b > a):
+        for a, b in sorted((x // PAGE * PAGE, -(-y // PAGE) * PAGE)
+                           for x, y in (self._span(a, b) for a, b in keep if b > a)):
             if b <= lo or a >= hi:
                 continue
             if a > lo:
@@ -392,7 +448,8 @@ class RecordsShardReader:
             os.close(self._fd)
             self._fd = -1
         try:
-            self._key_block.release()
+            if self.block_index is None:
+                self._key_block.release()
             self._view.release()
             self._mmap.close()
         except BufferError:

@@ -145,8 +145,7 @@ def _entries(reader: DatasetReader, limit: int | None) -> Iterator[dict[str, Any
         for record, key in enumerate(shard.keys()):
             if limit is not None and index >= limit:
                 return
-            size = (shard.offset(record + 1) - shard.offset(record) if by_offsets
-                    else len(shard.frame(record)))
+            size = _record_bytes(reader, number, shard, record, by_offsets)
             entry: dict[str, Any] = {"index": index, "key": key, "shard": shard_info.name,
                                      "bytes": size}
             if classes is not None:
@@ -285,3 +284,14 @@ def _is_text(data: bytes) -> bool:
 
 
 COMMANDS = [info, ls, cat]
+
+
+def _record_bytes(reader: DatasetReader, number: int, shard: Any, record: int,
+                  by_offsets: bool) -> int:
+    """Bytes record ``record`` of ``shard`` stores: its frame; in a v3 block, its values'."""
+    if getattr(shard, "block_index", None) is not None:
+        sample = reader.decode_run(number, record, record + 1)[0]
+        return sum(len(v) for k, v in sample.items() if isinstance(v, (bytes, str))
+                   and k != "__key__")
+    return int(shard.offset(record + 1) - shard.offset(record) if by_offsets
+               else len(shard.frame(record)))

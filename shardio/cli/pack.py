@@ -67,6 +67,8 @@ def format_summary(summary: PackSummary) -> str:
               show_default="256MB", help="Start a new shard beyond this size.")
 @click.option("--max-shard-samples", type=click.IntRange(min=1), default=None,
               help="Start a new shard after this many samples.")
+@click.option("--format-version", type=click.Choice(["2", "3"]), default=None,
+              help="The shard format to write (docs/format.md); default: this release's.")
 @click.option("--include", multiple=True, metavar="GLOB",
               help="Pack only files whose relative path matches (repeatable).")
 @click.option("--exclude", multiple=True, metavar="GLOB",
@@ -130,7 +132,8 @@ def format_summary(summary: PackSummary) -> str:
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
 def pack_command(
     src: Path, out: Path | str, backend: str, codec: str, level: int, max_shard_bytes: int,
-    max_shard_samples: int | None, include: tuple[str, ...], exclude: tuple[str, ...],
+    max_shard_samples: int | None, format_version: str | None, include: tuple[str, ...],
+    exclude: tuple[str, ...],
     follow_symlinks: bool, seed: int, no_shuffle: bool, num_workers: int | None,
     imagefolder: bool | None, class_folders: bool, source_format: str | None,
     label_field: str | None, key_column: str | None, check_images: bool | None,
@@ -152,7 +155,8 @@ def pack_command(
     try:
         options = WriteOptions(
             backend=backend, codec=codec, level=level, max_shard_bytes=max_shard_bytes,
-            max_shard_samples=max_shard_samples)
+            max_shard_samples=max_shard_samples,
+            **({} if format_version is None else {"version": int(format_version)}))
     except ValueError as exc:
         raise click.BadParameter(str(exc)) from exc
     if ((skip_existing or retry_skipped) and not append) or (append and overwrite):
