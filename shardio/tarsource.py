@@ -30,6 +30,7 @@ import re
 import tarfile
 from collections.abc import Iterator, Sequence
 from typing import Final
+from zlib import adler32
 
 from shardio.errors import BadInputError, PackError
 from shardio.inputbytes import locator
@@ -169,7 +170,11 @@ def tar_members(data: bytes | mmap.mmap) -> Iterator[Member]:
         if block == _ZERO_BLOCK:
             return  # the end-of-archive marker
         stored = _number(block[148:156], "checksum", pos)
-        total = sum(block) - sum(block[148:156]) + 256  # the checksum field counts as spaces
+        # the sum of the header's bytes, the checksum field counted as spaces: Adler-32's low
+        # half is 1 + the sum of the bytes modulo 65521, which is the sum itself for 256 bytes
+        # or fewer (at most 65280); four times faster than sum() over 512 bytes
+        total = (adler32(block[:256]) & 0xFFFF) + (adler32(block[256:]) & 0xFFFF) - 2 \
+            - sum(block[148:156]) + 256
         if stored != total and stored != total - 256 * sum(
                 1 for b in block[:148] + block[156:] if b > 127):  # old tars sum signed bytes
             raise TarDamage(f"the header at byte {pos} has a wrong checksum")
@@ -282,11 +287,15 @@ def scan_tar(path: str, name: str, label_field: str | None) -> TarScan:
                 def read(offset: int, count: int) -> bytes:
                     return mapped[offset:offset + count]
             for member_name, kind, linkname, offset, member_size in members:
-                if kind == 0x35 or _META.match(member_name):
+                if kind == 0x35 or ("__" in member_name and _META.match(member_name)):
                     ignored += 1
                     continue
-                shown = f"{name}/{display_path(member_name)}"
-                reason = _member_problem(member_name, kind, linkname)
+                if kind in _REGULAR and member_name.isascii() and ".." not in member_name \
+                        and member_name[:1] != "/":  # most members: nothing to look into
+                    shown, reason = f"{name}/{member_name}", None
+                else:
+                    shown = f"{name}/{display_path(member_name)}"
+                    reason = _member_problem(member_name, kind, linkname)
                 base, dot, field = member_name.rpartition("/")[2].partition(".")
                 if reason is None and (not dot or not base or not field):
                     reason = ("no extension after its name (WebDataset skips such members): "
@@ -389,7 +398,8 @@ def scan_tars(
                            for loc in sample[2])
             else:
                 found.append(sample)
-    if shuffle and any(loc.split("\0")[1].startswith("z") for s in found for loc in s[2][:1]):
+    if shuffle and any(samples and samples[0][2][:1] and samples[0][2][0].split("\0")[1][:1]
+                       == "z" for samples, _, _ in scans):  # a tar's members share its gzip
         raise PackError(
             f"{root}: .tar.gz members can only be read in order, and a shuffled pack reads them "
             "in random order (decompressing a shard for every sample). Pass --no-shuffle "
@@ -418,7 +428,7 @@ def _labels(found: list[TarSample], label_field: str | None,
                         f"{label_field!r} member, which --label-field asks for")
                        for loc in sample[2])
     given = [t for t in texts if t is not None]
-    if all(re.fullmatch(r"-?\d+", t) for t in given):
+    if all(t.isdecimal() or (t[:1] == "-" and t[1:].isdecimal()) for t in given):  # -?\d+
         return None, [int(t) if t is not None else None for t in texts]
     classes = tuple(sorted(set(given)))
     index = {c: i for i, c in enumerate(classes)}
