@@ -3,7 +3,9 @@
 It times a bounded number of steps (a simulated step of ``step_ms``, or the caller's
 ``step_fn``) and reports: the share of the loop's time spent waiting for data; the
 *headspace* (steps/s with data loading removed: the same batches replayed from memory);
-the stage that bounds the pipeline (from ``loader.stats()``, ``shardio.telemetry``);
+the stage that bounds the pipeline (from ``loader.stats()``, ``shardio.telemetry``,
+whose ``decode`` seconds include the transform: a few samples decoded here with and
+without it split them into ``decode`` and ``transform``);
 periodic stalls (one long wait every N batches, found in the per-step wait series);
 files opened per sample (``shard_opens`` of ``loader.stats()``); and recommendations,
 the first of which is applied and measured in the same run when the doctor can rebuild
@@ -18,6 +20,7 @@ builds; the plot needs Pillow.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import itertools
 import math
@@ -33,13 +36,22 @@ STEP_BOUND_PCT = 10.0
 """Below this share of the loop's time waiting for data, data is not the bottleneck."""
 KEEP_BATCHES = 4
 """Batches kept to replay for the headspace (held, so a worker's ring adds slots)."""
-STAGE_BOUND = {"read": "io", "decode": "decode", "collate": "collate",
-               "handover": "handover"}
+STAGE_BOUND = {"read": "io", "decode": "decode", "transform": "transform",
+               "collate": "collate", "handover": "handover"}
 PROBE_FILES = 64
 """Files of a plain dataset of files read whole (and the same samples taken) to split
 a sample's time into reading and the rest."""
 READ_BOUND = 0.5
 """Reading a sample's file this share of its time or more names a plain loader ``io``."""
+PROBE_SAMPLES = 8
+"""Samples of a shardio dataset decoded in this process (after one to warm up) with and
+without its transform, and at the model's size, when data bounds the loop: the loader
+times decode and transform together, and what ``draft_size=`` saves depends on the
+images (noise-like JPEGs spend their time in entropy decoding, which no scale skips)."""
+PROBE_REPEATS = 5
+"""Times each sample is decoded each way: the quickest counts (others' load only adds)."""
+DRAFT_GAIN = 1.1
+"""``draft_size=`` is advised only where the probe decoded this many times faster."""
 
 
 def doctor(
@@ -68,11 +80,14 @@ def doctor(
 
     Returns:
         ``data_wait_pct``, ``steps_per_s``, ``headspace_steps_per_s``, ``bound`` (``"step"``
-        or the data stage: ``"io"``, ``"decode"``, ``"collate"``, ``"handover"``,
-        ``"data"`` where stages are unseen), ``stall_every`` (N or None),
+        or the data stage: ``"io"``, ``"decode"``, ``"transform"``, ``"collate"``,
+        ``"handover"``, ``"data"`` where stages are unseen), ``stall_every`` (N or None),
         ``files_per_sample`` (shard opens per sample; 1 for a dataset of files),
         ``recommendations`` (each ``text``, ``change``, ``expected``, and for the first,
         verified, ``measured_ratio``), ``series`` (per-step waits and stage seconds);
+        for a shardio loader that data bounds, what the decode probe measured:
+        ``probe_samples``, ``transform_share`` (of decode and transform seconds),
+        ``image_side`` and ``draft_speedup`` (decode at full size over at the model's);
         for a dataset of files also ``files_per_s``, ``read_share`` (of a sample's
         time in one process), ``samples_per_s_needed`` and ``packing_gain`` (the
         steps/s ratio packing could give at most).
@@ -97,6 +112,11 @@ def doctor(
         "cpu_count": os.cpu_count() or 1,
     }
     report["stall_every"] = find_period(run["series"]["wait"][1:])
+    dataset = getattr(loader, "dataset", None)
+    if getattr(dataset, "decoder", None) is not None and (
+            report["data_wait_pct"] >= STEP_BOUND_PCT):
+        report.update(_probe_decode(dataset, image_size))
+        _split_transform(run, report.get("transform_share", 0.0))
     report["stages_s"] = run["stages"]
     report["files_per_sample"] = _opens_per_sample(run, loader)
     probe = _probe_files(loader)
@@ -184,6 +204,94 @@ def _headspace(kept: list[Any], step: Callable[[Any], None], num_steps: int) -> 
     took = time.perf_counter() - began
     kept.clear()
     return count / took if took > 0 else math.inf
+
+
+def _probe_decode(dataset: Any, image_size: int) -> dict[str, Any]:
+    """Decode ``PROBE_SAMPLES`` samples of ``dataset`` in this process as its loader
+    would, without its transforms, and (JPEGs twice the model's side or more) at the
+    model's size: the transforms' share of the time, and how much faster the draft is.
+
+    Empty where there is nothing to split or to draft, or the samples cannot be read
+    here (the loader's own report stands, its ``decode`` seconds unsplit)."""
+    import shardio
+    from shardio.dataset import SampleDecoder
+
+    decoder = dataset.decoder
+    transformed = decoder.transform is not None or getattr(
+        decoder, "target_transform", None) is not None
+    draftable = isinstance(decoder, SampleDecoder) and decoder.mode in ("pil", "tensor") and (
+        decoder.draft_size is None and decoder.cropper is None)
+    if not (transformed or draftable):
+        return {}
+    bare = copy.copy(decoder)
+    bare.transform = None
+    if hasattr(bare, "target_transform"):
+        bare.target_transform = None
+    draft = None
+    seconds = [0.0, 0.0, 0.0]  # without transforms, with them, at the model's size
+    side, i = None, -1
+    try:
+        raw = shardio.StreamingDataset(dataset.path, decode="raw", shuffle=False,
+                                       remote=getattr(dataset.reader, "remote", None))
+        # the first sample warms up (imports, the decoder's first call) and is not counted
+        for i, sample in enumerate(itertools.islice(raw, PROBE_SAMPLES + 1)):
+            if i == 0 and draftable:
+                side = _side(bare(sample)[0])
+                if side >= 2 * image_size:  # JPEG scales by halves: nothing to gain below
+                    draft = copy.copy(bare)
+                    draft.draft_size = (image_size, image_size)
+            # the bare decode first: a transform may change the sample
+            for k, way in enumerate((bare, decoder, draft)):
+                if i and way is not None:
+                    seconds[k] += _quickest(way, sample)
+    except (OSError, ValueError):  # DecodeError too: the loader names a bad sample itself
+        return {}
+    count = min(PROBE_SAMPLES, max(0, i))
+    if not count:
+        return {}
+    out: dict[str, Any] = {"probe_samples": count}
+    if transformed and seconds[1] > 0:
+        out["transform_share"] = max(0.0, 1.0 - seconds[0] / seconds[1])
+    if side is not None:
+        out["image_side"] = side
+    if draft is not None and seconds[2] > 0:
+        out["draft_speedup"] = seconds[0] / seconds[2]
+    return out
+
+
+def _quickest(decode: Callable[[Any], Any], sample: Any) -> float:
+    """The quickest of ``PROBE_REPEATS`` calls of ``decode(sample)``, in seconds."""
+    best = math.inf
+    for _ in range(PROBE_REPEATS):
+        began = time.perf_counter()
+        decode(sample)
+        best = min(best, time.perf_counter() - began)
+    return best
+
+
+def _side(image: Any) -> int:
+    """The long side of a PIL image (``size``) or a CHW tensor (``shape``)."""
+    size = getattr(image, "size", None)
+    return int(max(size if isinstance(size, tuple) else image.shape[-2:]))
+
+
+def _split_transform(run: dict[str, Any], share: float) -> None:
+    """Split the loader's ``decode`` seconds (decode and transforms together), per step
+    and in total, into ``decode`` and ``transform`` by the share the probe measured."""
+    if not share or "decode" not in run["stages"]:
+        return
+    for table in (run["stages"], run["series"]):
+        split: dict[str, Any] = {}
+        for name, value in table.items():
+            if name != "decode":
+                split[name] = value
+            elif isinstance(value, list):
+                split["decode"] = [x * (1 - share) for x in value]
+                split["transform"] = [x * share for x in value]
+            else:
+                split["decode"], split["transform"] = value * (1 - share), value * share
+        table.clear()
+        table.update(split)
 
 
 def find_period(waits: list[float]) -> int | None:
@@ -280,16 +388,20 @@ def _recommend(report: dict[str, Any], loader: Any, image_size: int) -> list[dic
     workers = report["num_workers"]
     needed = report["steps_per_s"] and report["headspace_steps_per_s"] / report["steps_per_s"]
     dataset = getattr(loader, "dataset", None)
-    decoder = getattr(dataset, "decoder", None)
-    if bound == "decode" and getattr(decoder, "mode", None) in ("tensor", "pil") and (
-            getattr(decoder, "draft_size", None) is None):
-        side = _image_side(dataset)
-        if side is not None and side >= 4 * image_size:  # 1/4 scale or less: a clear gain
-            out.append({"text": f"decode at the model's size: images are about {side} px, "
-                        f"the model takes {image_size}: StreamingDataset(..., draft_size="
-                        f"({image_size}, {image_size})) lets JPEG decode at 1/2–1/8 scale",
-                        "change": {"draft_size": (image_size, image_size)},
-                        "expected": f"decode time down up to {min(8, side // image_size)}x"})
+    speedup = report.get("draft_speedup")
+    if bound == "decode" and speedup is not None and speedup >= DRAFT_GAIN:
+        # the batch's worker seconds, less what the draft saves of decode's: steps/s
+        # follow them while data bounds the loop (and never past the headspace)
+        work = sum(report["stages_s"].values())
+        left = work - report["stages_s"]["decode"] * (1 - 1 / speedup)
+        gain = min(needed or math.inf, work / left if left > 0 else math.inf)
+        out.append({"text": f"decode at the model's size: images are about "
+                    f"{report['image_side']} px, the model takes {image_size}: "
+                    f"StreamingDataset(..., draft_size=({image_size}, {image_size})) decodes "
+                    "JPEGs at a reduced scale",
+                    "change": {"draft_size": (image_size, image_size)},
+                    "expected": f"decode {speedup:.1f}x faster ({report['probe_samples']} "
+                    f"images decoded both ways here), so up to {gain:.2f}x steps/s"})
     if isinstance(workers, int) and needed and needed > 1.1:
         more = max(workers + 1, min(math.ceil(max(workers, 1) * needed),
                                     2 * report["cpu_count"]))
@@ -357,25 +469,6 @@ def _io_advice(report: dict[str, Any], dataset: Any) -> list[dict[str, Any]]:
     return out
 
 
-def _image_side(dataset: Any) -> int | None:
-    """The long side of the dataset's first image, or None (no image field)."""
-    import io
-
-    from PIL import Image
-
-    import shardio
-
-    try:
-        sample = next(iter(shardio.StreamingDataset(dataset.path, decode="raw",
-                                                    shuffle=False)))
-        data = next(v for k, v in sample.items()
-                    if isinstance(v, (bytes, memoryview)) and not k.startswith("__"))
-        with Image.open(io.BytesIO(bytes(data))) as image:
-            return int(max(image.size))
-    except (StopIteration, OSError, AttributeError):  # not images: no size-based advice
-        return None
-
-
 def _rebuildable(loader: Any) -> bool:
     from shardio.dataloader import ShardLoader
 
@@ -383,23 +476,37 @@ def _rebuildable(loader: Any) -> bool:
 
 
 def _rebuilt(loader: Any, change: dict[str, Any], cold: Path) -> Any:
-    """``loader`` (a ``shardio.loader``) with ``change`` applied, over a new dataset view.
+    """``loader`` (a ``shardio.loader``) with ``change`` applied, every other option of it
+    and of its dataset kept.
 
-    A remote dataset's view gets the empty node cache ``cold``: the first run filled the
-    real one, and a second run reading from it would credit the change with the cache."""
+    A change of the dataset's (``draft_size``) goes to a copy of the dataset, with a copy
+    of its decoder. A remote dataset's copy reads through a reader of its own whose node
+    cache is the empty ``cold``: the first run filled the real one, and a second run
+    reading from it would credit the change with the cache."""
     import shardio
+    from shardio.reader import DatasetReader
 
     dataset = loader.dataset
     remote = dataset.reader.remote
-    if "draft_size" in change or remote is not None:
-        dataset = shardio.StreamingDataset(
-            dataset.path, decode=dataset.decoder.mode, transform=dataset.decoder.transform,
-            draft_size=change.get("draft_size", getattr(dataset.decoder, "draft_size", None)),
-            remote=None if remote is None else dataclasses.replace(remote, cache_dir=cold))
-    return shardio.loader(dataset, loader.batch_size,
-                          num_workers=change.get("num_workers", loader.num_workers),
+    if "draft_size" in change or (isinstance(dataset.reader, DatasetReader) and remote):
+        dataset = copy.copy(dataset)  # its epoch state stays shared, as one loader's would
+        if "draft_size" in change:
+            dataset.decoder = copy.copy(dataset.decoder)
+            dataset.decoder.draft_size = change["draft_size"]
+        if isinstance(dataset.reader, DatasetReader) and remote:
+            dataset.reader = DatasetReader(dataset.reader.root, verify=dataset.reader.verify,
+                                           remote=dataclasses.replace(remote, cache_dir=cold))
+    workers = change.get("num_workers", loader.num_workers)
+    # what shardio.loader resolved of the options it keeps no attribute for; with no
+    # workers it records none of the workers' own, so those keep their defaults
+    settings = getattr(loader, "_settings", {})
+    kept = {k: settings[k] for k in ("pin_memory", "persistent_workers",
+                                     "multiprocessing_context")
+            if k in settings and (loader.num_workers or k == "pin_memory")}
+    # no log_every: the user's logger is handed the loader they made, not the doctor's
+    return shardio.loader(dataset, loader.batch_size, num_workers=workers,
                           collate_fn=loader.collate_fn, prefetch_factor=loader.prefetch_factor,
-                          drop_last=loader.drop_last)
+                          drop_last=loader.drop_last, **kept)
 
 
 def format_report(report: dict[str, Any]) -> str:
@@ -418,6 +525,10 @@ def format_report(report: dict[str, Any]) -> str:
             f"{k} {v:.3f}" for k, v in report["stages_s"].items()))
     if report["stall_every"]:
         lines.append(f"periodic stall: a long wait every {report['stall_every']} batches")
+    if "transform_share" in report:
+        lines.append(f"transforms: {100 * report['transform_share']:.0f}% of the loader's "
+                     f"decode seconds ({report['probe_samples']} samples decoded here with "
+                     "and without them)")
     if report.get("files_per_sample") is not None:
         lines.append(f"files opened per sample: {report['files_per_sample']:.3g}")
     if "files_per_s" in report:
@@ -432,7 +543,8 @@ def format_report(report: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-COLOURS = {"read": (70, 130, 180), "decode": (230, 140, 40), "collate": (120, 180, 90),
+COLOURS = {"read": (70, 130, 180), "decode": (230, 140, 40), "transform": (200, 70, 70),
+           "collate": (120, 180, 90),
            "handover": (170, 110, 190), "wait": (20, 20, 20)}
 
 
