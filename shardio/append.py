@@ -34,7 +34,7 @@ from typing import Any, Final, Protocol, TypeVar
 
 from shardio.backends import shard_name
 from shardio.errors import OutputExistsError, PackError, StorageError
-from shardio.format import FORMAT_VERSION
+from shardio.format import LAST_FRAMED_VERSION
 from shardio.journal import dataset_entries
 from shardio.location import is_url
 from shardio.manifest import (
@@ -159,7 +159,7 @@ class AppendJob:
             skipped=tuple(sorted((*(s for s in self.base.skipped if s.path not in judged),
                                   *staged.skipped), key=lambda s: (s.path, s.reason))),
             # the new shards are this writer's format: a version 1 dataset's manifest says 2
-            shardio_version=__version__, version=max(self.base.version, FORMAT_VERSION)))
+            shardio_version=__version__, version=max(self.base.version, LAST_FRAMED_VERSION)))
         shutil.rmtree(self.target.staging)
         return dataclasses.replace(summary, out=str(self.out),  # type: ignore[type-var]
                                    existing_samples=self.base.num_samples,
@@ -301,7 +301,7 @@ def _dataset_options(base: Manifest) -> WriteOptions:
                         max_shard_bytes=int(stored.get("max_shard_bytes",
                                                        DEFAULT_MAX_SHARD_BYTES)),
                         max_shard_samples=None if samples is None else int(samples),
-                        version=max(base.version, FORMAT_VERSION))
+                        version=max(base.version, LAST_FRAMED_VERSION))
 
 
 def _write_options(out: Path, base: Manifest, options: WriteOptions | None) -> WriteOptions:

@@ -402,9 +402,13 @@ def _recommend(report: dict[str, Any], loader: Any, image_size: int) -> list[dic
                     "change": {"draft_size": (image_size, image_size)},
                     "expected": f"decode {speedup:.1f}x faster ({report['probe_samples']} "
                     f"images decoded both ways here), so up to {gain:.2f}x steps/s"})
-    if isinstance(workers, int) and needed and needed > 1.1:
-        more = max(workers + 1, min(math.ceil(max(workers, 1) * needed),
-                                    2 * report["cpu_count"]))
+    # a stage of CPU work gains nothing from more workers than cores (the scale run of
+    # bench_doctor, handover-bound, was slower with 4 workers on 2 cores than with 2);
+    # reading and transforms may wait instead, and run past them
+    cores = report["cpu_count"]
+    limit = cores if bound in ("decode", "collate", "handover") else 2 * cores
+    if isinstance(workers, int) and needed and needed > 1.1 and workers < limit:
+        more = max(workers + 1, min(math.ceil(max(workers, 1) * needed), limit))
         why = (f"a long wait every {report['stall_every']} batches: the {workers} workers "
                "finish together and the loop drains them" if report["stall_every"]
                else f"the data gives {report['steps_per_s']:.1f} steps/s, the step alone "
@@ -429,6 +433,10 @@ def _recommend(report: dict[str, Any], loader: Any, image_size: int) -> list[dic
         out.append({"text": "decode on the GPU: DevicePrefetcher(..., decode=shardio."
                     "DeviceDecoder(...)) moves JPEG decode off the workers", "change": {},
                     "expected": "decode off the CPU's critical path"})
+    if not out and isinstance(workers, int):
+        out.append({"text": f"{workers} workers already keep the {cores} cores busy with "
+                    f"{bound}: no loader setting adds more of them; a lighter {bound} or "
+                    "more cores would", "change": {}, "expected": "none from the loader"})
     import sys
 
     torch = sys.modules.get("torch")

@@ -40,11 +40,13 @@ from shardio.errors import (
 )
 
 FORMAT_NAME: Final = "shardio"
-FORMAT_VERSION: Final = 2
+FORMAT_VERSION: Final = 3
 SUPPORTED_VERSIONS: Final = frozenset({1, 2, 3})
 FRAMED_VERSIONS: Final = frozenset({1, 2})
 """The versions whose shards hold one frame a record (this module's layouts); v3 shards hold
 blocks (``shardio.shardfile3``)."""
+LAST_FRAMED_VERSION: Final = 2
+"""What a v1 or v2 dataset grows in (append, merge): its shards stay framed."""
 CHECKSUM_OF_VERSION: Final = {1: CRC32, 2: DEFAULT, 3: DEFAULT}
 """The checksum a writer of each version uses (v2 readers accept any name in ``NAMES``)."""
 
@@ -402,7 +404,7 @@ def tail_bytes(size: int, num_records: int, minimum: int = 0) -> int:
     return min(size, max(minimum, want))
 
 
-def pack_header(version: int = FORMAT_VERSION, checksum: str | None = None) -> bytes:
+def pack_header(version: int = LAST_FRAMED_VERSION, checksum: str | None = None) -> bytes:
     """The header every ``.rec`` shard starts with (16 bytes in v1, 32 in v2)."""
     if version == 1:
         return HEADER.pack(SHARD_MAGIC, 1, 0)
@@ -460,7 +462,7 @@ def check_header(buf: bytes | memoryview, *, path: str) -> Header:
 
 
 def pack_footer(index_offset: int, keys_offset: int, num_records: int, index_checksum: int,
-                version: int = FORMAT_VERSION, checksum: str | None = None) -> bytes:
+                version: int = LAST_FRAMED_VERSION, checksum: str | None = None) -> bytes:
     """The fixed-size footer that ends every ``.rec`` shard."""
     if version == 1:
         return FOOTER.pack(index_offset, keys_offset, num_records, index_checksum, 1,

@@ -28,7 +28,7 @@ from typing import Any, Final, cast
 from shardio.backends import ShardFileReader, create_shard, shard_name
 from shardio.codecs import get_codec
 from shardio.errors import OutputExistsError, PackError
-from shardio.format import FORMAT_VERSION
+from shardio.format import LAST_FRAMED_VERSION
 from shardio.journal import dataset_entries, dataset_lock
 from shardio.location import local_path
 from shardio.manifest import (
@@ -230,8 +230,8 @@ def _rewrite(reader: ShardFileReader, target: Path, manifest: Manifest, prefix: 
     tmp = target.with_name(f".{target.name}.tmp")
     created += [tmp, target]
     keys = reader.keys()
-    writer = create_shard(manifest.backend, tmp, version=max(manifest.version, FORMAT_VERSION),
-                          codec=manifest.codec,
+    writer = create_shard(manifest.backend, tmp,
+                          version=max(manifest.version, LAST_FRAMED_VERSION), codec=manifest.codec,
                           level=int(manifest.options.get("level", 3)))
     new_keys = [prefix + key for key in keys]
     index = getattr(reader, "block_index", None)
@@ -289,4 +289,5 @@ def _merged_manifest(manifests: Sequence[Manifest], names: Sequence[str],
         seed=seeds.pop() if len(seeds) == 1 else None, shuffle=all(m.shuffle for m in manifests),
         options=options, input_bytes=sum(m.input_bytes for m in manifests),
         skipped=tuple(sorted(skipped, key=lambda s: (s.path, s.reason))),
-        shardio_version=__version__, version=max(FORMAT_VERSION, *(m.version for m in manifests)))
+        shardio_version=__version__,
+        version=max(LAST_FRAMED_VERSION, *(m.version for m in manifests)))

@@ -353,6 +353,12 @@ def parse_rec(head: bytes | memoryview, tail: bytes | memoryview, size: int, *, 
     Raises:
         ValueError: ``tail`` is shorter than the footer says the tail is (fetch more).
     """
+    check_header(head, path=path)
+    return parse_tail(tail, size, path=path)
+
+
+def check_header(head: bytes | memoryview, *, path: str) -> None:
+    """Refuse a v3 ``.rec`` header (the file's first ``HEADER.size`` bytes) that is not v3's."""
     if len(head) < HEADER.size:
         raise TruncatedShardError(f"{path}: {len(head)} bytes is too short for a v3 shard "
                                   "header; re-pack it", path=path)
@@ -361,6 +367,15 @@ def parse_rec(head: bytes | memoryview, tail: bytes | memoryview, size: int, *, 
     _check_version(version, path)
     _need(flags == 0 and decode_name(name) == CRC32C and not any(bytes(head[24:32])), path,
           "the header's flags, checksum name or reserved bytes are not v3's")
+
+
+def parse_tail(tail: bytes | memoryview, size: int, *, path: str) -> ShardIndex3:
+    """Check a v3 ``.rec`` shard's footer, index and keys from ``tail``, its last bytes (at
+    least ``parse_footer(...).tail_bytes``; a remote reader fetches only those).
+
+    Raises:
+        ValueError: ``tail`` is shorter than the footer says the tail is (fetch more).
+    """
     footer = parse_footer(tail, size, path=path)
     if len(tail) < footer.tail_bytes:
         raise ValueError(f"{path}: the tail given holds {len(tail)} bytes, the footer needs "

@@ -41,7 +41,7 @@ def make_frames(seed: int = 0, sizes: tuple[int, ...] = SIZES) -> list[bytes]:
 
 
 def write_shard(backend: str, path: Path, frames: list[bytes]) -> tuple[int, str]:
-    writer = create_shard(backend, path)
+    writer = create_shard(backend, path, version=2)
     for i, framed in enumerate(frames):
         writer.append(f"dir/sample_{i:03d}", framed)
     return writer.finish()
@@ -137,7 +137,7 @@ def test_empty_shard(backend: str, tmp_path: Path) -> None:
 
 def test_abort_removes_the_partial_file(backend: str, tmp_path: Path) -> None:
     path = tmp_path / f".{shard_name(backend, 0)}.tmp"
-    writer = create_shard(backend, path)
+    writer = create_shard(backend, path, version=2)
     for i, framed in enumerate(make_frames()):
         writer.append(str(i), framed)
     writer.abort()
@@ -374,7 +374,7 @@ def test_every_lmdb_error_is_translated(
     with pytest.raises(ShardioError, match=re.escape(str(lmdb_shard))):
         open_shard("lmdb", lmdb_shard)
     with pytest.raises(PackError, match=r"x\.mdb"):
-        create_shard("lmdb", lmdb_shard.with_name("x.mdb"))
+        create_shard("lmdb", lmdb_shard.with_name("x.mdb"), version=2)
 
 
 def test_lmdb_writer_grows_its_map(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

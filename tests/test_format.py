@@ -273,7 +273,7 @@ def test_run_is_checked_by_its_chain_with_one_call_and_the_bad_record_is_named()
 
 def test_records_shard_of_an_unknown_version_is_refused(tmp_path: Path) -> None:
     path = tmp_path / "shard-00000.rec"
-    writer = create_shard("records", path)
+    writer = create_shard("records", path, version=2)
     writer.append("k", frame(b"x", CODEC_NONE))
     writer.finish()
     data = bytearray(path.read_bytes())
@@ -285,7 +285,7 @@ def test_records_shard_of_an_unknown_version_is_refused(tmp_path: Path) -> None:
 
 
 def test_a_frame_of_another_checksum_is_refused_by_the_writer(tmp_path: Path) -> None:
-    writer = create_shard("records", tmp_path / "s.rec")
+    writer = create_shard("records", tmp_path / "s.rec", version=2)
     with pytest.raises(ValueError, match="must name checksum id 1"):
         writer.append("k", frame(b"x", CODEC_NONE, "crc32"))
     writer.abort()
@@ -328,7 +328,7 @@ def test_manifest_json_round_trip(tmp_path: Path) -> None:
     assert read_manifest(tmp_path) == manifest
     assert read_manifest(tmp_path / "manifest.json") == manifest
     on_disk = json.loads((tmp_path / "manifest.json").read_text(encoding="utf-8"))
-    assert (on_disk["format"], on_disk["version"]) == ("shardio", 2)
+    assert (on_disk["format"], on_disk["version"]) == ("shardio", 3)
     assert list(on_disk)[:2] == ["format", "version"]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["manifest.json"]
 

@@ -22,7 +22,7 @@ def test_chain_is_the_crc32c_of_the_file_before_each_record(
     tmp_path_factory: object, sizes: list[int], codec: int
 ) -> None:
     path = Path(tmp_path_factory.mktemp("crc")) / "s.rec"  # type: ignore[attr-defined]
-    writer = RecordsShardWriter(path)
+    writer = RecordsShardWriter(path, version=2)
     for i, size in enumerate(sizes):
         writer.append(f"k{i}", frame(os.urandom(size), codec))
     total, checksum = writer.finish()

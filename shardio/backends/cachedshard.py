@@ -43,6 +43,8 @@ class CachedShardReader:
             cached.close()
             raise
         self.num_records = self._inner.num_records
+        self.block_index = getattr(self._inner, "block_index", None)
+        """Format v3: the shard's block index (``shardfile3.BlockIndex``); None: frames."""
 
     def _renamed(self, exc: ShardioError) -> NoReturn:
         """Raise ``exc`` again naming the URL instead of the cache file."""

@@ -144,6 +144,8 @@ class LmdbShardWriter:
 
     def append(self, key: str, framed: bytes) -> None:
         """Add the next record (v1/v2 frame); it is committed with its batch."""
+        if self.version >= 3:
+            raise TypeError(f"{self.path}: a format v3 shard takes samples (add), not frames")
         if self._env is None:
             raise ValueError(f"{self.path}: shard already finished")
         if len(framed) < FRAME_SIZE or framed[9] != IDS[self.checksum]:

@@ -183,6 +183,8 @@ class RecordsShardWriter:
 
     def append(self, key: str, framed: bytes) -> None:
         """Add the next record (framed with this shard's checksum)."""
+        if self.version >= 3:
+            raise TypeError(f"{self.path}: a format v3 shard takes samples (add), not frames")
         if len(framed) < 12 or framed[9] != self._ident:
             raise ValueError(f"{self.path}: a frame for a {self.checksum} shard must name "
                              f"checksum id {self._ident}")

@@ -31,6 +31,7 @@ import msgpack
 import numpy as np
 import numpy.typing as npt
 
+from shardio.checksum import CRC32C
 from shardio.errors import ShardCorruptError
 from shardio.format import (
     HEADER_SIZES,
@@ -42,6 +43,9 @@ from shardio.format import (
     tail_bytes,
     unpack_footer,
 )
+from shardio.shardfile3 import VERSION as VERSION3
+from shardio.shardfile3 import BlockIndex, ShardIndex3, parse_footer, parse_tail
+from shardio.shardfile3 import check_header as check_header3
 from shardio.storage.cachedrange import CachedRange
 from shardio.storage.fetch import RangeRequest
 from shardio.storage.readahead import ReadAhead
@@ -148,6 +152,8 @@ class ShardTail:
     """The records' checksum, as the footer names it (``crc32`` for format v1)."""
     chain: npt.NDArray[np.uint32] | None = None
     """Format v2: the checksum of the shard up to each record (``shardio.format``)."""
+    index3: ShardIndex3 | None = None
+    """Format v3: the block index and keys (``offsets`` then holds the block offsets)."""
 
 
 def read_tail(fetch: Callable[[RangeRequest], bytes], name: str, *, url: str, size: int,
@@ -169,11 +175,24 @@ def read_tail(fetch: Callable[[RangeRequest], bytes], name: str, *, url: str, si
     at = size - tail_guess(size, num_records)
 
     def check_guess(view: memoryview) -> None:
+        if _is_v3(view):
+            footer3 = parse_footer(view, size, path=url)
+            if size - footer3.tail_bytes >= at:
+                parse_tail(view, size, path=url)
+            return
         footer = unpack_footer(view, path=url, size=size)
         if footer.index_offset >= at:
             _parse_tail(view, at, footer, url=url)
 
     tail = fetch(RangeRequest(name, at, size, check_guess))
+    if _is_v3(tail):
+        if size - parse_footer(tail, size, path=url).tail_bytes < at:  # longer than the guess
+            at = size - parse_footer(tail, size, path=url).tail_bytes
+            tail = fetch(RangeRequest(name, at, size,
+                                      lambda view: _ignore(parse_tail(view, size, path=url))))
+        index3 = parse_tail(tail, size, path=url)
+        assert index3.block_offsets is not None
+        return ShardTail(index3.block_offsets.astype(np.uint64), b"", CRC32C, None, index3)
     footer = unpack_footer(tail, path=url, size=size)
     if footer.index_offset < at:  # index and keys are longer than the guess
         at = footer.index_offset
@@ -184,6 +203,16 @@ def read_tail(fetch: Callable[[RangeRequest], bytes], name: str, *, url: str, si
         tail = fetch(RangeRequest(name, at, size, check_whole))
         footer = unpack_footer(tail, path=url, size=size)
     return _parse_tail(tail, at, footer, url=url)
+
+
+def _is_v3(tail: bytes | memoryview) -> bool:
+    """Whether ``tail`` (a shard's last bytes) ends with a v3 footer: its version sits where
+    v1's and v2's does, before the magic."""
+    return len(tail) >= 12 and int.from_bytes(bytes(tail[-12:-8]), "little") == VERSION3
+
+
+def _ignore(_value: object) -> None:
+    """A range check whose checks are what computing its argument raises."""
 
 
 def _parse_tail(tail: bytes | memoryview, at: int, footer: Footer, *, url: str) -> ShardTail:
@@ -228,8 +257,18 @@ class RemoteRecordsReader:
         self._ahead = ahead
         self._offsets: list[int] = tail.offsets.tolist()
         self.num_records = len(self._offsets) - 1
-        self._cuts = partition(tail.offsets, range_bytes, block_records,
-                               max_join_bytes=max_join_bytes)
+        self.block_index = None if tail.index3 is None else BlockIndex(tail.index3)
+        if self.block_index is None:
+            self._cuts = partition(tail.offsets, range_bytes, block_records,
+                                   max_join_bytes=max_join_bytes)
+        else:  # v3: ranges of whole blocks, about as many records as the plan's blocks
+            index = self.block_index
+            self.num_records = index.index.num_records
+            blocks = len(index.firsts) - 1
+            per = None if block_records is None or blocks == 0 else max(
+                1, round(block_records * blocks / max(self.num_records, 1)))
+            self._cuts = [index.firsts[c] for c in partition(
+                tail.offsets, range_bytes, per, max_join_bytes=max_join_bytes)]
         self._checksum = tail.checksum
         self._chain = tail.chain
         self._key_block = tail.key_block
@@ -247,7 +286,14 @@ class RemoteRecordsReader:
 
     def _byte_span(self, j: int) -> tuple[int, int]:
         """Bytes of range ``j``; the first also holds the shard header, which it checks."""
-        return (0 if j == 0 else self._offsets[self._cuts[j]]), self._offsets[self._cuts[j + 1]]
+        lo, hi = self._span(self._cuts[j], self._cuts[j + 1])
+        return (0 if j == 0 else lo), hi
+
+    def _span(self, start: int, stop: int) -> tuple[int, int]:
+        """The bytes holding records ``start..stop`` (v3: their whole blocks)."""
+        if self.block_index is not None and stop > start:
+            return self.block_index.byte_span(start, stop)
+        return self._offsets[start], self._offsets[stop]
 
     def _request(self, j: int) -> RangeRequest:
         start, stop = self._byte_span(j)
@@ -255,7 +301,9 @@ class RemoteRecordsReader:
         offs, url = self._offsets, self.path
 
         def check(view: memoryview) -> None:
-            if lo == 0:
+            if lo == 0 and self.block_index is not None:
+                check_header3(view[: HEADER_SIZES[2]], path=url)
+            elif lo == 0:
                 header = check_header(view[: HEADER_SIZES[2]], path=url)
                 if header.checksum != self._checksum or header.size != offs[0]:
                     raise ShardCorruptError(
@@ -277,6 +325,7 @@ class RemoteRecordsReader:
 
     def frame(self, index: int) -> memoryview:
         """Framed bytes of record ``index`` (a copy; its range stays held for the next ones)."""
+        self._check_framed()
         if not 0 <= index < self.num_records:
             raise IndexError(f"{self.path}: record {index} out of range 0..{self.num_records - 1}")
         j = self._ranges(index, index + 1)[0]
@@ -287,8 +336,15 @@ class RemoteRecordsReader:
         return memoryview(self._current[1].read(self._offsets[index] - base,
                                                 self._offsets[index + 1] - self._offsets[index]))
 
+    def _check_framed(self) -> None:
+        if self.block_index is not None:
+            raise TypeError(f"{self.path}: a format v3 shard holds blocks, not one frame a "
+                            "record: read records with read_run and shardio.rundecode")
+
     def offset(self, index: int) -> int:
-        """Byte offset of record ``index`` in the shard."""
+        """Byte offset of record ``index`` in the shard (v3: of its block)."""
+        if self.block_index is not None:
+            return self.block_index.byte_span(index, index + 1)[0]
         return self._offsets[index]
 
     def will_need(self, start: int, stop: int) -> None:
@@ -297,12 +353,13 @@ class RemoteRecordsReader:
 
     def _records_request(self, start: int, stop: int) -> RangeRequest:
         """Exactly the bytes of records ``start..stop`` (one range's), checked by their frames."""
-        offs, url = self._offsets, self.path
+        url = self.path
+        lo, hi = self._span(start, stop)
 
         def check(view: memoryview) -> None:
-            check_frames(self._run(view, offs[start], start, stop), path=url, first_record=start)
+            check_frames(self._run(view, lo, start, stop), path=url, first_record=start)
 
-        return RangeRequest(self.name, offs[start], offs[stop], check)
+        return RangeRequest(self.name, lo, hi, check)
 
     def can_read_exact(self, start: int, stop: int) -> bool:
         """Whether records ``start..stop`` are worth reading on their own, not as their ranges:
@@ -310,7 +367,8 @@ class RemoteRecordsReader:
         for j in self._ranges(start, stop):
             lo, hi = max(start, self._cuts[j]), min(stop, self._cuts[j + 1])
             span = self._byte_span(j)
-            if (self._offsets[hi] - self._offsets[lo]) * EXACT_SHARE > span[1] - span[0]:
+            first, last = self._span(lo, hi)
+            if (last - first) * EXACT_SHARE > span[1] - span[0]:
                 return False
         return True
 
@@ -334,6 +392,7 @@ class RemoteRecordsReader:
 
     def read_frames(self, start: int, stop: int) -> list[memoryview]:
         """Records ``start..stop``, copied out of their ranges, which are released at once."""
+        self._check_framed()
         offs = self._offsets
         frames: list[memoryview] = []
         for j in self._ranges(start, stop):
@@ -346,6 +405,8 @@ class RemoteRecordsReader:
 
     def _run(self, buf: memoryview | bytes, at: int, start: int, stop: int) -> RunBytes:
         """Records ``start..stop`` in ``buf``, which holds the shard's bytes from ``at``."""
+        if self.block_index is not None:
+            return self.block_index.run(memoryview(buf), start, stop, at)
         offs = self._offsets
         base = offs[start]
         bounds = np.asarray(offs[start : stop + 1], np.int64) - base
@@ -357,7 +418,7 @@ class RemoteRecordsReader:
         """Records ``start..stop`` as one buffer (a view of their range's map, or a copy where
         they span two), their ranges released at once."""
         if start == stop:
-            return self._run(b"", self._offsets[start], start, stop)
+            return self._run(b"", self._span(start, stop)[0], start, stop)
         return self._read_parts(start, stop, [self._request(j) for j in self._ranges(start, stop)])
 
     def cached_runs(self, runs: Sequence[tuple[int, int]]) -> list[RunBytes | None]:
@@ -393,26 +454,28 @@ class RemoteRecordsReader:
         """Records ``start..stop`` as ``read_run`` gives them, through the requests that
         ``will_need_exact`` queued for them (worked out afresh if it was not called)."""
         if start == stop:
-            return self._run(b"", self._offsets[start], start, stop)
+            return self._run(b"", self._span(start, stop)[0], start, stop)
         requests = self._exact.pop((start, stop), None) or self._exact_requests(start, stop)
         return self._read_parts(start, stop, requests)
 
     def _read_parts(self, start: int, stop: int, requests: list[RangeRequest]) -> RunBytes:
         """Records ``start..stop`` out of ``requests``, one for each range holding some."""
-        offs = self._offsets
         parts: list[bytes | memoryview] = []
         single = len(requests) == 1
         for j, request in zip(self._ranges(start, stop), requests, strict=True):
             lo, hi = max(start, self._cuts[j]), min(stop, self._cuts[j + 1])
-            at, size = offs[lo] - request.start, offs[hi] - offs[lo]
+            first, last = self._span(lo, hi)
+            at, size = first - request.start, last - first
             with self._ahead.take(request) as cached:
                 # one range: a view of its map, no copy (the map outlives the hold while its
                 # views do; an evicted file's pages stay valid, never truncated)
                 parts.append(cached.view()[at : at + size] if single else cached.read(at, size))
-        return self._run(parts[0] if single else b"".join(parts), offs[start], start, stop)
+        return self._run(parts[0] if single else b"".join(parts), self._span(start, stop)[0],
+                         start, stop)
 
     def scan(self, start: int = 0, stop: int | None = None) -> Iterator[tuple[int, memoryview]]:
         """Yield ``(index, framed bytes)`` front to back, range by range, reading ahead."""
+        self._check_framed()
         stop = self.num_records if stop is None else stop
         if start >= stop:
             return
@@ -424,6 +487,8 @@ class RemoteRecordsReader:
 
     def keys(self) -> Sequence[str]:
         """Every record's ``__key__``, decoded from the key block on first use."""
+        if self.block_index is not None:
+            return self.block_index.index.keys
         if self._keys is None:
             try:
                 keys = msgpack.unpackb(self._key_block, raw=False)
