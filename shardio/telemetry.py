@@ -23,9 +23,11 @@ ENABLED = True
 
 WORKER_STAGES = ("read", "decode", "collate", "handover")
 """Where a batch's time goes before it reaches the loop: ``read`` (fetch, check and
-inflate the records), ``decode`` (images and transforms), ``collate`` (building the
-batch), ``handover`` (into the worker's shared memory). Seconds of the process that made
-the batch: with workers they run in parallel, so their sum can exceed the wall time."""
+inflate the records), ``decode`` (images and crops, and the transforms: one stretch of
+the worker's work, which ``shardio.doctor`` splits by timing a few samples with and
+without them), ``collate`` (building the batch), ``handover`` (into the worker's shared
+memory). Seconds of the process that made the batch: with workers they run in
+parallel, so their sum can exceed the wall time."""
 
 DEVICE_STAGES = ("h2d", "device_decode")
 """``DevicePrefetcher``'s part: the copy to the device (on CUDA the copy itself, timed by
