@@ -150,7 +150,7 @@ def main(argv: list[str] | None = None) -> None:
             write_parquet(tree, base / "parquet")
             (base / "done").write_text("")
         folder_kwargs = {"imagefolder": True} if kind == "images" else {"class_folders": True}
-        sources = {"folder": (tree.root, folder_kwargs),
+        sources: dict[str, tuple[Path, dict[str, Any]]] = {"folder": (tree.root, folder_kwargs),
                    "webdataset": (base / "tars", {"label_field": "cls"}),
                    "parquet": (base / "parquet", {})}
         runs: dict[str, list[dict[str, Any]]] = {name: [] for name in sources}
@@ -201,8 +201,16 @@ def import_block() -> str:
     machine = data["machine"]
     lines.append("")
     lines.append(f"Median of {data['rounds']} rounds, {data['num_workers']} workers, "
-                 f"{machine.get('cores', '?')} cores, {data['date']} "
-                 "(`python -m benchmarks.bench_import`, `benchmarks/results/import.json`).")
+                 f"{machine.get('cores', '?')} cores, load average {data['load_avg_1m']:.1f} "
+                 f"at the end, {data['date']} (`python -m benchmarks.bench_import`, "
+                 "`benchmarks/results/import.json`).")
+    missed = [row for row in data["results"].values()
+              if row["source"] != "folder" and row["ratio_to_folder"] < 1]
+    if missed:
+        lines.append("")
+        lines.append("Target missed (at least as fast as the folder): " + "; ".join(
+            f"{row['source']} on {row['tree']} {row['ratio_to_folder']:.2f}x, "
+            f"{1 / row['ratio_to_folder'] - 1:.0%} slower" for row in missed) + ".")
     return "\n".join(lines) + "\n"
 
 
