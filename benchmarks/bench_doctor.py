@@ -14,10 +14,13 @@ The four local validation cases of ``tests/test_doctor.py``, at a fuller size:
 
 Per case it writes the doctor's report without its per-step series (and the text
 report as printed) to ``benchmarks/results/doctor.json`` and the doctor's plot to
-``docs/img/doctor-<case>.png`` (palette PNG, to stay small). ``doctor_block`` renders
-the table and the reports of ``docs/doctor.md``. About a minute on 2 cores.
+``docs/img/doctor-<case>.png`` (palette PNG, to stay small). Then ``scale``: how long
+``shardio doctor DATASET`` with its defaults takes to answer on 100,000 tiny records
+(the command run as a user runs it, from its start to its report). ``doctor_block``
+renders the table and the reports of ``docs/doctor.md``. About two minutes on 2 cores,
+most of them writing and packing the 100,000 files (``--scale-samples`` for fewer).
 
-    python -m benchmarks.bench_doctor [--quick]
+    python -m benchmarks.bench_doctor [--quick] [--scale-samples N]
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ import argparse
 import json
 import os
 import shutil
+import subprocess
 import sys
 import time
 import warnings
@@ -118,6 +122,22 @@ def case_io(work: Path, quick: bool) -> dict[str, Any]:
         server.close()
 
 
+def run_scale(work: Path, num_samples: int) -> dict[str, Any]:
+    """``shardio doctor DATASET --json`` with its defaults over ``num_samples`` tiny
+    records, as a user runs it (a new process): its seconds from start to report."""
+    pack = _tiny_pack(work, num_samples)
+    began = time.perf_counter()
+    done = subprocess.run([sys.executable, "-m", "shardio", "doctor", str(pack), "--json"],
+                          check=True, capture_output=True, text=True)
+    seconds = time.perf_counter() - began
+    report = json.loads(done.stdout)
+    first = next(iter(report["recommendations"]), {})
+    return {"samples": num_samples, "command": "shardio doctor DATASET --json",
+            "seconds": round(seconds, 1), "steps": report["steps"],
+            "num_workers": report["num_workers"], "bound": report["bound"],
+            "first": first.get("text"), "measured_ratio": first.get("measured_ratio")}
+
+
 CASES: dict[str, tuple[str, Callable[[Path, bool], dict[str, Any]]]] = {
     "decode": ("1,600 px JPEGs, tensor decode, no workers, 128 px model, 1 ms step",
                case_decode),
@@ -150,6 +170,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--quick", action="store_true", help="the test suite's sizes")
     p.add_argument("--cases", default=",".join(CASES), help="comma-separated subset")
     p.add_argument("--out", type=Path, default=RESULTS)
+    p.add_argument("--scale-samples", type=int, default=100_000,
+                   help="records of the scale run (0: none)")
     args = p.parse_args(argv)
     # the workers case runs more workers than cores on purpose (they wait, not compute)
     warnings.filterwarnings("ignore", message="This DataLoader will create")
@@ -172,13 +194,20 @@ def main(argv: list[str] | None = None) -> None:
         print(f"{name:8} bound {report['bound']:7} wait {report['data_wait_pct']:5.1f}% "
               f"stall {report['stall_every']} ratio {first.get('measured_ratio')} "
               f"({cases[name]['seconds']} s)", flush=True)
+    scale = None
+    if args.scale_samples:
+        work = WORK / "scale"
+        shutil.rmtree(work, ignore_errors=True)
+        work.mkdir(parents=True)
+        scale = run_scale(work, args.scale_samples)
+        print(f"scale    {scale['samples']:,} samples: {scale['seconds']} s", flush=True)
     out = {
         "question": "does shardio doctor name the known bottleneck, and does its first "
                     "recommendation, applied in the same run, raise steps/s?",
         "date": time.strftime("%Y-%m-%d %H:%M"), "quick": args.quick,
         "wall_s": round(time.time() - started, 1), "load_avg_1m": os.getloadavg()[0],
         "link_latency_s": LATENCY_S, "machine": describe_machine(WORK),
-        "shardio": source_id(REPO / "shardio"), "cases": cases,
+        "shardio": source_id(REPO / "shardio"), "cases": cases, "scale": scale,
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(out, indent=1) + "\n", encoding="utf-8")
@@ -205,6 +234,13 @@ def doctor_block() -> str:
     lines += ["", f"{machine.get('cores', '?')} cores, {data['date']}; applied: steps/s "
               "with the first recommendation over steps/s before, in the same run "
               "(`python -m benchmarks.bench_doctor`, `benchmarks/results/doctor.json`)."]
+    scale = data.get("scale")
+    if scale:
+        lines += ["", f"`{scale['command'].replace(' --json', '')}` with its defaults "
+                  f"({scale['steps']} steps, `num_workers={scale['num_workers']}`, the first "
+                  "recommendation applied and measured) answered in "
+                  f"**{scale['seconds']:.0f} s** on {scale['samples']:,} tiny records, from "
+                  "the command's start to its report."]
     for name, case in data["cases"].items():
         lines += ["", f"**{name}** ({case['setup']}):", "",
                   f"![doctor plot, case {name}](img/doctor-{name}.png)", "",
