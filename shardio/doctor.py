@@ -240,7 +240,6 @@ def _probe_decode(dataset: Any, image_size: int) -> dict[str, Any]:
                 if side >= 2 * image_size:  # JPEG scales by halves: nothing to gain below
                     draft = copy.copy(bare)
                     draft.draft_size = (image_size, image_size)
-            # the bare decode first: a transform may change the sample
             for k, way in enumerate((bare, decoder, draft)):
                 if i and way is not None:
                     seconds[k] += _quickest(way, sample)
@@ -260,11 +259,13 @@ def _probe_decode(dataset: Any, image_size: int) -> dict[str, Any]:
 
 
 def _quickest(decode: Callable[[Any], Any], sample: Any) -> float:
-    """The quickest of ``PROBE_REPEATS`` calls of ``decode(sample)``, in seconds."""
+    """The quickest of ``PROBE_REPEATS`` calls of ``decode(sample)``, in seconds; each
+    call on a copy of the sample dict, which a transform of ``raw`` samples may change."""
     best = math.inf
     for _ in range(PROBE_REPEATS):
+        fresh = dict(sample)
         began = time.perf_counter()
-        decode(sample)
+        decode(fresh)
         best = min(best, time.perf_counter() - began)
     return best
 
