@@ -280,13 +280,15 @@ class DatasetReader:
             return self.decode_run(shard, record, record + 1)[0]
         return self.decode(shard, record, reader.frame(record))
 
-    def decode_run(self, shard: int, start: int, stop: int) -> list[dict[str, Any]]:
-        """Records ``start..stop`` of ``shard``, read as one run and checked, as sample dicts."""
+    def decode_run(self, shard: int, start: int, stop: int, *, verify: bool = True
+                   ) -> list[dict[str, Any]]:
+        """Records ``start..stop`` of ``shard``, read as one run and checked (checksums too,
+        with ``verify`` and the reader's), as sample dicts."""
         reader = self.shard(shard)
         return rundecode.decode_run(
             reader.read_run(start, stop), path=reader.path, first_record=start,
-            offset_of=reader.offset, verify=self.verify, first_index=self._firsts[shard] + start,
-            keys=reader.keys())
+            offset_of=reader.offset, verify=self.verify and verify,
+            first_index=self._firsts[shard] + start, keys=reader.keys())
 
     def __getitem__(self, index: int) -> dict[str, Any]:
         return self.get(index)

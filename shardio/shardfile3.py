@@ -118,7 +118,7 @@ class BlockIndex:
         b0 = bisect.bisect_right(self.firsts, start) - 1
         if stop <= start:
             return b0, b0
-        return b0, bisect.bisect_left(self.firsts, stop, b0)
+        return b0, min(bisect.bisect_left(self.firsts, stop, b0), len(self.firsts) - 1)
 
     def byte_span(self, start: int, stop: int) -> tuple[int, int]:
         """The bytes of the ``.rec`` file holding records ``start..stop``: whole blocks."""
@@ -204,6 +204,24 @@ def encode_keys(keys: Sequence[str], level: int | None) -> bytes:
     data = raw[split:]
     codec, stored = store_column(STR, [], data, level)
     return KEYS_HEAD.pack(codec, width, len(stored), len(data)) + raw[:split] + stored
+
+
+def inflate_key_data(section: bytes | memoryview, *, path: str) -> bytes:
+    """The UTF-8 keys of a key section back to back (inflated where stored with zstd,
+    within the size its head states): what a search for a key's bytes looks through."""
+    view = memoryview(section)
+    _need(len(view) >= KEYS_HEAD.size, path, "the key section is shorter than its head")
+    codec, _width, stored, raw = KEYS_HEAD.unpack_from(view)
+    data = view[len(view) - stored :] if stored <= len(view) - KEYS_HEAD.size else view[:0]
+    if codec != ZSTD:
+        return bytes(data)
+    try:
+        _need(raw <= stored * MAX_INFLATE_RATIO and zstandard.frame_content_size(data) == raw,
+              path, "the key data's size differs")
+        return zstandard.ZstdDecompressor().decompress(data, max_output_size=raw)
+    except zstandard.ZstdError as exc:
+        raise ShardCorruptError(f"{path}: the key section does not inflate ({exc}); "
+                                "re-pack the shard", path=path) from exc
 
 
 def decode_keys(section: bytes | memoryview, num_records: int, *, path: str) -> list[str]:

@@ -91,10 +91,10 @@ KILLER = textwrap.dedent("""
     from shardio.writer import WriteOptions
 
     src, out, where = sys.argv[1:]
-    append = RecordsShardWriter.append
+    append = RecordsShardWriter.add
 
-    def append_then_die(self, key, framed):
-        append(self, key, framed)
+    def append_then_die(self, sample):
+        append(self, sample)
         self.appended = getattr(self, "appended", 0) + 1
         if self.appended == 2 and self.path.name.startswith(".shard-00001"):
             os.kill(os.getpid(), signal.SIGKILL)  # the second new shard, half written
@@ -103,7 +103,7 @@ KILLER = textwrap.dedent("""
         os.kill(os.getpid(), signal.SIGKILL)  # every new shard renamed in, no manifest yet
 
     if where == "shard":
-        RecordsShardWriter.append = append_then_die
+        RecordsShardWriter.add = append_then_die
     else:
         shardio.append.write_manifest = die
     shardio.pack(src, out, append=True, num_workers=1, options=WriteOptions(max_shard_samples=3))

@@ -20,7 +20,7 @@ def packed(tmp_path_factory: pytest.TempPathFactory) -> Path:
     src = tmp_path_factory.mktemp("src")
     make_tiny_tree(src, num_files=400)
     out = tmp_path_factory.mktemp("packed") / "ds"
-    shardio.pack(src, out, options=shardio.WriteOptions(max_shard_samples=50), seed=1)
+    shardio.pack(src, out, options=shardio.WriteOptions(max_shard_samples=50, version=2), seed=1)
     return out
 
 

@@ -21,6 +21,8 @@ from shardio.storage.budget import EVICT_SLACK, PARTIAL, RANGES
 
 pytest_plugins = ("storage_plugin",)
 
+pytestmark = pytest.mark.servers
+
 RANGE = 16 << 10
 NUM = 2 * EVICT_SLACK + 8
 DATA = os.urandom(RANGE * NUM)

@@ -22,7 +22,7 @@ def payload(i: int) -> bytes:
 
 
 def write(out: Path, num: int = 600) -> Path:
-    with ShardWriter(out, WriteOptions(codec="none", max_shard_samples=200)) as writer:
+    with ShardWriter(out, WriteOptions(codec="none", max_shard_samples=200, version=2)) as writer:
         for i in range(num):
             writer.write({"__key__": f"k/{i:05d}", "bin": payload(i), "n": i})
     return out

@@ -218,7 +218,9 @@ def test_verify_passes_a_class_folder_pack_and_names_a_label_not_its_folder(
     out = tmp_path / "wrong"
     manifest = read_manifest(packed)
     codec = get_codec("zstd")
-    with shardio.ShardWriter(out, classes=list(CLASSES)) as writer:
+    # format v2: frames written as given (a v3 writer takes samples)
+    with shardio.ShardWriter(out, shardio.WriteOptions(version=2),
+                             classes=list(CLASSES)) as writer:
         for sample in shardio.IndexedDataset(packed):
             sample = {k: v for k, v in sample.items() if k != "__index__"}
             if sample["__key__"] == "dog/take0/s0":

@@ -3,7 +3,7 @@
 The cluster lives for the module; each pack connects to it by address, as a
 pack to a remote cluster would. Walk tasks get a budget of 8 entries here, so
 the walk of every tree is split over both workers. Failures are injected in
-the workers by a worker plugin (patched ``RecordsShardWriter.append``): a
+the workers by a worker plugin (patched ``RecordsShardWriter.add``): a
 worker that SIGKILLs itself three records into a shard, and shards that stall
 until the test releases them, so that the driver can be SIGKILLed with shards
 in flight.
@@ -39,7 +39,7 @@ from shardio.storage import RemoteOptions, open_store  # noqa: E402
 from shardio.synth import make_photo, make_tiny_tree  # noqa: E402
 from shardio.writer import WriteOptions  # noqa: E402
 
-pytestmark = pytest.mark.dask
+pytestmark = [pytest.mark.dask, pytest.mark.servers]
 pytest_plugins = ("storage_plugin",)
 cloudpickle.register_pickle_by_value(sys.modules[__name__])  # workers cannot import this module
 
@@ -109,11 +109,11 @@ class Sabotage(distributed.WorkerPlugin):  # type: ignore[misc]
     def setup(self, worker: Any) -> None:
         from shardio.backends.records import RecordsShardWriter
 
-        self.original = original = RecordsShardWriter.append
+        self.original = original = RecordsShardWriter.add
         marks, kill_shard, stall_from = self.marks, self.kill_shard, self.stall_from
 
-        def append(writer: Any, key: str, framed: bytes) -> None:
-            original(writer, key, framed)
+        def append(writer: Any, sample: Any) -> None:
+            original(writer, sample)
             writer.appended = getattr(writer, "appended", 0) + 1
             number = int(writer.path.name[7:12])  # .shard-NNNNN-<attempt>.rec.tmp
             if number == kill_shard and writer.appended == 3:
@@ -130,12 +130,12 @@ class Sabotage(distributed.WorkerPlugin):  # type: ignore[misc]
                 while not os.path.exists(os.path.join(marks, "release")):
                     time.sleep(0.01)
 
-        RecordsShardWriter.append = append
+        RecordsShardWriter.add = append
 
     def teardown(self, worker: Any) -> None:
         from shardio.backends.records import RecordsShardWriter
 
-        RecordsShardWriter.append = self.original
+        RecordsShardWriter.add = self.original
 
 
 @pytest.fixture

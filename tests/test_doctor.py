@@ -40,6 +40,7 @@ def tiny_pack(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return root / "pack"
 
 
+@pytest.mark.slow
 def test_large_jpegs_without_workers_are_decode_bound(tmp_path: Path) -> None:
     # quality 20: less entropy coding, which no scale skips, so what the draft saves
     # (about 2.5x of decode here; 1.5x at quality 92) stands clear of a loaded machine
@@ -91,6 +92,7 @@ def test_find_period_needs_a_repeating_gap() -> None:
     assert find_period([0.0] * 18) is None
 
 
+@pytest.mark.servers
 def test_a_remote_dataset_behind_a_slow_link_is_io_bound(http: HttpEndpoint,
                                                            tmp_path: Path) -> None:
     # 2,000 samples in 100 shards: the two runs (before, after) read a few shards each,

@@ -52,7 +52,7 @@ def test_the_imagefolder_script_resumes_exactly_where_its_checkpoint_left_off(
     assert shardio.read_manifest(packed).num_samples == 48
     run_example("train_imagefolder.py", "--data", str(packed), "--steps", "5", *SMALL,
                 "--checkpoint", "part.pt", "--log-file", "part.jsonl", cwd=tmp_path)
-    assert torch.load(tmp_path / "part.pt", weights_only=False)["step"] == 5
+    assert torch.load(tmp_path / "part.pt", weights_only=True)["step"] == 5
     out = run_example("train_imagefolder.py", "--data", str(packed), "--steps", "8", *SMALL,
                       "--checkpoint", "part.pt", "--log-file", "part.jsonl", "--resume",
                       cwd=tmp_path)
@@ -65,7 +65,7 @@ def test_the_imagefolder_script_resumes_exactly_where_its_checkpoint_left_off(
         # the same batches, and the same model and optimizer state training on them
         assert interrupted["labels"] == uninterrupted["labels"]
         assert interrupted["loss"] == pytest.approx(uninterrupted["loss"], rel=1e-5)
-    assert torch.load(tmp_path / "part.pt", weights_only=False)["step"] == 8
+    assert torch.load(tmp_path / "part.pt", weights_only=True)["step"] == 8
 
 
 @pytest.mark.servers
@@ -76,7 +76,7 @@ def test_the_imagefolder_script_runs_as_two_torchrun_ranks_and_resumes_in_one_pr
                 "--batch-size", "4", "--num-workers", "1", "--image-size", "32",
                 "--checkpoint", "ddp.pt", "--log-file", "ddp.jsonl", cwd=tmp_path,
                 launcher=("-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2"))
-    checkpoint = torch.load(tmp_path / "ddp.pt", weights_only=False)
+    checkpoint = torch.load(tmp_path / "ddp.pt", weights_only=True)
     assert checkpoint["step"] == 2
     # each rank's position: 2 batches of 4 read by each of the two ranks
     assert [state["consumed"] for state in checkpoint["loaders"]] == [{"0": [8]}, {"1": [8]}]

@@ -13,7 +13,8 @@ from benchmarks.fetch_ceiling import PARALLEL, fetch_ceiling, ranges
 from benchmarks.remote_report import ceiling_line, ceiling_rate, target_rows
 from tests.storage_servers import RangeHTTPServer
 
-pytestmark = pytest.mark.skipif(shutil.which("curl") is None, reason="needs curl")
+pytestmark = [pytest.mark.skipif(shutil.which("curl") is None, reason="needs curl"),
+              pytest.mark.servers]
 
 
 @pytest.fixture

@@ -34,7 +34,7 @@ def payload(i: int) -> bytes:
 def dataset(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("filebytes") / "ds"
     # uncompressed, so each payload is a view of the shard's map in the worker
-    with ShardWriter(out, WriteOptions(codec="none", max_shard_samples=32)) as writer:
+    with ShardWriter(out, WriteOptions(codec="none", max_shard_samples=32, version=2)) as writer:
         for i in range(NUM):
             writer.write({"__key__": f"k/{i:04d}", "data": payload(i), "n": i})
     return out
@@ -46,6 +46,7 @@ def user_collate(samples: list[dict[str, Any]]) -> tuple[list[Any], list[int], l
             [type(s["data"]).__name__ for s in samples])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("num_workers", [0, 2])
 def test_plain_dataloader_hands_out_every_sample_once_as_bytes(dataset: Path,
                                                                 num_workers: int) -> None:

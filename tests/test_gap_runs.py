@@ -32,7 +32,7 @@ def test_window_runs_span_gaps_up_to_max_gap_within_a_shard_and_max_run() -> Non
 @pytest.fixture(scope="module")
 def pack(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("gaps") / "ds"
-    with ShardWriter(out, WriteOptions(max_shard_samples=40)) as writer:
+    with ShardWriter(out, WriteOptions(max_shard_samples=40, version=2)) as writer:
         for i in range(100):
             writer.write({"__key__": f"k/{i:03d}", "bin": bytes([i]) * (100 + i), "n": i})
     return out

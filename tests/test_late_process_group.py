@@ -18,6 +18,8 @@ import pytest
 
 from shardio import ShardWriter, WriteOptions
 
+pytestmark = pytest.mark.servers
+
 NUM_SAMPLES = 45
 
 RANK = """

@@ -38,7 +38,7 @@ def payload(tag: str, i: int) -> bytes:
 
 def write_pack(out: Path, tag: str, *, overwrite: bool = False) -> Path:
     """An LMDB pack of 40 samples in 3 shards whose bytes say ``tag``."""
-    options = WriteOptions(backend="lmdb", max_shard_samples=SHARD_SAMPLES)
+    options = WriteOptions(backend="lmdb", max_shard_samples=SHARD_SAMPLES, version=2)
     with ShardWriter(out, options, overwrite=overwrite) as writer:
         for i in range(NUM_SAMPLES):
             writer.write({"__key__": f"s/{i:03d}", "bin": payload(tag, i)})

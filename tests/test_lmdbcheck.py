@@ -59,7 +59,7 @@ def clean(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("lmdbcheck") / "ds"
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr("shardio.backends.lmdb.BATCH_BYTES", 40_000)
-        with ShardWriter(out, WriteOptions(backend="lmdb", codec="none")) as writer:
+        with ShardWriter(out, WriteOptions(backend="lmdb", codec="none", version=2)) as writer:
             for i in range(NUM_SAMPLES):
                 writer.write({"__key__": f"s{i:02d}", "bin": blob(i)})
     return out

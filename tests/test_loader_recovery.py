@@ -24,6 +24,8 @@ from shardio import ShardWriter, WriteOptions
 from shardio.dataloader import loader
 from shardio.dataset import StreamingDataset
 
+pytestmark = pytest.mark.slow
+
 NUM_SAMPLES = 120
 BATCH = 8
 

@@ -34,7 +34,7 @@ def packed(tmp_path_factory: pytest.TempPathFactory) -> Path:
     src = tmp_path_factory.mktemp("src")
     make_tiny_tree(src, num_files=NUM_FILES)
     out = tmp_path_factory.mktemp("packed") / "ds"
-    shardio.pack(src, out, options=shardio.WriteOptions(max_shard_samples=50), seed=3)
+    shardio.pack(src, out, options=shardio.WriteOptions(max_shard_samples=50, version=2), seed=3)
     return out
 
 
@@ -174,7 +174,7 @@ def test_a_large_run_is_hinted_only_where_its_pages_are_not_cached(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     out = tmp_path / "ds"
-    with shardio.ShardWriter(out, shardio.WriteOptions(codec="none")) as writer:
+    with shardio.ShardWriter(out, shardio.WriteOptions(codec="none", version=2)) as writer:
         for i in range(16):
             writer.write({"__key__": f"k/{i}", "bin": bytes([i]) * (256 << 10)})
     path = next(out.glob("*.rec"))

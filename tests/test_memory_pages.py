@@ -42,7 +42,7 @@ def payload(i: int) -> bytes:
 @pytest.fixture(scope="module")
 def pack(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("pages") / "ds"
-    with ShardWriter(out, WriteOptions(max_shard_samples=48, codec="none")) as writer:
+    with ShardWriter(out, WriteOptions(max_shard_samples=48, codec="none", version=2)) as writer:
         for i in range(NUM_SAMPLES):
             writer.write({"__key__": f"s/{i:04d}", "bin": payload(i)})
     return out

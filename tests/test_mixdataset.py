@@ -169,6 +169,7 @@ def test_decoded_mixture_of_imagefolder_packs(
     assert set(labels.tolist()) <= set(range(len(ds.classes)))
 
 
+@pytest.mark.servers
 def test_local_and_remote_sources(packs: dict[str, Path], http: HttpEndpoint,
                                   tmp_path: Path) -> None:
     shutil.copytree(packs["b"], http.root / "b")

@@ -39,6 +39,8 @@ from shardio.writer import WriteOptions
 
 pytest_plugins = ("storage_plugin",)
 
+pytestmark = pytest.mark.servers
+
 NUM_SAMPLES = 103  # not a multiple of 4 ranks: one padded sample
 NODES, PROCS_PER_NODE = 2, 2
 

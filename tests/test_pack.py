@@ -111,11 +111,12 @@ def test_shards_never_exceed_max_shard_bytes(
     for src, limit in ((imagefolder, 9000), (tiny_tree, 20_000)):
         out = tmp_path / src.name
         pack(src, out, options=WriteOptions(codec=codec, max_shard_bytes=limit), num_workers=2)
-        shards = _framed_sizes(out)
-        assert len(shards) > 3
-        assert all(sum(framed) <= limit or len(framed) == 1 for framed in shards)
-        stream = [s for shard in shards for s in shard]
-        assert len(stream) == read_manifest(out).num_samples
+        manifest = read_manifest(out)
+        assert len(manifest.shards) > 3
+        # the whole file: blocks, index, keys, header and footer
+        assert all(s.num_bytes == (out / s.name).stat().st_size for s in manifest.shards)
+        assert all(s.num_bytes <= limit or s.num_samples == 1 for s in manifest.shards)
+        assert sum(s.num_samples for s in manifest.shards) == len(list(open_dataset(out)))
 
 
 def test_a_planned_shard_of_only_bad_samples_is_left_out(
@@ -288,8 +289,8 @@ KILLER = textwrap.dedent("""
         return any(s["number"] == 0 for s in json.loads(journal.read_text())["shards"])
 
     def killing(append):
-        def append_then_maybe_kill(self, key, framed):
-            append(self, key, framed)
+        def append_then_maybe_kill(self, sample):
+            append(self, sample)
             self.appended = getattr(self, "appended", 0) + 1
             if self.appended == 2 and not self.path.name.startswith(".shard-00000"):
                 while not first_shard_journaled():
@@ -299,7 +300,7 @@ KILLER = textwrap.dedent("""
         return append_then_maybe_kill
 
     for cls in (RecordsShardWriter, LmdbShardWriter):
-        cls.append = killing(cls.append)
+        cls.add = killing(cls.add)
     kwargs = json.loads(sys.argv[3])
     options = WriteOptions(backend=kwargs.pop("backend"), max_shard_samples=5)
     pack(sys.argv[1], sys.argv[2], options=options, num_workers=2, **kwargs)
@@ -361,10 +362,10 @@ STALLER = textwrap.dedent("""
 
     src, out, marks = sys.argv[1], Path(sys.argv[2]), Path(sys.argv[3])
     stall, workers, journaled, how, interrupt_after_sending = json.loads(sys.argv[4])
-    append = RecordsShardWriter.append
+    append = RecordsShardWriter.add
 
-    def stalling(self, key, framed):
-        append(self, key, framed)
+    def stalling(self, sample):
+        append(self, sample)
         self.appended = getattr(self, "appended", 0) + 1
         if self.appended == 2 and int(self.path.name[7:12]) in stall:
             (marks / f"{self.path.name[7:12]}-{os.getpid()}").touch()
@@ -390,7 +391,7 @@ STALLER = textwrap.dedent("""
                 time.sleep(0.01)
             raise KeyboardInterrupt
 
-    RecordsShardWriter.append = stalling
+    RecordsShardWriter.add = stalling
     # Ctrl-C as in a terminal: a suite started in the background by a shell without job
     # control inherits SIGINT ignored, and Python then installs no KeyboardInterrupt handler
     signal.signal(signal.SIGINT, signal.default_int_handler)
@@ -507,16 +508,16 @@ def test_a_failing_worker_leaves_no_manifest_and_no_partial_shard(
 ) -> None:
     from shardio.backends.records import RecordsShardWriter
 
-    append = RecordsShardWriter.append
+    append = RecordsShardWriter.add
 
-    def failing(self: RecordsShardWriter, key: str, framed: bytes) -> None:
-        append(self, key, framed)
+    def failing(self: RecordsShardWriter, sample: Any) -> None:
+        append(self, sample)
         if self.path.name.startswith(".shard-00003") and failure == "dies":
             os._exit(3)  # like a worker the OOM killer took
         if self.path.name.startswith(".shard-00003"):
             raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr(RecordsShardWriter, "append", failing)
+    monkeypatch.setattr(RecordsShardWriter, "add", failing)
     options = WriteOptions(max_shard_samples=5)
     expected = "No space left" if failure == "raises" else r"shard 3 died \(exit code 3\)"
     with pytest.raises((OSError, PackError), match=expected):
@@ -524,7 +525,7 @@ def test_a_failing_worker_leaves_no_manifest_and_no_partial_shard(
     names = os.listdir(tmp_path / "out")
     assert MANIFEST_NAME not in names and JOURNAL_NAME in names
     assert not [n for n in names if n.startswith(".shard-")]
-    monkeypatch.setattr(RecordsShardWriter, "append", append)
+    monkeypatch.setattr(RecordsShardWriter, "add", append)
     pack(imagefolder, tmp_path / "out", options=options, resume=True, num_workers=workers)
     pack(imagefolder, tmp_path / "whole", options=options, num_workers=1)
     assert _files(tmp_path / "out") == _files(tmp_path / "whole")
@@ -537,13 +538,13 @@ def test_shards_may_finish_out_of_order(
     from shardio.journal import write_journal
 
     out = tmp_path / "out"
-    append = RecordsShardWriter.append
+    append = RecordsShardWriter.add
 
-    def first_shard_waits(self: RecordsShardWriter, key: str, framed: bytes) -> None:
+    def first_shard_waits(self: RecordsShardWriter, sample: Any) -> None:
         while self.path.name.startswith(".shard-00000") and '"number": 1' not in (
                 (out / JOURNAL_NAME).read_text()):
             time.sleep(0.01)
-        append(self, key, framed)
+        append(self, sample)
 
     journaled: list[list[int]] = []
 
@@ -551,12 +552,12 @@ def test_shards_may_finish_out_of_order(
         journaled.append([s["number"] for s in state["shards"]])
         write_journal(out, state)
 
-    monkeypatch.setattr(RecordsShardWriter, "append", first_shard_waits)
+    monkeypatch.setattr(RecordsShardWriter, "add", first_shard_waits)
     monkeypatch.setattr(importlib.import_module("shardio.packtarget"), "write_journal", recording)
     options = WriteOptions(max_shard_samples=5)
     pack(imagefolder, out, options=options, num_workers=2)
     assert journaled[1] != [0] and journaled[-1] == list(range(10))
-    monkeypatch.setattr(RecordsShardWriter, "append", append)
+    monkeypatch.setattr(RecordsShardWriter, "add", append)
     pack(imagefolder, tmp_path / "whole", options=options, num_workers=1)
     assert _files(out) == _files(tmp_path / "whole")
 
@@ -572,14 +573,14 @@ ORPHANED = textwrap.dedent("""
         raise OSError("no PR_SET_PDEATHSIG")  # only the workers' own check is left
 
     ctypes.CDLL = no_prctl
-    append = RecordsShardWriter.append
+    append = RecordsShardWriter.add
 
-    def slow(self, key, framed):
+    def slow(self, sample):
         (Path(sys.argv[3]) / str(os.getpid())).touch()
         time.sleep(0.02)
-        append(self, key, framed)
+        append(self, sample)
 
-    RecordsShardWriter.append = slow
+    RecordsShardWriter.add = slow
     pack(sys.argv[1], sys.argv[2], options=WriteOptions(max_shard_samples=5), num_workers=2)
 """)
 

@@ -33,6 +33,8 @@ from shardio.storage.remote import RemoteStore
 
 pytest_plugins = ("storage_plugin",)
 
+pytestmark = pytest.mark.servers
+
 NUM, SHARD, BLOCK, RECORD, WINDOW, BATCH = 1200, 600, 20, 1000, 120, 4
 """Records of ~1 KB in shards of 600 (~600 KB), blocks of 20 (~20 KB), windows of 120
 (6 blocks, so 10 windows), batches of 4: with ranges of 64 KiB three blocks would join,

@@ -31,6 +31,8 @@ from shardio.stream import _plan_window, head_runs
 
 pytest_plugins = ("storage_plugin",)
 
+pytestmark = pytest.mark.servers
+
 NUM, SHARD, BLOCK, BATCH = 240, 120, 20, 4
 """Samples of 3 KB, shards of 120 (360 KB), blocks of 20 (60 KB: ranges join blocks up to
 64 KiB, so each is a block): a first batch of 4 wants one record of a range, 1/20 of it."""

@@ -31,6 +31,8 @@ from shardio.reader import DatasetReader
 
 pytest_plugins = ("storage_plugin",)
 
+pytestmark = pytest.mark.servers
+
 
 @pytest.mark.parametrize("batch_size", [3, 10])
 def test_a_plain_dataloaders_first_batch_is_the_head(

@@ -12,6 +12,7 @@ import os
 import time
 from pathlib import Path
 
+import pytest
 from storage_servers import FAST_RETRY, S3Endpoint
 
 import shardio
@@ -20,6 +21,8 @@ from shardio.storage import open_store
 from shardio.storage.options import MIN_RANGE_BYTES, RemoteOptions
 
 pytest_plugins = ("storage_plugin",)
+
+pytestmark = pytest.mark.servers
 
 SMALL = 30_000
 """Two records of this size make a 64 KiB range."""

@@ -26,6 +26,8 @@ from shardio.synth import make_imagefolder
 
 pytest_plugins = ("storage_plugin",)
 
+pytestmark = pytest.mark.servers
+
 
 def _upload(folder: Path, url: str) -> str:
     store = open_store(url, retry=FAST_RETRY)

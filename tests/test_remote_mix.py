@@ -24,6 +24,8 @@ from shardio.synth import make_imagefolder
 
 pytest_plugins = ("storage_plugin",)
 
+pytestmark = pytest.mark.servers
+
 RANGE = 4 * MIN_RANGE_BYTES
 """256 KiB: a block of 4 images of 30-60 KB is one range; a worker's part of it is one run
 only when the gaps of the other worker's records are read through (local reads skip gaps

@@ -30,6 +30,8 @@ from shardio.writer import ShardWriter, WriteOptions
 
 pytest_plugins = ("storage_plugin",)
 
+pytestmark = pytest.mark.servers
+
 OPTIONS = WriteOptions(max_shard_samples=40)  # tiny_tree: 300 samples -> 8 shards
 
 

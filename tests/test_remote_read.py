@@ -40,6 +40,8 @@ from shardio.synth import make_imagefolder
 
 pytest_plugins = ("storage_plugin",)
 
+pytestmark = pytest.mark.servers
+
 RANGE = MIN_RANGE_BYTES
 """64 KiB ranges: a shard of ~600 KB is cut into ~10, so read-ahead and eviction happen."""
 FAULTS = {"cut_every": 6, "slowdown_every": 9, "seed": 3}

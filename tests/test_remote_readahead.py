@@ -22,6 +22,8 @@ from shardio.storage.fetch import RangeRequest
 
 pytest_plugins = ("storage_plugin",)
 
+pytestmark = pytest.mark.servers
+
 RANGE = 64 << 10
 DATA = os.urandom(8 * RANGE)
 

@@ -126,6 +126,7 @@ def shardio_piece(pack: Path, batch_size: int, workers: int, by_batches: bool) -
 PATHS = {"plain": plain_piece, "stateful": stateful_piece, "shardio.loader": shardio_piece}
 
 
+@pytest.mark.slow
 @settings(
     max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
 )

@@ -33,6 +33,8 @@ from shardio.storage.options import MIN_RANGE_BYTES, RemoteOptions
 
 pytest_plugins = ("storage_plugin",)
 
+pytestmark = pytest.mark.servers
+
 NUM, SHARD, BLOCK, RECORD = 1200, 300, 20, 1000
 """Records of ~1 KB in shards of 300, plan blocks of 20 (~21 KB ranges under a budget
 below the dataset)."""

@@ -27,6 +27,8 @@ from shardio.cli import COMMANDS, load_command, main
 from shardio.cli.options import DatasetParam, SizeParam
 from shardio.synth import make_imagefolder, make_tiny_tree
 
+pytestmark = pytest.mark.slow
+
 OUTPUTS = {("pack", "out"), ("merge", "out"), ("unpack", "dest"), ("preview", "output"),
            ("demo", "keep"), ("cat", "output"), ("doctor", "plot"), ("*", "cache_dir")}
 """Paths a command creates: a missing one is what they expect, so it is not fed as invalid."""

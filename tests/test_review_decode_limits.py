@@ -32,6 +32,8 @@ from shardio.devicedecode import jpeg_frame
 from shardio.errors import DecodeError
 from shardio.synth import make_photo
 
+pytestmark = pytest.mark.slow
+
 SIDE = 12_000
 """The claimed width and height: over Pillow's limit, under twice it."""
 CLAIM_BYTES = SIDE * SIDE * 3

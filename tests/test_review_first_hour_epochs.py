@@ -143,6 +143,7 @@ def test_batch_size_that_is_not_a_count_is_refused_by_name(
             dataset(pack, value)
 
 
+@pytest.mark.slow
 def test_shardio_loader_after_a_pass_of_the_dataset_reads_the_next_epoch(pack: Path) -> None:
     """A look at a sample (one pass, epoch 0) before training: ``shardio.loader`` reads
     epoch 1 and says so, as a plain DataLoader would."""

@@ -120,6 +120,7 @@ def test_cat_keeps_binary_bytes_off_a_terminal(generic: Path, tmp_path: Path) ->
     assert piped.returncode == 0 and piped.stdout == bytes(range(256)) * 4
 
 
+@pytest.mark.slow
 def test_bench_recommends_a_window_no_larger_than_the_dataset(imagefolder_pack: Path) -> None:
     args = ("bench", str(imagefolder_pack), "--max-workers", "0", "--max-samples", "8",
             "--batch-size", "4", "--mode", "raw")

@@ -115,6 +115,7 @@ def _interrupt_pack(tmp_path: Path, *flags: str) -> subprocess.CompletedProcess[
     return subprocess.CompletedProcess(args, process.returncode, stdout, stderr)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("workers", ["1", "2"])
 def test_ctrl_c_says_what_was_kept_and_how_to_resume(tmp_path: Path, workers: str) -> None:
     _big_tree(tmp_path / "big")

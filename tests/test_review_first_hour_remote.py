@@ -24,6 +24,8 @@ from benchmarks.storage_proxy import Server, serve
 
 pytest_plugins = ["storage_plugin"]
 
+pytestmark = pytest.mark.servers
+
 SECRET = "wJalrXUtnFEMI-not-a-real-secret"
 
 

@@ -135,6 +135,7 @@ def test_verify_and_the_cli_report_the_forged_count(packed: Path, tmp_path: Path
         assert "forged" in result.output and "shard-00000" in result.output, (args, result.output)
 
 
+@pytest.mark.servers
 @pytest.mark.parametrize("open_it", ["streaming", "indexed"])
 def test_a_remote_manifest_claiming_too_many_samples_is_refused_before_planning(
         packed: Path, http: HttpEndpoint, tmp_path: Path, open_it: str) -> None:

@@ -34,6 +34,8 @@ from shardio.storage.options import MIN_RANGE_BYTES, RemoteOptions
 
 pytest_plugins = ("storage_plugin",)
 
+pytestmark = pytest.mark.servers
+
 NUM = 60
 
 

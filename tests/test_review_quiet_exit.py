@@ -12,6 +12,8 @@ import pytest
 
 import shardio
 
+pytestmark = pytest.mark.slow
+
 # Each script reads from a copy of the dataset in a temporary folder. ``opened()`` lists the
 # files of that copy this process still holds (descriptors and maps): none once the
 # iterator is gone. The folder is removed before the interpreter exits, and in the last

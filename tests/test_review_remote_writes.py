@@ -32,6 +32,8 @@ from shardio.writer import ShardWriter, WriteOptions
 
 pytest_plugins = ("storage_plugin",)
 
+pytestmark = pytest.mark.servers
+
 OPTIONS = WriteOptions(max_shard_samples=40)  # tiny_tree: 300 samples -> 8 shards
 FOREIGN = ("shard-archive/2023.rec", "shard-backups/full.mdb", "shard-old.rec")
 SECRET = "Vq9xS3CR3Tversion"

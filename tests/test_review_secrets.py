@@ -44,6 +44,8 @@ from shardio.synth import make_imagefolder
 
 pytest_plugins = ("storage_plugin",)
 
+pytestmark = pytest.mark.servers
+
 HEADER_TOKEN = "Bearer hdr-Pl4nted-7f3a9c"
 API_KEY = "xapi-Pl4nted-0b1e2d"
 BASIC_PASSWORD = "basic-Pl4nted-5a6b7c"

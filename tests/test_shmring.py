@@ -25,6 +25,8 @@ from shardio.batch import RecordBatch
 from shardio.dataloader import loader
 from shardio.dataset import StreamingDataset
 
+pytestmark = pytest.mark.slow
+
 NUM_SAMPLES = 160
 BATCH = 8
 SHM = Path("/dev/shm")

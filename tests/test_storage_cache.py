@@ -21,6 +21,8 @@ from shardio.storage import budget as budget_module
 
 pytest_plugins = ("storage_plugin",)
 
+pytestmark = pytest.mark.servers
+
 RANGE = 256 << 10
 NUM_RANGES = 16
 DATA = os.urandom(RANGE * NUM_RANGES)

@@ -15,6 +15,8 @@ from shardio.storage.fetch import RangePrefetcher, RangeRequest, in_flight_bytes
 
 pytest_plugins = ("storage_plugin",)
 
+pytestmark = pytest.mark.servers
+
 RANGE = 128 << 10
 DATA = os.urandom(8 * RANGE)
 

@@ -19,6 +19,8 @@ from shardio.storage import RangeCache, RemoteStore, Store, open_store
 
 pytest_plugins = ("storage_plugin",)
 
+pytestmark = pytest.mark.servers
+
 DATA = os.urandom(1 << 20)
 RANGES = [(0, 1000), (5000, 300_000), (700_000, 1 << 20)]
 

@@ -12,6 +12,8 @@ from shardio.storage import RemoteStore, open_store, presigned
 
 pytest_plugins = ("storage_plugin",)
 
+pytestmark = pytest.mark.servers
+
 DATA = os.urandom(1 << 20)
 
 

@@ -14,6 +14,8 @@ from storage_servers import RangeHTTPServer
 
 from benchmarks.storage_proxy import STATS_PATH, FaultPlan, FaultProxy
 
+pytestmark = pytest.mark.servers
+
 SIZE = 1 << 20
 
 

@@ -28,6 +28,8 @@ from shardio.storage.retry import IncompleteBodyError, retry_call
 
 pytest_plugins = ("storage_plugin",)
 
+pytestmark = pytest.mark.servers
+
 DATA = os.urandom(3 << 20)
 MB = 1 << 20
 

@@ -289,9 +289,12 @@ COMMANDS = [info, ls, cat]
 def _record_bytes(reader: DatasetReader, number: int, shard: Any, record: int,
                   by_offsets: bool) -> int:
     """Bytes record ``record`` of ``shard`` stores: its frame; in a v3 block, its values'."""
-    if getattr(shard, "block_index", None) is not None:
-        sample = reader.decode_run(number, record, record + 1)[0]
-        return sum(len(v) for k, v in sample.items() if isinstance(v, (bytes, str))
-                   and k != "__key__")
+    if getattr(shard, "block_index", None) is not None:  # its values, offsets and key
+        from shardio.record import INDEX_FIELD, KEY_FIELD
+        from shardio.shardfile3 import MIN_RECORD_BYTES, record_bytes
+
+        sample = reader.decode_run(number, record, record + 1, verify=False)[0]
+        sample.pop(INDEX_FIELD, None)
+        return record_bytes(sample) + len(sample[KEY_FIELD].encode()) + MIN_RECORD_BYTES
     return int(shard.offset(record + 1) - shard.offset(record) if by_offsets
                else len(shard.frame(record)))
