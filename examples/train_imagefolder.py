@@ -121,7 +121,7 @@ def load_checkpoint(path: str, model: nn.Module, optimizer: torch.optim.Optimize
     Saved by another number of ranks, the ranks' positions are merged: every sample not
     yet read in that epoch is then read exactly once by the ranks of this run.
     """
-    checkpoint = torch.load(path, map_location="cpu", weights_only=False)
+    checkpoint = torch.load(path, map_location="cpu", weights_only=True)  # no arbitrary unpickling
     module = model.module if isinstance(model, DistributedDataParallel) else model
     module.load_state_dict(checkpoint["model"])
     optimizer.load_state_dict(checkpoint["optimizer"])
