@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 
 from benchmarks import SNAPSHOT_ENV, probe
-from benchmarks.adapters import BASELINE, SHUFFLE_ONLY, SYSTEMS, get_adapter
+from benchmarks.adapters import BASELINE, OPT_IN, SHUFFLE_ONLY, SYSTEMS, get_adapter
 from benchmarks.datagen import DATA_ROOT, FULL_SIZES, QUICK_SIZES, Tree, ensure_tree
 from benchmarks.machine import describe_machine, library_versions, snapshot_shardio, source_id
 from benchmarks.summary import summarize
@@ -233,7 +233,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     """Command-line flags."""
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--quick", action="store_true", help="small trees, 1 repeat: minutes")
-    p.add_argument("--systems", default=",".join(SYSTEMS), help="comma-separated subset")
+    p.add_argument("--systems", default=",".join(s for s in SYSTEMS if s not in OPT_IN),
+                   help="comma-separated subset")
     p.add_argument("--datasets", default="images,tiny", help="images, tiny or both")
     p.add_argument("--images", type=int, help="JPEG count (default 8000; quick 1000)")
     p.add_argument("--tiny", type=int, help="tiny-file count (default 100000; quick 10000)")

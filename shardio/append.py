@@ -301,7 +301,8 @@ def _dataset_options(base: Manifest) -> WriteOptions:
                         max_shard_bytes=int(stored.get("max_shard_bytes",
                                                        DEFAULT_MAX_SHARD_BYTES)),
                         max_shard_samples=None if samples is None else int(samples),
-                        version=max(base.version, LAST_FRAMED_VERSION))
+                        version=max(base.version, LAST_FRAMED_VERSION),
+                        block_records=base.block_records)
 
 
 def _write_options(out: Path, base: Manifest, options: WriteOptions | None) -> WriteOptions:

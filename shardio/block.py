@@ -280,13 +280,14 @@ def read_head(buf: bytes | memoryview, *, path: str, block: int,
         at += ENTRY.size
         _need(at + name_len <= end, path, block, "a field name runs past the field table")
         try:
-            name = str(view[at : at + name_len], "utf-8")
+            name: str | None = str(view[at : at + name_len], "utf-8")
         except UnicodeDecodeError:
-            name = ""
+            name = None
         at += name_len
-        _need(bool(name) and name not in (KEY_FIELD, INDEX_FIELD)
+        _need(name is not None and name not in (KEY_FIELD, INDEX_FIELD)
               and all(c.name != name for c in columns), path, block,
-              f"field name {name!r} is empty, reserved or repeated")
+              f"field name {name!r} is not UTF-8, reserved or repeated")
+        assert name is not None
         _need(kind <= MSGPACK and codec <= ZSTD and flags <= HAS_PRESENCE
               and width in (INT_WIDTHS if kind == INT else OFFSET_WIDTHS), path, block,
               f"column {name!r}: kind {kind}, codec {codec}, flags {flags}, width {width}")

@@ -19,7 +19,6 @@ import msgpack
 from shardio.block import RAW
 from shardio.codecs import decompress
 from shardio.errors import ShardCorruptError, ShardioError
-from shardio.flatmap import view_flat_map
 from shardio.format import unframe, unpack_footer
 from shardio.reader import DatasetReader
 from shardio.record import KEY_FIELD, decode_payload
@@ -87,9 +86,10 @@ def find_key(reader: DatasetReader, key: str) -> int | None:
 def read_label(reader: DatasetReader, index: int) -> int:
     """The ``label`` of labelled sample ``index``, its image bytes neither checked nor decoded.
 
-    The record's frame is checked for length (not its CRC: ``shardio verify``
-    does that) and its msgpack map is walked without copying the image; the
-    record's own key must be its key block's, so the label is that sample's.
+    v3: its block's structure is checked and its columns read (not its CRC:
+    ``shardio verify`` does that). v1/v2: the record's frame is checked for
+    length, not its CRC, and its msgpack map decoded; the record's own key
+    must be its key block's, so the label is that sample's.
 
     Raises:
         ShardCorruptError: the record does not decode, holds another key, or has
@@ -108,7 +108,7 @@ def read_label(reader: DatasetReader, index: int) -> int:
     where = f"{shard.path}: record {record} (sample {index}"
     try:
         data = decompress(codec, stored)
-        fields = view_flat_map(memoryview(data)) or decode_payload(data)
+        fields = decode_payload(data)
     except Exception as exc:  # msgpack and zstd raise a zoo of types; map them here
         raise ShardCorruptError(
             f"{where}) does not decode ({type(exc).__name__}: {exc}); "

@@ -6,7 +6,7 @@ memory bandwidth, not Python, so no encoding makes it much cheaper. It does not
 need the interpreter, though: the ``crc32c`` and ``zlib`` functions release the
 GIL on large buffers, and so does zstd. So the stream hands each window's runs, in
 the order their first samples are due, to one thread per process that checks them
-(and inflates their compressed payloads) while the reader decodes and hands out
+(v3: each block's; v1/v2: each record's) while the reader decodes and hands out
 earlier ones; the reader then takes a run's result before it decodes the run, and
 decodes only runs that passed. A run that failed is checked again where it is
 read, which names the record and raises. The thread touching a run's pages first
@@ -33,13 +33,8 @@ import contextlib
 import os
 import queue
 import threading
-from collections.abc import Callable, Sequence
-from typing import Any
+from collections.abc import Callable
 
-import numpy as np
-import numpy.typing as npt
-
-from shardio.columnar import compressed, inflate_payloads
 from shardio.format import RunBytes, first_failing
 
 _PENDING, _RUNNING, _DONE, _CANCELLED = 0, 1, 2, 3
@@ -50,22 +45,15 @@ class Check:
     there first: a reader waiting for a check not yet started runs it itself, so on two
     cores the two share the checking whichever is ahead)."""
 
-    __slots__ = ("_claim_lock", "_done", "_finished", "_state", "error", "failing", "inflated",
-                 "only", "run")
+    __slots__ = ("_claim_lock", "_done", "_finished", "_state", "error", "failing", "run")
 
-    def __init__(self, run: RunBytes | None, claim_lock: threading.Lock,
-                 only: list[int] | None = None) -> None:
+    def __init__(self, run: RunBytes | None, claim_lock: threading.Lock) -> None:
         self.run: RunBytes | None = run
-        self.only = only
-        """Positions of the records the reader wants (None: all); only these are inflated."""
         self._claim_lock = claim_lock
         """Taken to move the check from pending to running, so it runs once."""
         self.failing: int | None = None
         """The first record (position in the run) whose checksum fails; None: all pass."""
         self.error: BaseException | None = None
-        self.inflated: tuple[Sequence[Any], npt.NDArray[np.int64]] | None = None
-        """Where the run holds compressed records and passed: the wanted records' payloads,
-        inflated where their codec byte says so, as buffers, and their lengths."""
         self._state = _PENDING
         # held until the result is in: a lock costs a tenth of an Event (a Condition and a
         # lock) to make, and a window makes one check a run
@@ -108,8 +96,6 @@ class Check:
             return False
         try:
             self.failing = first_failing(run)
-            if self.failing is None and run.blocks is None and compressed(run, self.only):
-                self.inflated = inflate_payloads(run, self.only)
         except BaseException as exc:  # the reader checks the run itself, which names it
             self.error = exc
         finally:
@@ -143,10 +129,9 @@ class Checker:
         # a daemon: a reader that stops mid-window must not keep the interpreter alive
         threading.Thread(target=self._loop, name="shardio-check", daemon=True).start()
 
-    def submit(self, run: RunBytes, only: list[int] | None = None) -> Check:
-        """Queue ``run``'s checksums behind those queued before it (``only``: the positions
-        of the records whose payloads to inflate; None: all)."""
-        check = Check(run, self._claim_lock, only)
+    def submit(self, run: RunBytes) -> Check:
+        """Queue ``run``'s checksums behind those queued before it."""
+        check = Check(run, self._claim_lock)
         self._jobs.put(check)
         return check
 

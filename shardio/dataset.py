@@ -32,7 +32,7 @@ from shardio.errors import DecodeError, ResumeError
 from shardio.fields import FieldDecoder, Fields
 from shardio.mix import Source
 from shardio.mixreader import MixtureReader, open_reader
-from shardio.plan import PlanConfig, Split, batch_span, samples_per_rank
+from shardio.plan import PlanConfig, Split, batch_span, samples_per_rank, whole_blocks
 from shardio.ranks import env_rank
 from shardio.reader import DatasetReader
 from shardio.record import INDEX_FIELD, KEY_FIELD
@@ -384,7 +384,8 @@ class StreamingDataset(ClassAttributes, IterableDataset[Any]):
             seed=seed,
             shuffle=shuffle,
             window=window,
-            block_size=block_size or max(1, window // BLOCKS_PER_WINDOW),
+            block_size=whole_blocks(block_size or max(1, window // BLOCKS_PER_WINDOW),
+                                    self.manifest.block_records),
             drop_last=drop_last,
         )
         if isinstance(self.reader, MixtureReader):

@@ -119,6 +119,16 @@ class Manifest:
         return IMAGEFOLDER
 
     @property
+    def block_records(self) -> int | None:
+        """v3: records in each block of every shard (the last block of a shard may hold
+        fewer), as the writer's options say; None: not known (v1/v2, or merged datasets
+        whose inputs differ). A reading plan cuts its blocks at multiples of it."""
+        given = self.options.get("block_records")
+        if self.version < 3 or type(given) is not int or given < 1:
+            return None
+        return given
+
+    @property
     def is_imagefolder(self) -> bool:
         """Whether samples are an ImageFolder's: an ``image`` and its ``label``."""
         return self.layout == IMAGEFOLDER

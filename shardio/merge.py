@@ -17,16 +17,16 @@ Nothing here imports torch.
 from __future__ import annotations
 
 import errno
+import itertools
 import os
 import shutil
 import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Final, cast
+from typing import Any, Final
 
 from shardio.backends import ShardFileReader, create_shard, shard_name
-from shardio.codecs import get_codec
 from shardio.errors import OutputExistsError, PackError
 from shardio.format import LAST_FRAMED_VERSION
 from shardio.journal import dataset_entries, dataset_lock
@@ -41,11 +41,13 @@ from shardio.manifest import (
     write_manifest,
 )
 from shardio.reader import DatasetReader
-from shardio.rekey import rekey_frame
+from shardio.record import KEY_FIELD
 from shardio.rundecode import decode_run
 from shardio.version import __version__
 
 MAX_LISTED: Final = 5
+REWRITE_RECORDS: Final = 256
+"""Records of a v1/v2 shard decoded at a time when its keys are rewritten."""
 """Keys named in a refusal; the message gives the count of the rest."""
 CROSS_DEVICE: Final = (errno.EXDEV, errno.EPERM, errno.EMLINK, errno.ENOTSUP, errno.EOPNOTSUPP)
 """``os.link`` failures that mean "copy instead": another filesystem, or one without links."""
@@ -66,8 +68,6 @@ class MergeSummary:
     """Shard files copied byte for byte (another filesystem, or ``link=False``)."""
     rewritten: int
     """Shard files rewritten with prefixed keys."""
-    recompressed: int
-    """Records whose compressed payload was compressed again to change its key."""
     seconds: float
 
     def to_json(self) -> dict[str, Any]:
@@ -130,7 +130,7 @@ def _merge(paths: Sequence[Path], dest: Path, *, prefix_keys: bool, link: bool,
             path=dest)
     _refuse_clashes(paths, prefix_keys=prefix_keys)
     created: list[Path] = []
-    counts = {"linked": 0, "copied": 0, "rewritten": 0, "recompressed": 0}
+    counts = {"linked": 0, "copied": 0, "rewritten": 0}
     shards: list[ShardInfo] = []
     try:
         for path, manifest, name in zip(paths, manifests, names, strict=True):
@@ -222,40 +222,29 @@ def _place(src: Path, target: Path, link: bool, created: list[Path]) -> str:
 
 def _rewrite(reader: ShardFileReader, target: Path, manifest: Manifest, prefix: str,
              created: list[Path], counts: dict[str, int]) -> tuple[int, str, int]:
-    """Write ``reader``'s records to ``target`` with keys ``prefix + key``.
+    """Write ``reader``'s samples to ``target`` with keys ``prefix + key``: decoded a run at
+    a time (a v3 block, or ``REWRITE_RECORDS`` records) and written again as they are (no
+    image is decoded), in the shard's format version.
 
     Returns ``(bytes, checksum, keys_crc32)`` of the new shard.
     """
-    codec = get_codec(manifest.codec, int(manifest.options.get("level", 3)))
     tmp = target.with_name(f".{target.name}.tmp")
     created += [tmp, target]
     keys = reader.keys()
+    new_keys = [prefix + key for key in keys]
     writer = create_shard(manifest.backend, tmp,
                           version=max(manifest.version, LAST_FRAMED_VERSION), codec=manifest.codec,
                           level=int(manifest.options.get("level", 3)))
-    new_keys = [prefix + key for key in keys]
     index = getattr(reader, "block_index", None)
-    if index is not None:  # v3: block by block, values kept as they are (images not decoded)
-        try:
-            for b in range(len(index.firsts) - 1):
-                run = reader.read_run(index.firsts[b], index.firsts[b + 1])
-                for sample in decode_run(run, path=reader.path, first_record=index.firsts[b],
-                                         keys=new_keys):
-                    writer.add(sample)
-            size, checksum = writer.finish()
-        except BaseException:
-            writer.abort()
-            raise
-        os.replace(tmp, target)
-        counts["rewritten"] += 1
-        return size, checksum, writer.keys_crc32
+    cuts = (index.firsts if index is not None
+            else [*range(0, reader.num_records, REWRITE_RECORDS), reader.num_records])
     try:
-        for record, framed in reader.scan():
-            new, again = rekey_frame(framed, new_keys[record], old_key=keys[record], codec=codec,
-                                     path=reader.path, record=record,
-                                     offset=reader.offset(record))
-            cast(Any, writer).append(new_keys[record], new)
-            counts["recompressed"] += again
+        for lo, hi in itertools.pairwise(cuts):
+            for sample in decode_run(reader.read_run(lo, hi), path=reader.path, first_record=lo,
+                                     offset_of=reader.offset, keys=keys):
+                sample[KEY_FIELD] = new_keys[lo]
+                lo += 1
+                writer.add(sample)
         size, checksum = writer.finish()
     except BaseException:
         writer.abort()

@@ -29,7 +29,7 @@ import tempfile
 import time
 from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any, cast
 
@@ -50,6 +50,7 @@ from shardio.objectsource import is_python_source, scan_objects
 from shardio.packstate import journal_state, pack_manifest, resumable_shards
 from shardio.packtarget import LocalTarget, PackTarget, open_target
 from shardio.shardbuild import ShardFailure, ShardJob, file_image_problem, is_image_field
+from shardio.shardfile3 import block_records_for
 from shardio.shardplan import PLAN_VERSION, framed_bounds, plan_shards
 from shardio.shardpool import ProgressBar, default_workers
 from shardio.source import IMAGEFOLDER_RULES, Bad, Source, dataset_source, display_path
@@ -501,13 +502,17 @@ def _pack_source(
         random.Random(seed).shuffle(order)
     samples = source.samples
     stream = [samples[i] for i in order]
-    plan = plan_shards(framed_bounds(stream), max_shard_bytes=options.max_shard_bytes,
+    bounds = framed_bounds(stream)
+    plan = plan_shards(bounds, max_shard_bytes=options.max_shard_bytes,
                        max_shard_samples=options.max_shard_samples)
+    if options.version >= 3 and options.block_records is None:  # from the samples' sizes
+        options = replace(options, block_records=block_records_for(
+            sum(bounds) / max(len(bounds), 1)))
     identity = {"write": asdict(options), "plan": PLAN_VERSION, "source": source.digest,
                 "seed": seed, "shuffle": shuffle, "pack": pack_options}
     job = ShardJob(stream, plan, target.staging, options.backend, options.codec, options.level,
                    bool(pack_options["check_images"]), skip_bad, source.is_imagefolder,
-                   version=options.version)
+                   version=options.version, block_records=options.block_records)
     target.prepare(overwrite=overwrite, resume=resume)
     done = resumable_shards(job, identity, target) if resume else {}
     resumed = dict(done)

@@ -115,6 +115,15 @@ class Split:
             raise ValueError(f"lanes and batch must be >= 1, got {self.lanes}, {self.batch}")
 
 
+def whole_blocks(block_size: int, block_records: int | None) -> int:
+    """``block_size`` rounded to a multiple of the dataset's ``block_records`` (format v3:
+    records a stored block), so that each block of the plan is whole stored blocks, each
+    read, checked and inflated once an epoch; as it is where that is not known."""
+    if block_records is None:
+        return block_size
+    return block_records * max(1, round(block_size / block_records))
+
+
 def seeded_rng(*words: int) -> np.random.Generator:
     """A generator that is a pure function of ``words`` (seed, epoch, purpose, …)."""
     return np.random.default_rng(np.random.SeedSequence([w & 0xFFFFFFFF for w in words]))

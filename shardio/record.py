@@ -17,15 +17,12 @@ import numpy as np
 from shardio.checksum import DEFAULT, NAMES
 from shardio.codecs import Codec, decompress, decompressor, looks_compressed
 from shardio.errors import RecordEncodeError, ShardCorruptError
-from shardio.flatmap import view_flat_map
 from shardio.format import CODEC_NONE, FRAME_SIZE, RunBytes, check_frames, frame, unframe
 
 KEY_FIELD: Final = "__key__"
 INDEX_FIELD: Final = "__index__"
 SOURCE_FIELD: Final = "__source__"
 """Set by readers of a mixture to the sample's source, so no stored field may use it."""
-ZERO_COPY_MIN_BYTES: Final = 16 << 10
-"""Below this payload size msgpack's C decoder beats viewing the map from Python."""
 EXT_NDARRAY: Final = 1
 """msgpack ext type 1: an ndarray as msgpack ``[dtype.str, shape, raw C-order bytes]``."""
 
@@ -122,21 +119,18 @@ def encode_record(sample: Mapping[str, Any], codec: Codec, checksum: str = DEFAU
 
 def decode_run(
     run: RunBytes, *, path: str, first_record: int, offset_of: Callable[[int], int] | None = None,
-    verify: bool = True, first_index: int | None = None, zero_copy: bool = False,
+    verify: bool = True, first_index: int | None = None,
     keys: Sequence[str] | None = None, only: Sequence[int] | None = None,
 ) -> list[dict[str, Any]]:
-    """Check and decode a run of consecutive records (one streaming block) into sample dicts.
+    """Check and decode a run of consecutive v1/v2 records into sample dicts.
 
     The frames are checked together by ``shardio.format.check_frames`` (one
     checksum call for a v2 ``.rec`` run); then each payload is decompressed
     where its codec says so and parsed in one tight loop. ``offset_of(record)``
     gives a record's byte offset, for error messages only. With
     ``first_index`` each sample gets its global ``__index__`` too. With
-    ``zero_copy``, bytes values of large flat records are ``memoryview``
-    slices of the run instead of copies (see ``shardio.flatmap``); they keep
-    the run's buffer alive, so only a caller that copies them soon (a batch)
-    should ask. With ``keys`` (the shard's key block), each record's own
-    ``__key__`` must be the block's key for its position, so that a damaged
+    ``keys`` (the shard's key block), each record's own ``__key__`` must be
+    the block's key for its position, so that a damaged
     index or B-tree leading to another intact record is an error, not the
     wrong sample. With ``only`` (ascending positions in the run), only those
     records are decoded: a reader that wants a scattered part of a block reads
@@ -148,16 +142,13 @@ def decode_run(
     out: list[dict[str, Any]] = []
     unpackb = msgpack.unpackb
     inflate = decompressor().decompress
-    big = ZERO_COPY_MIN_BYTES if zero_copy else 1 << 62
     expected = keys[first_record : first_record + len(codecs)] if keys is not None else None
     for n in range(len(codecs)) if only is None else only:
         codec = codecs[n]
         payload = buf[bounds[n] + FRAME_SIZE : bounds[n + 1]]
         try:
             data = inflate(payload) if codec else payload
-            sample = view_flat_map(memoryview(data)) if len(data) >= big else None
-            if sample is None:
-                sample = unpackb(data, raw=False, ext_hook=_ext_hook, strict_map_key=True)
+            sample = unpackb(data, raw=False, ext_hook=_ext_hook, strict_map_key=True)
             if not isinstance(sample, dict):
                 raise ValueError(f"payload is a {type(sample).__name__}, not a map")
         except Exception as exc:  # msgpack and zstd raise a zoo of types; map them here
@@ -179,7 +170,7 @@ def _where(run: RunBytes, n: int, offset_of: Callable[[int], int] | None, first:
 def decode_frames(
     frames: Sequence[memoryview], *, path: str, first_record: int,
     offset_of: Callable[[int], int], verify: bool = True, first_index: int | None = None,
-    zero_copy: bool = False, keys: Sequence[str] | None = None, checksum: str | None = None,
+    keys: Sequence[str] | None = None, checksum: str | None = None,
 ) -> list[dict[str, Any]]:
     """``decode_run`` over frames held apart (joined into one buffer first).
 
@@ -195,7 +186,7 @@ def decode_frames(
         name = NAMES[ident] if ident < len(NAMES) else f"id {ident}"
     run = RunBytes(memoryview(b"".join(frames)), bounds, name, None, -1)
     return decode_run(run, path=path, first_record=first_record, offset_of=offset_of,
-                      verify=verify, first_index=first_index, zero_copy=zero_copy, keys=keys)
+                      verify=verify, first_index=first_index, keys=keys)
 
 
 def _undecodable(path: str, record: int, offset: int, exc: Exception) -> ShardCorruptError:

@@ -13,7 +13,6 @@ in the order the window's runs first showed them. Torch-free.
 
 from __future__ import annotations
 
-import io
 from collections.abc import Iterator, Sequence
 from operator import itemgetter
 from typing import TYPE_CHECKING, Any, overload
@@ -23,12 +22,10 @@ import numpy.typing as npt
 
 from shardio.batch import RecordBatch
 from shardio.filebytes import file_bytes
-from shardio.flatmap import ViewedSample
 from shardio.record import INDEX_FIELD, KEY_FIELD
 from shardio.rundecode import BYTES, GENERIC, INT
 
 if TYPE_CHECKING:
-    from shardio.columnar import Columns as FrameColumns
     from shardio.rundecode import Columns
 
 IndexArray = npt.NDArray[np.int64]
@@ -135,6 +132,14 @@ class _Column:
                 for v, view, (a, b) in zip(got, cut, pairs, strict=True)]
 
 
+class ViewedSample(dict[str, Any]):
+    """A sample dict whose bytes values are ``memoryview`` slices of the runs read."""
+
+    def owned(self) -> dict[str, Any]:
+        """A plain dict with every view copied into ``bytes`` (what a copy would give)."""
+        return {k: bytes(v) if type(v) is memoryview else v for k, v in self.items()}
+
+
 class WindowColumns:
     """A window's samples field by field, by rank; filled run by run as runs are decoded."""
 
@@ -150,9 +155,6 @@ class WindowColumns:
         self.placed = False
         """Owned bytes values of mapped runs as ``FileBytes`` (a DataLoader worker's samples,
         which then cross to the main process as places in the shard files)."""
-        self.buffers: list[io.BytesIO] = []
-        """The ``shardio.inflatepool`` buffers of the inflated payloads filed, to give back
-        when the window closes."""
 
     def put(self, lo: int, samples: Sequence[dict[str, Any]]) -> None:
         """File the decoded samples of ranks ``lo..lo+len(samples)``."""
@@ -169,15 +171,13 @@ class WindowColumns:
                 column = self.fields[name] = _Column(len(self.keys))
             column.put(lo, [s.get(name) for s in samples])
 
-    def put_columns(self, lo: int, decoded: Columns | FrameColumns) -> None:
-        """File records decoded field by field (``shardio.columnar``) at ranks from ``lo``."""
+    def put_columns(self, lo: int, decoded: Columns) -> None:
+        """File records decoded field by field (``shardio.rundecode``) at ranks from ``lo``."""
         hi = lo + len(decoded.keys)
         self.keys[lo:hi] = decoded.keys
-        self.buffers += getattr(decoded, "buffers", [])
         starts = decoded.starts or [None] * len(decoded.names)
         views = decoded.views or [None] * len(decoded.names)
-        sources = getattr(decoded, "sources", None) or [getattr(decoded, "source", None)] * len(
-            decoded.names)
+        sources = decoded.sources
         for name, kind, values, array, where, view, source in zip(
                 decoded.names, decoded.kinds, decoded.values, decoded.arrays, starts, views,
                 sources, strict=True):
@@ -228,7 +228,7 @@ class WindowColumns:
         whole = True
         for name, column in self.fields.items():
             values = column.take(ranks)
-            whole = whole and None not in values
+            whole = whole and not any(v is None for v in values)  # ``in`` compares arrays
             if owned and column.kind != "int":
                 values = _owned(values, column, ranks, self.placed)
             names.append(name)
@@ -277,23 +277,6 @@ class Chunk(Sequence[dict[str, Any]]):
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
         return iter(self.samples())
-
-    def detach(self) -> None:
-        """Copy the bytes of the samples of inflated payloads out of their windows' buffers
-        (``shardio.inflatepool``). For a window's last chunks, which their consumer (and the
-        stream, a chunk ahead) still hold while the next window is decoded: they would keep
-        every buffer of their window viewed (their samples come from all of its shards),
-        and the next window's payloads would then need as many fresh buffers, a second
-        window of memory."""
-        parts: list[tuple[WindowColumns, list[int]]] = []
-        for columns, ranks in self.parts:
-            if columns.buffers:
-                own = WindowColumns(columns.indices[np.asarray(ranks, np.int64)])
-                own.put(0, columns.samples(ranks, owned=True))
-                columns, ranks = own, list(range(len(ranks)))
-            parts.append((columns, ranks))
-        self.parts = parts
-        self._samples = None
 
     def samples(self) -> list[dict[str, Any]]:
         """The samples as dicts (made on first use)."""

@@ -168,14 +168,13 @@ def decode_run(
     """The run's wanted records as sample dicts, each with its ``__key__`` (and, with
     ``first_index``, its global ``__index__``), whatever the shard's format version.
 
-    v1/v2: ``record.decode_run`` (its arguments). v3: ``keys`` (the shard's key column)
-    is required; ``only`` as in ``run_columns``; bytes values are copies unless
-    ``zero_copy``.
+    v1/v2: ``record.decode_run`` (its arguments; bytes values are copies). v3: ``keys``
+    (the shard's key column) is required; ``only`` as in ``run_columns``; bytes values
+    are copies unless ``zero_copy``.
     """
     if run.blocks is None:
         return record.decode_run(run, path=path, first_record=first_record, offset_of=offset_of,
-                                 verify=verify, first_index=first_index, zero_copy=zero_copy,
-                                 keys=keys, only=only)
+                                 verify=verify, first_index=first_index, keys=keys, only=only)
     assert keys is not None, "a v3 run decodes with its shard's keys"
     out: list[dict[str, Any]] = []
     for got in run_columns(run, path=path, keys=keys, verify=verify, only=only):

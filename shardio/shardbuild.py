@@ -61,6 +61,8 @@ class ShardJob:
     """The folder relative sample paths are relative to, when not the working folder."""
     version: int = FORMAT_VERSION
     """The format version the shards are written in."""
+    block_records: int | None = None
+    """v3: records a block (``WriteOptions.block_records``)."""
 
     def for_shard(self, number: int) -> ShardJob:
         """This job cut down to shard ``number``: what a task on another machine is sent."""
@@ -310,7 +312,7 @@ def _build_shard(job: ShardJob, number: int, report: Report | None, attempt: str
     skipped: list[Bad] = []
     keys: list[str] = []
     writer = create_shard(job.backend, tmp, version=job.version, codec=job.codec,
-                          level=job.level)
+                          level=job.level, block_records=job.block_records)
     files = nbytes = 0
     try:
         for pos in job.plan[number]:

@@ -162,11 +162,16 @@ class ShardEncoder3:
     """
 
     def __init__(self, *, max_block_bytes: int = DEFAULT_MAX_BLOCK_BYTES,
-                 level: int | None = 3) -> None:
-        """``level``: zstd level for columns where it pays; None stores every column raw."""
-        if max_block_bytes <= 0:
-            raise ValueError(f"max_block_bytes must be positive, got {max_block_bytes}")
+                 level: int | None = 3, block_records: int | None = None) -> None:
+        """``level``: zstd level for columns where it pays; None stores every column raw.
+        ``block_records``: every block holds exactly this many records (the last fewer),
+        whatever their bytes, so that a reading plan's blocks can be whole blocks
+        (``block_records_for``); None: blocks bounded by ``max_block_bytes``."""
+        if max_block_bytes <= 0 or (block_records is not None and block_records <= 0):
+            raise ValueError(f"max_block_bytes and block_records must be positive, got "
+                             f"{max_block_bytes} and {block_records}")
         self.max_block_bytes = max_block_bytes
+        self.block_records = block_records
         self.level = level
         self.keys: list[str] = []
         self.first_records: list[int] = [0]
@@ -180,7 +185,8 @@ class ShardEncoder3:
             raise RecordEncodeError(f"every sample needs a str {KEY_FIELD}, got {key!r}")
         size = record_bytes(sample)
         out = []
-        if self._open and self._open_bytes + size > self.max_block_bytes:
+        if self._open and (len(self._open) >= self.block_records if self.block_records
+                           else self._open_bytes + size > self.max_block_bytes):
             out = self.finish()
         self.keys.append(key)
         self._open.append({k: v for k, v in sample.items() if k != KEY_FIELD})
@@ -195,6 +201,13 @@ class ShardEncoder3:
         self.first_records.append(self.first_records[-1] + len(self._open))
         self._open, self._open_bytes = [], 0
         return [block]
+
+
+def block_records_for(mean_record_bytes: float,
+                      max_block_bytes: int = DEFAULT_MAX_BLOCK_BYTES) -> int:
+    """Records a block of a dataset whose records take ``mean_record_bytes`` each (as
+    ``record_bytes`` counts) holds: as many as fill ``max_block_bytes``, at least one."""
+    return max(1, int(max_block_bytes // max(mean_record_bytes, 1.0)))
 
 
 def encode_keys(keys: Sequence[str], level: int | None) -> bytes:
@@ -257,9 +270,10 @@ class RecFileWriter3:
     """Writes one v3 ``.rec`` shard to ``fh``, computing its file checksum as it goes."""
 
     def __init__(self, fh: BinaryIO, *, max_block_bytes: int = DEFAULT_MAX_BLOCK_BYTES,
-                 level: int | None = 3) -> None:
+                 level: int | None = 3, block_records: int | None = None) -> None:
         self._fh = fh
-        self._encoder = ShardEncoder3(max_block_bytes=max_block_bytes, level=level)
+        self._encoder = ShardEncoder3(max_block_bytes=max_block_bytes, level=level,
+                                      block_records=block_records)
         self._compute = checksum_function(CRC32C)
         self._crc = self._size = 0
         self._offsets: list[int] = []

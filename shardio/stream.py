@@ -30,19 +30,15 @@ from typing import Any, Protocol, cast
 
 import numpy as np
 
-from shardio import inflatepool, rundecode
+from shardio import rundecode
 from shardio.backends import ShardFileReader
 from shardio.backends.records import RecordsShardReader
 from shardio.backends.remoterecords import RemoteRecordsReader
-from shardio.checkahead import PASSED as _PASSED
 from shardio.checkahead import Check, checker
-from shardio.columnar import Columns, RunPart, decode_columns
-from shardio.flatmap import ViewedSample
-from shardio.format import RunBytes, check_frames
+from shardio.format import RunBytes
 from shardio.manifest import Manifest
 from shardio.plan import IndexArray
-from shardio.runbatch import Chunk, WindowColumns
-from shardio.windowdecode import ShardRuns, decode_window
+from shardio.runbatch import Chunk, ViewedSample, WindowColumns
 
 Run = tuple[int, int, int]
 """``(shard, first record, stop record)``."""
@@ -229,8 +225,6 @@ def iter_chunks(
                 open_window.ensure(take)
                 assert open_window.columns is not None
                 pending.add(open_window.columns, take)
-                if len(ranks) - at < size:  # held while the next window is decoded: see
-                    pending.detach()         # Chunk.detach
             else:
                 pending.extend(open_window.gather(take, owned=True))
             if len(pending) == size:
@@ -382,72 +376,31 @@ class _OpenWindow:
                        self._firsts)
 
     def _load_local(self) -> None:
-        """Decode the due runs of each shard together, field by field, into ``columns``: every
-        shard's at once where they parse so (``decode_window``), else shard by shard."""
+        """Decode every due run of the window at once (a local run is a view of its map, its
+        checksums on the checker thread), so that samples are gathered a few dozen at a time
+        from the window's columns."""
         # the checker thread works through the window's checks in due order: the reader
         # takes those it has not started from the other end, so the two meet once, where
-        # taken shard by shard the reader waited for each run the thread was in
+        # taken one by one the reader waited for each run the thread was in
         for run in reversed(self._due):
             found = self._checks.get(run)
             if found is not None:
                 found[1].run_if_pending()
         number = {run: r for r, run in enumerate(self._runs)}
-        groups: list[list[int]] = []
+        spans: dict[int, tuple[int, int]] = {}
         for r in sorted(number[run] for run in self._due):
-            if groups and groups[-1][-1] == r - 1 and self._runs[r - 1][0] == self._runs[r][0]:
-                groups[-1].append(r)  # runs next to each other in one shard: ranks follow on
-            else:
-                groups.append([r])
-        gathered = [self._group_parts(group) for group in groups]
-        decoded: list[Columns] | None = None
-        if len(gathered) > 1 and not self._blocks:
-            decoded = decode_window([ShardRuns(parts, shard_reader.keys())
-                                     for shard_reader, parts in gathered])
-        for k, (group, (shard_reader, parts)) in enumerate(zip(groups, gathered, strict=True)):
-            self._file_group(group, shard_reader, parts, None if decoded is None else decoded[k])
+            self.load(r)
+            shard, start, stop = self._runs[r]
+            lo, hi = spans.get(shard, (start, stop))
+            spans[shard] = min(lo, start), max(hi, stop)
+        if self._drop_decoded:  # their bytes are not read here again: no need to keep them
+            for shard, (start, stop) in spans.items():
+                drop = getattr(self._reader.shard(shard), "drop_pages", None)
+                if drop is not None:
+                    drop(start, stop)
         self._complete = True  # every run a sample of the window is yielded from
         if self.after_load is not None:
             self.after_load()
-
-    def _group_parts(self, group: list[int]) -> tuple[ShardFileReader, list[RunPart]]:
-        """The runs of ``group`` (one shard's, next to each other), their checksums checked."""
-        shard_reader = self._reader.shard(self._runs[group[0]][0])
-        parts = []
-        for r in group:
-            _shard, start, stop = run = self._runs[r]
-            ahead = self._checks.pop(run, None)
-            run_bytes = ahead[0] if ahead is not None else shard_reader.read_run(start, stop)
-            checked = ahead is not None and ahead[1].passed()
-            inflated = ahead[1].inflated if checked and ahead is not None else None
-            if self._reader.verify and not checked:  # not on the checker thread: here
-                check_frames(run_bytes, path=shard_reader.path, first_record=start,
-                             offset_of=shard_reader.offset)
-                checked = True
-            parts.append(RunPart(run_bytes, start, self._only(r), checked, inflated))
-        return shard_reader, parts
-
-    def _file_group(self, group: list[int], shard_reader: ShardFileReader,
-                    parts: list[RunPart], decoded: Columns | None) -> None:
-        """File one shard's runs (``decoded``: already decoded with the window's others)."""
-        if self._blocks:
-            for r, part in zip(group, parts, strict=True):
-                self._put_blocks(self._base[r], shard_reader, part.run, part.checked, part.only)
-        elif decoded is None:
-            decoded = decode_columns(parts, path=shard_reader.path, keys=shard_reader.keys(),
-                                     verify=self._reader.verify, offset_of=shard_reader.offset)
-        if decoded is None and not self._blocks:  # record by record, naming what is wrong
-            for r, part in zip(group, parts, strict=True):
-                self._checks[self._runs[r]] = part.run, _PASSED
-                self.load(r)
-            return
-        assert self.columns is not None
-        if decoded is not None:
-            self.columns.put_columns(self._base[group[0]], decoded)
-        for r in group:
-            self._loaded[r] = True
-        drop = getattr(shard_reader, "drop_pages", None) if self._drop_decoded else None
-        if drop is not None:  # its bytes are not read here again: no need to keep them mapped
-            drop(self._runs[group[0]][1], self._runs[group[-1]][2])
 
     def ensure(self, wanted: list[int]) -> None:
         """Load the runs of the samples at ranks ``wanted``."""
@@ -486,12 +439,9 @@ class _OpenWindow:
         return got
 
     def close(self) -> None:
-        """Let go of the window: its samples, its inflated payloads' buffers (refilled once
-        nothing views them), and its runs' pages in this process."""
+        """Let go of the window: its samples and its runs' pages in this process."""
         self.samples = []
-        if self.columns is not None:
-            buffers, self.columns = self.columns.buffers, None
-            inflatepool.give_back(buffers)
+        self.columns = None
         for _run, check in self._checks.values():
             check.cancel()
         self._checks = {}
@@ -670,25 +620,14 @@ def _wanted(run: Run, unique: IndexArray, lo: int, hi: int, firsts: IndexArray,
     return wanted
 
 
-def _plan_checks(reader: RunReader, plan: _Window, firsts: IndexArray,
+def _plan_checks(reader: RunReader, plan: _Window, _firsts: IndexArray,
                  ) -> dict[Run, tuple[RunBytes, Check]]:
-    """Hand ``plan``'s local runs to the checker thread (``_check_ahead``), each with the
-    positions of its wanted records."""
-    base = np.concatenate(([0], np.cumsum(plan.counts))).astype(np.int64).tolist()
-    number = {run: r for r, run in enumerate(plan.runs)}
-
-    def only(run: Run) -> list[int] | None:
-        r = number[run]
-        return _wanted(run, plan.unique, base[r], base[r + 1], firsts)
-
-    return _check_ahead(reader, plan.due, only)
+    """Hand ``plan``'s local runs to the checker thread (``_check_ahead``)."""
+    return _check_ahead(reader, plan.due)
 
 
-def _check_ahead(reader: RunReader, due: list[Run],
-                 only: Callable[[Run], list[int] | None] = lambda _run: None,
-                 ) -> dict[Run, tuple[RunBytes, Check]]:
-    """Hand the checksums of a window's runs to this process's checker thread, in due order
-    (``only(run)``: the positions of the run's wanted records, whose payloads it inflates).
+def _check_ahead(reader: RunReader, due: list[Run]) -> dict[Run, tuple[RunBytes, Check]]:
+    """Hand the checksums of a window's runs to this process's checker thread, in due order.
 
     Only runs already in memory, where reading them is taking a view: those of mapped
     local shards, and those of remote ``.rec`` shards whose range is in the node cache now
@@ -713,7 +652,7 @@ def _check_ahead(reader: RunReader, due: list[Run],
     if not found:
         return {}
     thread = checker()  # submitted in due order, the order the thread works through them
-    return {run: (found[run], thread.submit(found[run], only(run))) for run in due if run in found}
+    return {run: (found[run], thread.submit(found[run])) for run in due if run in found}
 
 
 def read_run(

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from numbers import Integral
 from pathlib import Path
 from types import TracebackType
@@ -39,7 +39,7 @@ from shardio.manifest import (
 from shardio.packtarget import PackTarget, open_target
 from shardio.packtarget import prepare_output as prepare_output  # where pack found it
 from shardio.record import INDEX_FIELD, KEY_FIELD, SOURCE_FIELD, encode_record
-from shardio.shardfile3 import record_bytes
+from shardio.shardfile3 import block_records_for, record_bytes
 from shardio.storage import RemoteOptions, is_remote
 from shardio.version import __version__
 
@@ -57,6 +57,9 @@ class WriteOptions:
     max_shard_samples: int | None = None
     version: int = FORMAT_VERSION
     """The format version shards are written in (docs/format.md)."""
+    block_records: int | None = None
+    """v3: records a block, the same in every shard, so that a reading plan's blocks are
+    whole blocks; None: chosen from the first samples (``shardfile3.block_records_for``)."""
 
     def __post_init__(self) -> None:
         if self.backend not in SHARD_SUFFIX:
@@ -67,6 +70,8 @@ class WriteOptions:
         if self.version not in SUPPORTED_VERSIONS:
             raise ValueError(f"version must be one of {sorted(SUPPORTED_VERSIONS)}, got "
                              f"{self.version!r}")
+        if self.block_records is not None and self.block_records <= 0:
+            raise ValueError(f"block_records must be positive, got {self.block_records}")
         if self.max_shard_samples is not None and self.max_shard_samples <= 0:
             raise ValueError(f"max_shard_samples must be positive, got {self.max_shard_samples}")
 
@@ -254,7 +259,10 @@ class ShardWriter:
         if self.classes is not None:
             _check_labelled(sample, key, self.classes)
         if self.options.version >= 3:
-            self._put(key, sample.keys(), record_bytes(sample), lambda shard: shard.add(sample))
+            size = record_bytes(sample)
+            if self.options.block_records is None:  # the first sample's size sets it
+                self.options = replace(self.options, block_records=block_records_for(size))
+            self._put(key, sample.keys(), size, lambda shard: shard.add(sample))
         else:
             self._write_encoded(key, encode_record(sample, self._codec), sample.keys())
 
@@ -291,7 +299,8 @@ class ShardWriter:
             name = shard_name(opts.backend, len(self._shards))
             self._current_tmp = self._target.staging / f".{name}.tmp"
             self._current = create_shard(opts.backend, self._current_tmp, version=opts.version,
-                                         codec=opts.codec, level=opts.level)
+                                         codec=opts.codec, level=opts.level,
+                                         block_records=opts.block_records)
         add(self._current)
         self._current_keys.append(key)
         self._current_count += 1

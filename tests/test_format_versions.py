@@ -112,7 +112,7 @@ def test_merge_refuses_v3_beside_v2_and_rekeys_v3(tree: Path, tmp_path: Path) ->
     shardio.pack(tree, b, include=["class_01/*"], progress=False)
     shardio.pack(tree, old, options=WriteOptions(version=2), include=["class_02/*"],
                  progress=False)
-    with pytest.raises(PackError, match="format version .*--format-version 3"):
+    with pytest.raises(PackError, match=r"format version .*--format-version 3"):
         shardio.merge([a, old], tmp_path / "mixed")
     both = tmp_path / "both"
     shardio.merge([a, b], both, prefix_keys=True)

@@ -32,7 +32,7 @@ def test_window_runs_span_gaps_up_to_max_gap_within_a_shard_and_max_run() -> Non
 @pytest.fixture(scope="module")
 def pack(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("gaps") / "ds"
-    with ShardWriter(out, WriteOptions(max_shard_samples=40, version=2)) as writer:
+    with ShardWriter(out, WriteOptions(max_shard_samples=40)) as writer:
         for i in range(100):
             writer.write({"__key__": f"k/{i:03d}", "bin": bytes([i]) * (100 + i), "n": i})
     return out
@@ -44,26 +44,15 @@ def test_scattered_samples_come_back_exactly_decoded_through_gap_runs(
     import shardio.stream
 
     partial: list[int] = []
-    real = shardio.stream.decode_columns
+    real = shardio.stream._wanted
 
-    def spy(parts: Any, **kwargs: Any) -> Any:
-        out = real(parts, **kwargs)
-        assert out is not None  # flat records: the window is decoded field by field
-        partial.extend(len(p.run.bounds) - 1 - len(p.only)  # records read, not decoded
-                       for p in parts if p.only is not None)
-        return out
+    def spy(run: Any, *args: Any) -> Any:
+        wanted = real(run, *args)
+        if wanted is not None:  # records read (and checked), not decoded
+            partial.append(run[2] - run[1] - len(wanted))
+        return wanted
 
-    real_window = shardio.stream.decode_window
-
-    def window_spy(shards: Any) -> Any:
-        out = real_window(shards)
-        assert out is not None  # the window's shards at once, here
-        partial.extend(len(p.run.bounds) - 1 - len(p.only)
-                       for s in shards for p in s.parts if p.only is not None)
-        return out
-
-    monkeypatch.setattr(shardio.stream, "decode_columns", spy)
-    monkeypatch.setattr(shardio.stream, "decode_window", window_spy)
+    monkeypatch.setattr(shardio.stream, "_wanted", spy)
     reader = DatasetReader(pack)
     assert gap_records(reader.manifest, 16) == 15  # small records: gaps up to the block
     order = np.random.default_rng(0).permutation(100)[:37].astype(np.int64)  # a scattered part

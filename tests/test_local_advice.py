@@ -20,7 +20,6 @@ import shardio
 import shardio.backends.records as records
 import shardio.stream as stream
 from shardio.backends.records import PAGE, RecordsShardReader, advise_open
-from shardio.columnar import RunPart
 from shardio.format import unpack_footer
 from shardio.synth import make_tiny_tree
 
@@ -115,22 +114,21 @@ def test_the_next_window_is_hinted_once_this_one_is_decoded(
     packed: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     events: list[tuple[str, str, int, int]] = []
-    real_hint, real_file = RecordsShardReader.will_need, stream._OpenWindow._file_group
+    real_hint, real_load = RecordsShardReader.will_need, stream._OpenWindow.load
 
     def will_need(self: RecordsShardReader, start: int, stop: int) -> None:
         events.append(("hint", Path(self.path).name, start, stop))
         real_hint(self, start, stop)
 
-    def file_group(window: Any, group: Any, shard_reader: Any, parts: list[RunPart],
-                   decoded: Any) -> Any:
-        # each shard's runs as they are filed, decoded with the window's others or alone
-        for part in parts:
-            events.append(("decode", Path(shard_reader.path).name, part.start,
-                           part.start + len(part.run.bounds) - 1))
-        return real_file(window, group, shard_reader, parts, decoded)
+    def load(window: Any, r: int) -> Any:
+        # each run as it is decoded (a local window decodes all of its runs at once)
+        shard, start, stop = window._runs[r]
+        if not window._loaded[r] and not window._local:
+            events.append(("decode", Path(window._reader.shard(shard).path).name, start, stop))
+        return real_load(window, r)
 
     monkeypatch.setattr(RecordsShardReader, "will_need", will_need)
-    monkeypatch.setattr(stream._OpenWindow, "_file_group", file_group)
+    monkeypatch.setattr(stream._OpenWindow, "load", load)
     dataset = shardio.StreamingDataset(packed, decode="raw", shuffle_buffer=WINDOW, seed=2,
                                        block_size=10)
     keys = [sample["__key__"] for sample in dataset]

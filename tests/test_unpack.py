@@ -175,7 +175,7 @@ def craft(out: Path, backend: str, records: list[dict[str, Any]]) -> None:
     or hostile download can; the manifest lists the field ``txt`` only.
     """
     codec = get_codec("none")
-    with ShardWriter(out, WriteOptions(backend=backend, codec="none")) as writer:
+    with ShardWriter(out, WriteOptions(backend=backend, codec="none", version=2)) as writer:
         for i, sample in enumerate(records):
             writer._write_encoded(f"fine/{i}", encode_record(sample, codec), ["txt"])
 

@@ -33,7 +33,8 @@ def blob(i: int) -> bytes:
 def dataset(tmp_path: Path, backend: str) -> Path:
     """10 samples in shards of 4: shard 0 holds k0..k3, shard 1 k4..k7, shard 2 k8, k9."""
     out = tmp_path / "ds"
-    options = WriteOptions(backend=backend, codec="none", max_shard_samples=PER_SHARD)
+    options = WriteOptions(backend=backend, codec="none", max_shard_samples=PER_SHARD,
+                           version=2)  # record-level faults: v3's are in test_format_versions
     with ShardWriter(out, options) as writer:
         for i in range(NUM_SAMPLES):
             writer.write({"__key__": f"k{i}", "bin": blob(i), "txt": f"sample {i}"})
@@ -202,7 +203,8 @@ def write_crafted(out: Path, backend: str, records: list[tuple[str, dict[str, An
                   fields: list[str], classes: list[str] | None = None) -> None:
     """Records framed as given, under the key-block keys given (as a tampered shard can be)."""
     codec = get_codec("none")
-    with ShardWriter(out, WriteOptions(backend=backend, codec="none"), classes=classes) as w:
+    with ShardWriter(out, WriteOptions(backend=backend, codec="none", version=2),
+                     classes=classes) as w:
         for key, sample in records:
             w._write_encoded(key, encode_record(sample, codec), fields)
 
@@ -264,7 +266,8 @@ def test_labelled_record_its_readers_cannot_use_is_a_fault(
 def test_key_used_twice_is_a_fault(tmp_path: Path, backend: str) -> None:
     out = tmp_path / "ds"
     records = [(k, {"__key__": k, "txt": "x"}) for k in ("a", "b", "a")]
-    with ShardWriter(out, WriteOptions(backend=backend, max_shard_samples=2)) as writer:
+    with ShardWriter(out, WriteOptions(backend=backend, max_shard_samples=2,
+                                      version=2)) as writer:
         codec = get_codec("zstd")
         for key, sample in records:
             writer._keys.discard(key)  # the public write refuses a duplicate key
@@ -290,7 +293,7 @@ def test_damaged_region_of_a_records_shard_is_named(
     tmp_path: Path, where: Any, words: str
 ) -> None:
     out = tmp_path / "ds"
-    with ShardWriter(out, WriteOptions(codec="none")) as writer:
+    with ShardWriter(out, WriteOptions(codec="none", version=2)) as writer:
         for i in range(3):
             writer.write({"__key__": f"k{i}", "bin": blob(i)})
     path = out / read_manifest(out).shards[0].name
@@ -344,7 +347,7 @@ def test_manifest_without_key_block_crcs_still_reads(dataset: Path) -> None:
 
 def test_pack_and_writer_record_each_shards_key_block_crc(tmp_path: Path, tiny_tree: Path,
                                                          backend: str) -> None:
-    from shardio.backends import keys_crc32
+    from shardio.backends import stored_keys_crc32
     from shardio.pack import pack
 
     out = tmp_path / "packed"
@@ -354,4 +357,4 @@ def test_pack_and_writer_record_each_shards_key_block_crc(tmp_path: Path, tiny_t
     assert len(manifest.shards) == 3
     with open_dataset(out) as reader:
         for number, info in enumerate(manifest.shards):
-            assert info.keys_crc32 == keys_crc32(reader.shard(number).keys())
+            assert info.keys_crc32 == stored_keys_crc32(reader.shard(number))

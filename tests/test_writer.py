@@ -25,6 +25,7 @@ from shardio.errors import OutputExistsError, PackError, RecordEncodeError
 from shardio.manifest import read_manifest
 from shardio.reader import open_dataset
 from shardio.record import encode_record
+from shardio.shardfile3 import record_bytes
 from shardio.verify import verify
 from shardio.writer import JOURNAL_NAME, ShardWriter, WriteOptions
 
@@ -109,7 +110,8 @@ def test_rolls_at_max_shard_bytes(
 ) -> None:
     sizes = [len(encode_record(s, get_codec(codec))) for s in SAMPLES]
     max_shard_bytes = int(records_per_shard * sum(sizes) / len(sizes))
-    options = WriteOptions(backend=backend, codec=codec, max_shard_bytes=max_shard_bytes)
+    options = WriteOptions(backend=backend, codec=codec, max_shard_bytes=max_shard_bytes,
+                           version=2)  # frames: v3 shards are bounded in test_v3_shards_...
     write_all(tmp_path, options)
     manifest = read_manifest(tmp_path)
     assert sum(manifest.shard_sizes) == len(SAMPLES)
@@ -121,6 +123,24 @@ def test_rolls_at_max_shard_bytes(
             assert sum(framed) <= max_shard_bytes or len(framed) == 1
             if number + 1 < len(manifest.shards):
                 assert sum(framed) + sizes[shard.first_index + shard.num_samples] > max_shard_bytes
+
+
+@pytest.mark.parametrize("records_per_shard", [2.5, 6.5])
+def test_v3_shards_roll_at_max_shard_bytes(tmp_path: Path, backend: str, codec: str,
+                                           records_per_shard: float) -> None:
+    sizes = [record_bytes(s) for s in SAMPLES]
+    max_shard_bytes = int(records_per_shard * sum(sizes) / len(sizes))
+    write_all(tmp_path, WriteOptions(backend=backend, codec=codec,
+                                     max_shard_bytes=max_shard_bytes))
+    manifest = read_manifest(tmp_path)
+    assert manifest.version == 3 and len(manifest.shards) > 2
+    assert sum(manifest.shard_sizes) == len(SAMPLES)
+    for shard in manifest.shards:  # the values counted: header, index and keys come on top
+        counted = sum(sizes[shard.first_index : shard.first_index + shard.num_samples])
+        assert counted <= max_shard_bytes or shard.num_samples == 1
+    with open_dataset(tmp_path) as reader:
+        got = [{k: v for k, v in s.items() if k != "__index__"} for s in reader]
+    assert got == SAMPLES
 
 
 def test_a_record_over_the_limit_gets_a_shard_of_its_own(tmp_path: Path, backend: str) -> None:

@@ -103,6 +103,8 @@ _REGISTRY: dict[str, tuple[str, str, dict[str, Any]]] = {
     "shardio-records": ("benchmarks.adapters.shardio_packs", "ShardioAdapter",
                         {"backend": "records"}),
     "shardio-lmdb": ("benchmarks.adapters.shardio_packs", "ShardioAdapter", {"backend": "lmdb"}),
+    "shardio-records-v2": ("benchmarks.adapters.shardio_packs", "ShardioAdapter",
+                           {"backend": "records", "version": 2}),
     "shardio-records-unshuffled": ("benchmarks.adapters.shardio_packs", "ShardioAdapter",
                                    {"backend": "records", "pack_shuffle": False}),
     "shardio-records-dataloader": ("benchmarks.adapters.shardio_dataloader",
@@ -116,6 +118,8 @@ SYSTEMS: tuple[str, ...] = tuple(_REGISTRY)
 BASELINE = "imagefolder"
 PEERS = ("webdataset", "mosaicml", "litdata", "lmdb-file")
 SHUFFLE_ONLY = frozenset({"shardio-records-unshuffled"})
+OPT_IN = frozenset({"shardio-records-v2"})
+"""Variants measured only when named (``--systems``): format v2 beside v3, for issue 29."""
 """Variants measured for shuffle quality only (warm raw epochs), not for throughput."""
 
 

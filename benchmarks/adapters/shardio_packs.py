@@ -26,10 +26,13 @@ class ShardioAdapter:
 
     library = "shardio"
 
-    def __init__(self, *, name: str, backend: str, pack_shuffle: bool = True) -> None:
+    def __init__(self, *, name: str, backend: str, pack_shuffle: bool = True,
+                 version: int | None = None) -> None:
         self.name = name
         self.backend = backend
         self.pack_shuffle = pack_shuffle
+        self.version = version
+        """The format version to write (None: the release's); v2 measures what v3 replaced."""
 
     def missing(self) -> str | None:
         reason = module_missing("shardio", "shardio")
@@ -43,7 +46,8 @@ class ShardioAdapter:
         shardio.pack(
             tree.root,
             work,
-            options=shardio.WriteOptions(backend=self.backend),
+            options=shardio.WriteOptions(backend=self.backend, **(
+                {} if self.version is None else {"version": self.version})),
             # the tiny tree's class folders hold .bin files: their labels are stored, as
             # every peer stores them, instead of parsed from each key while reading
             class_folders=tree.kind != "images",

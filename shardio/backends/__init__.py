@@ -123,17 +123,21 @@ class ShardFileEncoder:
 
 
 def create_shard(backend: str, path: Path, *, version: int = FORMAT_VERSION,
-                 codec: str = "zstd", level: int = 3) -> ShardFileWriter:
+                 codec: str = "zstd", level: int = 3,
+                 block_records: int | None = None) -> ShardFileWriter:
     """Start writing a shard of ``backend`` at temporary ``path`` in format ``version``,
-    compressed with ``codec`` at ``level`` where it pays."""
+    compressed with ``codec`` at ``level`` where it pays; v3: ``block_records`` records a
+    block (``shardfile3.ShardEncoder3``)."""
     if backend == "records":
         from shardio.backends.records import RecordsShardWriter
 
-        return RecordsShardWriter(path, version=version, codec=codec, level=level)
+        return RecordsShardWriter(path, version=version, codec=codec, level=level,
+                                  block_records=block_records)
     if backend == "lmdb":
         from shardio.backends.lmdb import LmdbShardWriter
 
-        return LmdbShardWriter(path, version=version, codec=codec, level=level)
+        return LmdbShardWriter(path, version=version, codec=codec, level=level,
+                               block_records=block_records)
     raise ValueError(f"unknown backend {backend!r}; expected one of {', '.join(SHARD_SUFFIX)}")
 
 

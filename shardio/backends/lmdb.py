@@ -99,14 +99,16 @@ class LmdbShardWriter:
     """Writes one LMDB shard at ``path``: batched appends, one fsync at the end."""
 
     def __init__(self, path: Path, *, version: int = FORMAT_VERSION, codec: str = "zstd",
-                 level: int = 3) -> None:
+                 level: int = 3, block_records: int | None = None) -> None:
         """Start ``path`` in format ``version`` (1 and 2 exist to write the datasets older
-        readers made); ``codec`` and ``level``: how ``add`` compresses."""
+        readers made); ``codec`` and ``level``: how ``add`` compresses; ``block_records``:
+        v3 records a block."""
         self.path = Path(path)
         self.version = version
         self.checksum = CHECKSUM_OF_VERSION[version]
         self._encode = ShardFileEncoder(version, codec, level)
-        self._encoder3 = ShardEncoder3(level=self._encode.level) if version == 3 else None
+        self._encoder3 = ShardEncoder3(level=self._encode.level,
+                                       block_records=block_records) if version == 3 else None
         self._num_blocks = 0
         self._keys_crc32 = 0
         self.path.unlink(missing_ok=True)

@@ -144,9 +144,10 @@ class RecordsShardWriter:
     """Writes one ``.rec`` shard, computing its file checksum (the v2 chain) as it goes."""
 
     def __init__(self, path: Path, *, version: int = FORMAT_VERSION, codec: str = "zstd",
-                 level: int = 3) -> None:
+                 level: int = 3, block_records: int | None = None) -> None:
         """Start ``path`` in format ``version`` (1 and 2 exist to write the datasets older
-        readers made); ``codec`` and ``level``: how ``add`` compresses."""
+        readers made); ``codec`` and ``level``: how ``add`` compresses; ``block_records``:
+        v3 records a block."""
         self.path = Path(path)
         self.version = version
         self.checksum = CHECKSUM_OF_VERSION[version]
@@ -159,7 +160,8 @@ class RecordsShardWriter:
         self._chain: list[int] = []
         self._keys: list[str] = []
         self._encode = ShardFileEncoder(version, codec, level)
-        self._v3 = RecFileWriter3(self._fh, level=self._encode.level) if version == 3 else None
+        self._v3 = RecFileWriter3(self._fh, level=self._encode.level,
+                                  block_records=block_records) if version == 3 else None
         if self._v3 is None:
             self._write(pack_header(version, self.checksum))
 

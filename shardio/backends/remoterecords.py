@@ -265,8 +265,13 @@ class RemoteRecordsReader:
             index = self.block_index
             self.num_records = index.index.num_records
             blocks = len(index.firsts) - 1
-            per = None if block_records is None or blocks == 0 else max(
-                1, round(block_records * blocks / max(self.num_records, 1)))
+            # stored blocks of R records (``WriteOptions.block_records``): the plan's blocks
+            # are whole ones (``plan.whole_blocks``), k each; else about as many records
+            sizes = np.diff(index.index.first_records)
+            per = None if block_records is None or blocks == 0 else (
+                block_records // int(sizes[0])
+                if not block_records % int(sizes[0]) and bool((sizes[:-1] == sizes[0]).all())
+                else max(1, round(block_records * blocks / max(self.num_records, 1))))
             self._cuts = [index.firsts[c] for c in partition(
                 tail.offsets, range_bytes, per, max_join_bytes=max_join_bytes)]
         self._checksum = tail.checksum

@@ -48,9 +48,6 @@ def merge_command(inputs: tuple[Path, ...], out: Path, prefix_keys: bool, copy: 
     click.echo(f"merged {count} dataset{'s' * (count != 1)} into {summary.out}: "
                f"{summary.samples:,} samples in {summary.shards:,} shards "
                f"({format_size(summary.output_bytes)}; {how}) in {summary.seconds:.2f} s")
-    if summary.recompressed:
-        click.echo(f"  {summary.recompressed:,} compressed records were compressed again to "
-                   "change their key")
 
 
 COMMANDS = [merge_command]
