@@ -138,6 +138,7 @@ class ShardWriter:
         max_shard_bytes: int | None = None,
         backend: str | None = None,
         codec: str | None = None,
+        version: int | None = None,
         remote: RemoteOptions | None = None,
     ) -> None:
         """Open ``out`` for writing.
@@ -158,6 +159,8 @@ class ShardWriter:
             max_shard_bytes: roll to a new shard before it would pass this size.
             backend: ``"records"`` or ``"lmdb"``.
             codec: ``"zstd"`` or ``"none"``.
+            version: the format version (default: this release's; 2 writes what older
+                shardio reads).
             remote: how a URL ``out`` is reached (``RemoteOptions``); only its
                 ``storage_options`` and ``retry`` matter when writing. Ignored for a
                 local ``out``.
@@ -167,7 +170,7 @@ class ShardWriter:
         """
         given: dict[str, Any] = {name: value for name, value in (
             ("max_shard_samples", max_shard_samples), ("max_shard_bytes", max_shard_bytes),
-            ("backend", backend), ("codec", codec)) if value is not None}
+            ("backend", backend), ("codec", codec), ("version", version)) if value is not None}
         if options is not None and given:
             raise TypeError(
                 f"ShardWriter got both options= and {', '.join(f'{k}=' for k in given)}; "

@@ -41,7 +41,8 @@ NUM, SHARD, BLOCK, BATCH = 240, 120, 20, 4
 @pytest.fixture(scope="module")
 def packed(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("remote-head") / "ds"
-    options = shardio.WriteOptions(codec="none", max_shard_samples=SHARD)
+    # format v2: a record read on its own is its frame (v3: its stored block)
+    options = shardio.WriteOptions(codec="none", max_shard_samples=SHARD, version=2)
     rng = np.random.default_rng(4)
     with shardio.ShardWriter(out, options) as writer:
         for i in range(NUM):

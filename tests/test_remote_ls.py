@@ -57,7 +57,7 @@ def test_ls_of_a_url_reads_sizes_from_the_index_not_the_records(
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_bytes(os.urandom(rng.randrange(1000, 30_000)))
     packed = tmp_path / "packed"
-    shardio.pack(src, packed, options=shardio.WriteOptions(max_shard_samples=25))
+    shardio.pack(src, packed, options=shardio.WriteOptions(max_shard_samples=25, version=2))
     url = _upload(packed, s3.url)
     s3.plan.reset()
     cache = ["--cache-dir", str(tmp_path / "cache")]
@@ -70,7 +70,7 @@ def test_ls_of_a_labelled_url_reads_each_range_once(s3: S3Endpoint, tmp_path: Pa
     src = tmp_path / "src"
     make_imagefolder(src, num_classes=3, per_class=20, seed=3, long_side=(120, 200))
     packed = tmp_path / "packed"
-    shardio.pack(src, packed, options=shardio.WriteOptions(max_shard_samples=25))
+    shardio.pack(src, packed, options=shardio.WriteOptions(max_shard_samples=25, version=2))
     url = _upload(packed, s3.url)
     s3.plan.reset()
     cache = ["--cache-dir", str(tmp_path / "cache")]

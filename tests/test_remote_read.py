@@ -60,8 +60,9 @@ def packed(request: pytest.FixtureRequest, source: Path,
            tmp_path_factory: pytest.TempPathFactory) -> Path:
     """``source`` packed locally in shards of 40 samples."""
     out = tmp_path_factory.mktemp(f"remote-{request.param}") / "ds"
+    # stored blocks of 4 images (~60 KB): a range of RANGE holds whole blocks
     shardio.pack(source, out, options=shardio.WriteOptions(backend=request.param,
-                                                           max_shard_samples=40))
+                                                           max_shard_samples=40, block_records=4))
     return out
 
 
