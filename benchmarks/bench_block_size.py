@@ -28,7 +28,7 @@ from typing import Any
 
 from benchmarks.datagen import ensure_tree
 from shardio.block import check_block, decode_block, decode_columns, read_head
-from shardio.shardfile3 import RecFileWriter3, ShardIndex3, parse_rec
+from shardio.shardfile3 import DEFAULT_MAX_BLOCK_BYTES, RecFileWriter3, ShardIndex3, parse_rec
 
 BOUNDS = [16 << 10, 32 << 10, 64 << 10, 128 << 10, 256 << 10, 512 << 10, 1 << 20]
 RESULTS = Path(__file__).resolve().parent / "results" / "block_size.json"
@@ -113,6 +113,30 @@ def main(argv: list[str] | None = None) -> None:
             print(kind, json.dumps({k: round(v, 3) for k, v in row.items()}), flush=True)
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
     RESULTS.write_text(json.dumps(results, indent=1) + "\n", encoding="utf-8")
+
+
+def block_size_block(path: Path | None = None) -> str:
+    """docs/format.md's table of bounds (§8.2), from ``results/block_size.json``."""
+    results = json.loads((path or RESULTS).read_text(encoding="utf-8"))
+    tiny, images = (results["trees"][kind] for kind in ("tiny", "images"))
+    lines = [f"`python -m benchmarks.bench_block_size`: {tiny['num_samples']:,} tiny files of "
+             f"1–4 KB with a label, {images['num_samples']:,} JPEGs of 60–110 KB with a label; "
+             "one shard per bound, zstd level 3; min of 5 rounds on the project's 2-core machine:",
+             "", "| bound | tiny: records/block | tiny: bytes read per random record | tiny: "
+             "random record µs | tiny: sequential µs/sample | images: bytes read per random "
+             "record | images: sequential µs/sample |", "|---|---|---|---|---|---|---|"]
+    for row, image in zip(tiny["rows"], images["rows"], strict=True):
+        bound = row["bound"]
+        label = f"{bound >> 20} MiB" if bound >= 1 << 20 else f"{bound >> 10} KiB"
+        cells = [label, f"{row['records_per_block']:.0f}",
+                 f"{row['random_bytes_per_access']:,.0f}", f"{row['random_us']:.0f}",
+                 f"{row['sequential_us_per_sample']:.1f}",
+                 f"{image['random_bytes_per_access']:,.0f}",
+                 f"{image['sequential_us_per_sample']:.1f}"]
+        if bound == DEFAULT_MAX_BLOCK_BYTES:
+            cells = [f"**{c}**" for c in cells]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
 
 
 if __name__ == "__main__":

@@ -33,7 +33,7 @@ RESULTS = REPO / "benchmarks" / "results"
 
 DOCUMENTS = ("README.md", "benchmarks/README.md", "docs/remote.md", "docs/import.md",
              "docs/doctor.md", "docs/guarantees.md", "docs/performance.md",
-             "docs/decisions.md")
+             "docs/decisions.md", "docs/format.md")
 """Documents (relative to the repository) scanned for generated blocks."""
 
 BLOCKS: dict[str, str] = {
@@ -51,8 +51,8 @@ BLOCKS: dict[str, str] = {
     "bench-decode": "benchmarks.handover_report:decode_block",
     "lmdb-check": "benchmarks.bench_lmdbcheck:lmdbcheck_block",
     "bench-checksum": "benchmarks.bench_checksum:checksum_block",
-    "bench-stages": "benchmarks.bench_stages:stages_block",
     "bench-cold": "benchmarks.bench_cold:cold_block",
+    "block-size": "benchmarks.bench_block_size:block_size_block",
     "bench-warm": "benchmarks.warm_report:warm_block",
     "bench-dataloader-workers": "benchmarks.warm_report:dataloader_block",
     "bench-first-sample": "benchmarks.first_sample:first_sample_block",

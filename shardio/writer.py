@@ -219,6 +219,10 @@ class ShardWriter:
             self._shards.append(info)
             self._num_samples += info.num_samples
         self._fields = dict.fromkeys(state.get("fields", []))
+        chosen = state.get("block_records")
+        if self._shards and self.options.block_records is None and type(chosen) is int:
+            # what the first writer chose from its first sample: every shard's blocks alike
+            self.options = replace(self.options, block_records=chosen)
 
     def __enter__(self) -> ShardWriter:
         return self
@@ -332,6 +336,7 @@ class ShardWriter:
             "identity": self._identity,
             "fields": list(self._fields),
             "shards": [asdict(s) for s in self._shards],
+            "block_records": self.options.block_records,
         })
 
     def close(self) -> Manifest:

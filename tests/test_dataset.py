@@ -13,7 +13,7 @@ from PIL import Image
 from torch.utils.data import DataLoader
 
 import shardio
-from shardio import ShardWriter, WriteOptions
+from shardio import ShardWriter, WriteOptions, read_manifest
 from shardio.batch import RecordBatch
 from shardio.dataloader import loader
 from shardio.dataset import IndexedDataset, StreamingDataset
@@ -473,11 +473,15 @@ def test_merge_states_refuses_states_of_other_runs(dataset_dir: Path) -> None:
         return ds.state_dict()
 
     assert merge_states([state(0), state(1)])["consumed"] == {"0": [0], "1": [0]}
+    # v3: a plan's block size is a multiple of the blocks stored (``plan.whole_blocks``)
+    stored = read_manifest(dataset_dir).block_records or 1
+    planned = StreamingDataset(dataset_dir, decode="raw").config.block_size
+    other_blocks = stored * (3 if planned != 3 * stored else 5)
     for other, what in (
         ({"seed": 1}, "seed=1; state 0 has seed=0"),
         ({"shuffle": False}, "shuffle=False"),
         ({"shuffle_buffer": 99, "block_size": 8}, "window=99"),
-        ({"block_size": 3}, "block_size=3"),
+        ({"block_size": other_blocks}, f"block_size={other_blocks}"),
     ):
         with pytest.raises(ResumeError, match=what):
             merge_states([state(0), state(1, **other)])

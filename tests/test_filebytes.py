@@ -34,7 +34,7 @@ def payload(i: int) -> bytes:
 def dataset(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("filebytes") / "ds"
     # uncompressed, so each payload is a view of the shard's map in the worker
-    with ShardWriter(out, WriteOptions(codec="none", max_shard_samples=32, version=2)) as writer:
+    with ShardWriter(out, WriteOptions(codec="none", max_shard_samples=32)) as writer:
         for i in range(NUM):
             writer.write({"__key__": f"k/{i:04d}", "data": payload(i), "n": i})
     return out
@@ -68,8 +68,8 @@ def _value(dataset: Path, n: int = 3) -> tuple[RecordsShardReader, FileBytes, in
     """Sample ``n``'s payload as the stream makes it: copied out of its shard's map."""
     reader = RecordsShardReader(dataset / f"shard-{n // 32:05d}.rec")
     record = n % 32
-    raw = bytes(reader.read_frames(record, record + 1)[0])
-    start = reader.offset(record) + raw.index(payload(n)[:64])
+    block = reader.read_run(record, record + 1)  # the stored block holding it
+    start = block.offset + bytes(block.buffer).index(payload(n))
     view = reader._view[start : start + len(payload(n))]
     return reader, file_bytes(view, reader._mmap, start), n
 

@@ -123,3 +123,60 @@ def test_merge_refuses_v3_beside_v2_and_rekeys_v3(tree: Path, tmp_path: Path) ->
             name, _, key = sample["__key__"].partition("/")
             assert name in ("a", "b")
             assert bytes(sample["jpg"]) == (tree / f"{key}.jpg").read_bytes()
+
+
+def _blob(i: int) -> bytes:
+    return bytes((i * 31 + k * 7) % 251 for k in range(3000))
+
+
+@pytest.fixture
+def blobs(tmp_path: Path) -> Path:
+    """12 records of 3 KB in shards of 6, blocks of 3 records each (v3)."""
+    out = tmp_path / "blobs"
+    options = WriteOptions(codec="none", max_shard_samples=6, block_records=3)
+    with shardio.ShardWriter(out, options) as writer:
+        for i in range(12):
+            writer.write({"__key__": f"k{i:02d}", "bin": _blob(i), "n": i})
+    return out
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_flipped_byte_is_named_by_its_block_and_records_everywhere(
+        blobs: Path, workers: int) -> None:
+    shard = blobs / _manifest(blobs)["shards"][1]["name"]
+    data = bytearray(shard.read_bytes())
+    at = data.find(_blob(10))  # record 10: shard 1, record 4, in block 1 (records 3..5)
+    data[at + 100] ^= 0x20
+    shard.write_bytes(bytes(data))
+    faults = shardio.verify(blobs).faults
+    assert any(f.shard == shard.name and f.record == 3 and "block 1" in f.message
+               and "(records 3..5)" in f.message for f in faults), faults
+    with pytest.raises(shardio.errors.ChecksumError, match=r"block 1 .*\(records 3\.\.5\)"):
+        for _ in torch.utils.data.DataLoader(shardio.StreamingDataset(blobs, shuffle=False),
+                                             batch_size=None, num_workers=workers):
+            pass
+    indexed = shardio.IndexedDataset(blobs, decode="raw")
+    assert indexed[8]["n"] == 8  # block 0 of shard 1: intact
+    with pytest.raises(shardio.errors.ChecksumError, match="block 1"):
+        indexed[9]  # block 1 of shard 1 holds records 9..11 of the dataset
+
+
+def test_exchanged_v3_shards_are_refused_by_their_key_section(blobs: Path) -> None:
+    first, second = (blobs / s["name"] for s in _manifest(blobs)["shards"])
+    data = first.read_bytes()
+    first.write_bytes(second.read_bytes())
+    second.write_bytes(data)
+    with shardio.open_dataset(blobs) as reader, pytest.raises(
+            shardio.errors.ShardCorruptError, match="holds another shard's records"):
+        reader.get(0)
+    assert {f.shard for f in shardio.verify(blobs).faults} == {first.name, second.name}
+
+
+def test_a_plan_reads_whole_stored_blocks(blobs: Path) -> None:
+    manifest = shardio.read_manifest(blobs)
+    assert manifest.block_records == 3
+    for asked, planned in ((1, 3), (4, 3), (5, 6), (64, 63)):
+        dataset = shardio.StreamingDataset(blobs, block_size=asked, shuffle=True)
+        assert dataset.config.block_size == planned
+    keys = [s["__key__"] for s in shardio.StreamingDataset(blobs, block_size=4, seed=1)]
+    assert sorted(keys) == [f"k{i:02d}" for i in range(12)]

@@ -39,13 +39,24 @@ def payload(i: int) -> bytes:
     return bytes([i % 251, (i * 7) % 256]) * (RECORD_BYTES // 2)
 
 
-@pytest.fixture(scope="module")
-def pack(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    out = tmp_path_factory.mktemp("pages") / "ds"
-    with ShardWriter(out, WriteOptions(max_shard_samples=48, codec="none", version=2)) as writer:
+def _pack(out: Path, version: int) -> Path:
+    with ShardWriter(out, WriteOptions(max_shard_samples=48, codec="none",
+                                       version=version)) as writer:
         for i in range(NUM_SAMPLES):
             writer.write({"__key__": f"s/{i:04d}", "bin": payload(i)})
     return out
+
+
+@pytest.fixture(scope="module")
+def pack(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """What pack writes (format v3)."""
+    return _pack(tmp_path_factory.mktemp("pages") / "ds", 3)
+
+
+@pytest.fixture(scope="module")
+def pack_v2(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Format v2, one frame a record: for the tests that drop pages around records."""
+    return _pack(tmp_path_factory.mktemp("pages-v2") / "ds", 2)
 
 
 def resident_kb(path: Path) -> int:
@@ -66,8 +77,8 @@ def first_shard(pack: Path) -> Path:
 
 
 @linux_only
-def test_drop_pages_takes_the_neighbours_mapped_around_a_record(pack: Path) -> None:
-    path = first_shard(pack)
+def test_drop_pages_takes_the_neighbours_mapped_around_a_record(pack_v2: Path) -> None:
+    path = first_shard(pack_v2)
     reader = RecordsShardReader(path)
     try:
         opened = resident_kb(path)  # the header, index and key block, read on open
@@ -83,8 +94,8 @@ def test_drop_pages_takes_the_neighbours_mapped_around_a_record(pack: Path) -> N
 
 
 @linux_only
-def test_drop_view_pages_leaves_every_view_intact(pack: Path) -> None:
-    path = first_shard(pack)
+def test_drop_view_pages_leaves_every_view_intact(pack_v2: Path) -> None:
+    path = first_shard(pack_v2)
     reader = RecordsShardReader(path)
     try:
         opened = resident_kb(path)
@@ -143,9 +154,9 @@ def test_a_rewritten_shard_file_is_refused(pack: Path, tmp_path: Path) -> None:
 
 
 @linux_only
-def test_drop_pages_keeps_the_spans_asked_for(pack: Path) -> None:
+def test_drop_pages_keeps_the_spans_asked_for(pack_v2: Path) -> None:
     # a window's close keeps the next window's runs, which the checker thread has mapped
-    path = first_shard(pack)
+    path = first_shard(pack_v2)
     reader = RecordsShardReader(path)
     try:
         opened = resident_kb(path)
@@ -192,11 +203,11 @@ def test_windows_read_with_checks_a_window_ahead_give_their_pages_back(pack: Pat
 
 
 @linux_only
-def test_a_drop_run_later_holds_the_map_until_it_runs(pack: Path) -> None:
+def test_a_drop_run_later_holds_the_map_until_it_runs(pack_v2: Path) -> None:
     # the drop the checker thread runs later: nothing goes before it runs, the pages go
     # when it does, and a reader closed meanwhile leaves its map until then (no other
     # mapping can take its addresses and lose pages to the drop)
-    path = first_shard(pack)
+    path = first_shard(pack_v2)
     reader = RecordsShardReader(path)
     jobs: list[Callable[[], None]] = []
     opened = resident_kb(path)
