@@ -226,9 +226,10 @@ class WindowColumns:
         names: list[str] = [KEY_FIELD]
         columns: list[list[Any]] = [_take(self.keys, ranks)]
         whole = True
+        at = np.asarray(ranks, np.int64)
         for name, column in self.fields.items():
             values = column.take(ranks)
-            whole = whole and not any(v is None for v in values)  # ``in`` compares arrays
+            whole = whole and bool(column.present[at].all())
             if owned and column.kind != "int":
                 values = _owned(values, column, ranks, self.placed)
             names.append(name)
