@@ -169,9 +169,6 @@ def main(argv: list[str] | None = None) -> None:
         print(render(json.loads(args.results.read_text(encoding="utf-8"))))
 
 
-if __name__ == "__main__":
-    main()
-
 
 def _load(results: dict[str, Any]) -> str:
     """The 1-minute load average at the run's start and end, where the file has it."""
@@ -181,3 +178,7 @@ def _load(results: dict[str, Any]) -> str:
     return (f"; 1-minute load average {load['start']:.1f} at the start, {load['end']:.1f} at "
             f"the end, median {load['median']:.1f} and at most {load['max']:.1f} before its "
             "measurements, the harness's own children included")
+
+
+if __name__ == "__main__":
+    main()
