@@ -323,7 +323,8 @@ def pack(
             source = scan_objects(src, spill_dir=spill_dir, num_workers=workers,
                                   key_column=key_column)
         elif tables:
-            source = scan_tables(tables, spill_dir=spill_dir, key_column=key_column)
+            source = scan_tables(tables, spill_dir=spill_dir, key_column=key_column,
+                                 num_workers=workers)
         elif mds is not None:
             source = scan_mds(path, mds, spill_dir=spill_dir, num_workers=workers,
                               key_column=key_column, label_field=label_field)
