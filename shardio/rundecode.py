@@ -20,6 +20,7 @@ import numpy.typing as npt
 
 from shardio import block, record
 from shardio.block import RAW, Column, decode_columns, read_head
+from shardio.errors import ShardCorruptError
 from shardio.format import RunBytes, check_frames
 from shardio.record import INDEX_FIELD, KEY_FIELD
 
@@ -144,8 +145,6 @@ def _strs(data: memoryview, lo: list[int], hi: list[int], path: str, block: int,
     try:
         return [str(data[a:b], "utf-8") for a, b in zip(lo, hi, strict=True)]
     except UnicodeDecodeError as exc:
-        from shardio.errors import ShardCorruptError
-
         raise ShardCorruptError(
             f"{path}: block {block}, column {name!r} holds a str that is not UTF-8 but passed "
             "its checksum; the shard was written by a broken writer: re-pack it", path=path,

@@ -255,7 +255,7 @@ class _OpenWindow:
         self._loaded: list[bool] = [False] * len(plan.counts)
         self._due = plan.due
         self._checks: dict[Run, tuple[RunBytes, Check]] = checks if checks is not None else {}
-        """The runs' checks handed to the checker thread (``_plan_checks``), until taken."""
+        """The runs' checks handed to the checker thread (``_check_ahead``), until taken."""
         # decoded field by field when every due run is in memory: a local shard's, or a
         # remote one's whose range was cached when the window was planned (its check queued)
         self._local = bool(plan.due) and all(
@@ -394,10 +394,13 @@ class _OpenWindow:
             lo, hi = spans.get(shard, (start, stop))
             spans[shard] = min(lo, start), max(hi, stop)
         if self._drop_decoded:  # their bytes are not read here again: no need to keep them
+            keep: dict[int, list[tuple[int, int]]] = {}
+            for shard, start, stop in self.keep:  # the next window's, mapped by the checker
+                keep.setdefault(shard, []).append((start, stop))
             for shard, (start, stop) in spans.items():
                 drop = getattr(self._reader.shard(shard), "drop_pages", None)
                 if drop is not None:
-                    drop(start, stop)
+                    drop(start, stop, keep.get(shard, ()))
         self._complete = True  # every run a sample of the window is yielded from
         if self.after_load is not None:
             self.after_load()
@@ -511,7 +514,7 @@ def _windows(reader: RunReader, order: IndexArray, window: int, max_run: int, sk
     else:
         first_runs = []
         advise(reader, current.due)
-    checks = _plan_checks(reader, current, firsts) if check_ahead else {}
+    checks = _check_ahead(reader, current.due) if check_ahead else {}
     try:
         for w_lo in starts:
             upcoming = _plan_window(order, w_lo + window, w_lo + window, window, firsts,
@@ -533,7 +536,7 @@ def _windows(reader: RunReader, order: IndexArray, window: int, max_run: int, sk
             # were due at once: a local window decodes every run when its first sample is
             # due, so the reader took over about half of them (2.6 us of CRC-32C and 0.5
             # page faults an 80 KB image on the reading thread)
-            checks = _plan_checks(reader, upcoming, firsts) if check_ahead else {}
+            checks = _check_ahead(reader, upcoming.due) if check_ahead else {}
             open_window.keep = list(checks)
             try:
                 yield open_window
@@ -618,12 +621,6 @@ def _wanted(run: Run, unique: IndexArray, lo: int, hi: int, firsts: IndexArray,
         return None
     wanted: list[int] = (unique[lo:hi] - (int(firsts[shard]) + start)).tolist()
     return wanted
-
-
-def _plan_checks(reader: RunReader, plan: _Window, _firsts: IndexArray,
-                 ) -> dict[Run, tuple[RunBytes, Check]]:
-    """Hand ``plan``'s local runs to the checker thread (``_check_ahead``)."""
-    return _check_ahead(reader, plan.due)
 
 
 def _check_ahead(reader: RunReader, due: list[Run]) -> dict[Run, tuple[RunBytes, Check]]:
