@@ -25,10 +25,10 @@ import time
 from pathlib import Path
 
 from shardio import ShardWriter, WriteOptions
-from shardio.dataset import StreamingDataset
-from shardio.plan import IndexArray, Split, interleave_batches, plan_epoch
-from shardio.reader import DatasetReader
-from shardio.stream import iter_samples
+from shardio.order.plan import IndexArray, Split, interleave_batches, plan_epoch
+from shardio.reading.reader import DatasetReader
+from shardio.reading.stream import iter_samples
+from shardio.torch.dataset import StreamingDataset
 
 RESULTS = Path(__file__).resolve().parent / "results"
 WORK = Path(__file__).resolve().parent / "work" / "batch_split"

@@ -27,8 +27,8 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.datagen import ensure_tree
-from shardio.block import check_block, decode_block, decode_columns, read_head
-from shardio.shardfile3 import DEFAULT_MAX_BLOCK_BYTES, RecFileWriter3, ShardIndex3, parse_rec
+from shardio.format.block import check_block, decode_block, decode_columns, read_head
+from shardio.format.blockfile import DEFAULT_MAX_BLOCK_BYTES, RecFileWriter3, ShardIndex3, parse_rec
 
 BOUNDS = [16 << 10, 32 << 10, 64 << 10, 128 << 10, 256 << 10, 512 << 10, 1 << 20]
 RESULTS = Path(__file__).resolve().parent / "results" / "block_size.json"

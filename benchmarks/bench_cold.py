@@ -55,7 +55,7 @@ def record_hints(root: Path, seed: int) -> list[list[tuple[str, int, int]]]:
     """The byte spans a warm epoch of ``root`` hints, window by window, in its order:
     ``(shard file name, offset, length)``."""
     import shardio
-    import shardio.stream as stream
+    import shardio.reading.stream as stream
 
     windows: list[list[tuple[str, int, int]]] = []
     real = stream.advise

@@ -3,8 +3,8 @@
 Training decodes every image, then ``RandomResizedCrop(224)`` keeps a box of 8-100% of
 its area and resizes it: torchvision does that on a full-size decode. ``crop=`` picks the
 box from the header, decodes at the least JPEG scale (1/2, 1/4, 1/8) at which the box
-still covers 224x224 (``shardio/crop.py``; simplejpeg where installed, else Pillow's draft
-mode) and resizes the box with torch's uint8 kernels (``shardio/resize.py``); the results
+still covers 224x224 (``shardio/decode/crop.py``; simplejpeg where installed, else Pillow's draft
+mode) and resizes the box with torch's uint8 kernels (``shardio/torch/resize.py``); the results
 name which decoder ran. Two trees: the harness's images
 (400-500 px on the long side, where a 224 crop rarely allows a reduced scale) and photos
 of 1600x1200 (where it usually does). Per tree, in one process, the same samples' boxes
@@ -71,7 +71,7 @@ class FolderCrops:
     does per sample, in Pillow's calls: open, convert to RGB, crop the box, resize it."""
 
     def __init__(self, root: Path) -> None:
-        from shardio.crop import RandomResizedCrop
+        from shardio.decode.crop import RandomResizedCrop
 
         classes = sorted(p.name for p in root.iterdir() if p.is_dir())
         self.samples = [(p, classes.index(p.parent.name)) for p in sorted(root.rglob("*.jpg"))]
@@ -97,8 +97,8 @@ def per_image(root: Path, limit: int) -> dict[str, float]:
     """Images/s of both ways over the same bytes and boxes, one process, no loader."""
     from PIL import Image
 
-    from shardio.crop import Cropper, RandomResizedCrop
-    from shardio.resize import resize_box
+    from shardio.decode.crop import Cropper, RandomResizedCrop
+    from shardio.torch.resize import resize_box
 
     blobs = [p.read_bytes() for p in sorted(root.rglob("*.jpg"))[:limit]]
     # as StreamingDataset(crop=) builds it
@@ -125,7 +125,7 @@ def epoch_rates(root: Path, pack: Path, workers: int) -> dict[str, float]:
     import torch
 
     import shardio
-    from shardio.crop import RandomResizedCrop
+    from shardio.decode.crop import RandomResizedCrop
 
     dataset = shardio.StreamingDataset(pack, decode="tensor", crop=RandomResizedCrop(SIZE))
     ours = shardio.loader(dataset, batch_size=64, num_workers=workers)
@@ -189,8 +189,8 @@ def main(argv: list[str] | None = None) -> None:
 
 
 def _crop_decoder() -> str:
-    from shardio.crop import Cropper, RandomResizedCrop
-    from shardio.resize import resize_box
+    from shardio.decode.crop import Cropper, RandomResizedCrop
+    from shardio.torch.resize import resize_box
 
     return Cropper(RandomResizedCrop(SIZE), 0, resize=resize_box).describe()
 

@@ -154,7 +154,7 @@ def save_plot(report: dict[str, Any], path: Path) -> None:
     """The doctor's plot, re-saved with a 16-colour palette (a few KB, not a few tens)."""
     from PIL import Image
 
-    from shardio.doctor import draw_plot
+    from shardio.torch.doctor import draw_plot
 
     draw_plot(report, path)
     with Image.open(path) as image:
@@ -164,7 +164,7 @@ def save_plot(report: dict[str, Any], path: Path) -> None:
 
 def main(argv: list[str] | None = None) -> None:
     """Run the cases; write the results file and the plots."""
-    from shardio.doctor import format_report
+    from shardio.torch.doctor import format_report
 
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--quick", action="store_true", help="the test suite's sizes")

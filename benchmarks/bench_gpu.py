@@ -101,7 +101,7 @@ def make_data(work: Path, images: int, size: tuple[int, int]) -> dict[str, Any]:
 
 def _decode_all(payload: tuple[list[bytes], float]) -> float:
     """Decode every image once after ``start`` (all processes begin together); seconds."""
-    from shardio.collate import decode_tensor
+    from shardio.torch.collate import decode_tensor
 
     blobs, start = payload
     while time.time() < start:
@@ -232,11 +232,11 @@ def _decoder_name(system: str) -> str:
         return shardio.DeviceDecoder("cuda").describe()
     if system.startswith("torchvision"):
         return "Pillow (ImageFolder)"
-    from shardio.decode import jpeg_decoder
+    from shardio.decode.image import jpeg_decoder
 
     if system == "shardio-crop":
-        from shardio.crop import Cropper, RandomResizedCrop
-        from shardio.resize import resize_box
+        from shardio.decode.crop import Cropper, RandomResizedCrop
+        from shardio.torch.resize import resize_box
 
         return Cropper(RandomResizedCrop(CROP), 0, resize=resize_box).describe()
 

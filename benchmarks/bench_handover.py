@@ -2,7 +2,7 @@
 
 ``shardio.loader`` with 2 workers against one process, in the same rounds: raw batches
 (``RecordBatch``) of both trees and decoded images, each handed over through the
-workers' shared-memory rings (``shardio.shmring``, the default) and as pickled copies
+workers' shared-memory rings (``shardio.torch.handover.ring``, the default) and as pickled copies
 (the ring turned off, how batches crossed before), raw batches also copied into the
 ring (``-slots``: before they crossed as places in their shard files); decoded images
 also through the per-sample path (``decode_tensor`` per image, then ``collate_tensor``),
@@ -72,14 +72,14 @@ def worker_cpu_s() -> float:
 def run_variant(name: str, pack: Path, tree: Tree) -> dict[str, Any]:
     """One epoch of ``name`` in this (fresh) process."""
     import shardio
-    import shardio.shmring
-    from shardio.collate import collate_tensor
+    import shardio.torch.handover.ring
+    from shardio.torch.collate import collate_tensor
 
     kind, decode, workers, ring, path = VARIANTS[name]
-    shardio.shmring.ENABLED = ring
+    shardio.torch.handover.ring.ENABLED = ring
     # "-ring": the default, local shards' raw batches as places in their files; "-slots":
     # every batch copied into the worker's ring, as before those
-    shardio.shmring.FILES_ENABLED = not name.endswith("-slots")
+    shardio.torch.handover.ring.FILES_ENABLED = not name.endswith("-slots")
     # imported before the clock, like benchmarks.child's preload: shardio's lazy
     # attributes import its torch modules (35 ms here), which in a 0.1 s epoch added the
     # same constant to both sides of a ratio and pulled it towards 1
@@ -134,7 +134,7 @@ def run_variant(name: str, pack: Path, tree: Tree) -> dict[str, Any]:
             # (a full one of what the imports left, about 40 ms here, whichever call triggers it)
             "main_cpu_start_ms": (first[0] - cpu) * 1e3, "main_gc_ms": main_gc * 1e3,
             "workers_cpu_us": workers_cpu / samples * 1e6, "load_1min": os.getloadavg()[0],
-            "jpeg_decoder": shardio.decode.jpeg_decoder() if decode else None}
+            "jpeg_decoder": shardio.decode.image.jpeg_decoder() if decode else None}
 
 
 def run_limit(tree: Tree) -> dict[str, Any]:

@@ -9,7 +9,7 @@ copy of it whose key checks are cut out (``strip_checks``: the two lines that pa
 key block to the decoders; the baseline's manifest has no ``keys_crc32``), so nothing
 but the checks differs. Rounds interleave the two, each read in a fresh process, on a
 dataset of many small records (the worst case: most keys per byte). Reads: a full
-shuffled epoch through the streaming path (``shardio.stream.iter_samples``),
+shuffled epoch through the streaming path (``shardio.reading.stream.iter_samples``),
 ``--gets`` random ``DatasetReader.get`` calls (``IndexedDataset``'s path, where every
 shard open is paid for a few records), and the open of every shard with one record read
 (best of 5, warm: the per-open cost). Cold reads evict the shard files from the page
@@ -39,8 +39,8 @@ CHILD = r"""
 import json, sys, time
 import numpy as np
 import shardio
-from shardio.reader import DatasetReader
-from shardio.stream import iter_samples
+from shardio.reading.reader import DatasetReader
+from shardio.reading.stream import iter_samples
 root, gets, kind = sys.argv[1], int(sys.argv[2]), sys.argv[3]
 if kind == "opens":  # every shard opened and one record read, best of 5 fresh readers
     best, cpu = float("inf"), float("inf")
@@ -143,8 +143,8 @@ def key_check_ns(root: Path) -> dict[str, float]:
     """Per record, CPU time decoding a block with and without the key check (best of 30)."""
     import time
 
-    from shardio.reader import DatasetReader
-    from shardio.record import decode_frames
+    from shardio.format.record import decode_frames
+    from shardio.reading.reader import DatasetReader
 
     with DatasetReader(root) as reader:
         shard = reader.shard(0)

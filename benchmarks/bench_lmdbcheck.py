@@ -39,10 +39,10 @@ from typing import Any
 import shardio.backends.lmdb as lmdb_backend
 from benchmarks.datagen import ensure_tree
 from shardio.backends.lmdbcheck import check_lmdb_file
-from shardio.manifest import read_manifest
-from shardio.pack import pack
-from shardio.reader import DatasetReader
-from shardio.writer import WriteOptions
+from shardio.format.manifest import read_manifest
+from shardio.packing.pack import pack
+from shardio.packing.writer import WriteOptions
+from shardio.reading.reader import DatasetReader
 
 RESULTS = Path(__file__).resolve().parent / "results"
 WORK = Path(__file__).resolve().parent / "work" / "lmdbcheck"

@@ -52,8 +52,8 @@ WORK = HERE / "work"
 
 CHILD = """
 import json, resource, sys, time
-from shardio.pack import pack
-from shardio.writer import WriteOptions
+from shardio.packing.pack import pack
+from shardio.packing.writer import WriteOptions
 
 def cpu():
     return sum(u.ru_utime + u.ru_stime for u in (
@@ -62,14 +62,14 @@ def cpu():
 src, out, workers, codec, scheduler = sys.argv[1:6]
 engine = "dask" if scheduler else "local"
 if scheduler:
-    import shardio.engines.dask  # imports are not timed, as for the local pack
+    import shardio.packing.engines.dask  # imports are not timed, as for the local pack
 cpu0, start = cpu(), time.perf_counter()
 summary = pack(src, out, options=WriteOptions(codec=codec), num_workers=int(workers),
                progress=False, engine=engine, scheduler=scheduler or None)
 seconds = time.perf_counter() - start
 print(json.dumps({"seconds": seconds, "cpu_s": cpu() - cpu0, "samples": summary.samples,
                   "output_bytes": summary.output_bytes,
-                  "module": sys.modules["shardio.pack"].__file__}))
+                  "module": sys.modules["shardio.packing.pack"].__file__}))
 """
 """One timed pack, run as ``python -P -c CHILD SRC OUT WORKERS CODEC SCHEDULER`` in a fresh
 process (``SCHEDULER`` empty for the local engine).
@@ -159,13 +159,13 @@ def extract_revision(rev: str, work: Path) -> Path:
 
 
 class DaskCluster:
-    """``shardio.engines.dask.local_cluster``, a client, and the CPU time of its workers."""
+    """``shardio.packing.engines.dask.local_cluster``, a client, and the CPU time of its workers."""
 
     def __init__(self, num_workers: int) -> None:
         import distributed
         import psutil  # a dependency of distributed
 
-        from shardio.engines.dask import local_cluster
+        from shardio.packing.engines.dask import local_cluster
 
         start = time.perf_counter()
         self.cluster = local_cluster(num_workers)  # the cluster pack itself would start

@@ -1,6 +1,6 @@
 """Scan cost: what walking SRC and planning its shards cost per file, with N walk tasks.
 
-Before a pack reads any file, its driver walks SRC (in tasks: ``shardio.scan``),
+Before a pack reads any file, its driver walks SRC (in tasks: ``shardio.packing.scan``),
 merges the tasks' samples, shuffles them and cuts the shards. This benchmark
 times that part alone on the two shared trees of ``benchmarks.datagen``, in a
 fresh process per run (imports excluded, the cyclic GC paused as ``pack``
@@ -50,16 +50,16 @@ TASKS = (2, 8, 32)
 CHILD = """
 import gc, itertools, json, random, resource, sys, time
 gc.disable()
-from shardio.shardplan import framed_bounds, plan_shards
+from shardio.packing.plan import framed_bounds, plan_shards
 src, how, scheduler, budget = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
 tasks = []
 if how == "dask":
-    import shardio.engines.dask as dask_engine
+    import shardio.packing.engines.dask as dask_engine
     dask_engine.MAX_ENTRIES = budget
     engine = dask_engine.DaskEngine(scheduler=scheduler)
     pool_class = dask_engine.DaskWalkPool
 else:
-    from shardio.engines.local import ExecutorWalkPool, LocalEngine
+    from shardio.packing.engines.local import ExecutorWalkPool, LocalEngine
     engine = LocalEngine(2, scan_with=how, max_walk_entries=budget)
     pool_class = ExecutorWalkPool
 submit = pool_class.submit

@@ -1,6 +1,6 @@
 """Question: what does the always-on telemetry of ``shardio.loader`` cost a warm epoch?
 
-``loader.stats()`` takes a few clock reads and appends per batch (``shardio.telemetry``).
+``loader.stats()`` takes a few clock reads and appends per batch (``shardio.reading.telemetry``).
 Here one process reads warm epochs of tiny records (the case where per-batch overhead
 weighs most: little work per batch) with the telemetry on and with it off
 (``telemetry.ENABLED = False``, the internal switch), in the same rounds, the order
@@ -45,8 +45,7 @@ def per_batch_s() -> float:
     """Seconds the telemetry adds per batch, timed alone, as the loop of a loader without
     workers pays them: the dataset's clock reads (4), the loop's (2), the stage tuple
     with the shard opens, and one ``LoaderStats.record``."""
-    from shardio import telemetry
-
+    from shardio.reading import telemetry
     stats = telemetry.LoaderStats(telemetry.WORKER_STAGES, counts=("shard_opens",))
     now, count = time.perf_counter, 200_000
     began = now()
@@ -63,8 +62,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--out", type=Path, default=HERE / "results" / "telemetry.json")
     args = parser.parse_args(argv)
     import shardio
-    from shardio import telemetry
-
+    from shardio.reading import telemetry
     tree = ensure_tree("tiny", QUICK_SIZES["tiny"])
     pack = WORK / f"tiny-{tree.num_files}"
     if not (pack / "manifest.json").exists():

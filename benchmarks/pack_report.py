@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.bench_pack import markdown
-from shardio.shardplan import target_shard_bytes
+from shardio.packing.plan import target_shard_bytes
 
 RESULTS = Path(__file__).resolve().parent / "results"
 ESTIMATE_FILES = 10**7

@@ -68,8 +68,10 @@ def _around(owner: Any, name: str, label: Callable[..., dict[str, Any]]) -> None
 
 def install() -> None:
     """Put timestamps at the read path's seams (this process and the workers it forks)."""
-    from shardio import dataset, shardsource, stream
+    from shardio.reading import shards as shardsource
+    from shardio.reading import stream
     from shardio.storage import cache, readahead
+    from shardio.torch import dataset
 
     def request(_self: Any, req: Any) -> dict[str, Any]:
         return {"obj": req.name, "lo": req.start, "hi": req.stop}

@@ -8,7 +8,7 @@ by a signal or hang?
 
 Each case damages a working copy of a small labelled dataset (both backends, both
 codecs), then, in a child process, runs ``verify``, ``unpack``, and reads every sample
-through ``DatasetReader.get``, the streaming path (``shardio.stream.iter_samples``, in
+through ``DatasetReader.get``, the streaming path (``shardio.reading.stream.iter_samples``, in
 a shuffled order) and, unless ``--no-torch``, ``IndexedDataset`` and ``StreamingDataset``;
 then restores the copy.
 Children run many cases each (with the repository as working directory, so they import
@@ -304,10 +304,10 @@ def check_dataset(root: Path, clean: list[dict[str, Any]], *, torch: bool, unpac
                   ) -> dict[str, Any]:
     """Run verify, every reader and (into ``unpack_to``) unpack over the dataset at ``root``."""
     from shardio.errors import ShardioError
-    from shardio.reader import DatasetReader
-    from shardio.stream import iter_samples
-    from shardio.unpack import unpack
-    from shardio.verify import verify
+    from shardio.ops.unpack import unpack
+    from shardio.ops.verify import verify
+    from shardio.reading.reader import DatasetReader
+    from shardio.reading.stream import iter_samples
 
     out: dict[str, Any] = {}
     try:
@@ -335,7 +335,7 @@ def check_dataset(root: Path, clean: list[dict[str, Any]], *, torch: bool, unpac
                 yield sample["__index__"], sample
 
     def by_indexed() -> Iterator[tuple[int, dict[str, Any] | None]]:
-        from shardio.dataset import IndexedDataset
+        from shardio.torch.dataset import IndexedDataset
 
         dataset = IndexedDataset(root, decode="raw")
         try:
@@ -348,7 +348,7 @@ def check_dataset(root: Path, clean: list[dict[str, Any]], *, torch: bool, unpac
             dataset.close()
 
     def by_streaming() -> Iterator[tuple[int, dict[str, Any] | None]]:
-        from shardio.dataset import StreamingDataset
+        from shardio.torch.dataset import StreamingDataset
 
         for sample in StreamingDataset(root, decode="raw", seed=len(clean)):
             yield sample["__index__"], sample
@@ -379,11 +379,11 @@ def _peak_rss_mb() -> float:
 
 def child_main(job_path: str) -> None:
     """Run the cases of a job file from ``start``, one JSON line each; see ``run_cases``."""
-    from shardio.reader import DatasetReader
+    from shardio.reading.reader import DatasetReader
 
     job = json.loads(Path(job_path).read_text())
     if job["torch"]:  # imported before the first case, so that its memory is no case's growth
-        import shardio.dataset  # noqa: F401
+        import shardio.torch.dataset  # noqa: F401
     work, pristine, scratch = Path(job["work"]), Path(job["pristine"]), Path(job["scratch"])
     with DatasetReader(pristine) as reader:
         clean = [_plain(sample) for sample in reader]
@@ -523,7 +523,7 @@ def check_bomb(root: Path, case: Case) -> dict[str, Any]:
             decoder(batch)
 
     def preview() -> None:  # a contact sheet draws a bad image as a named placeholder
-        from shardio.preview import make_sheet
+        from shardio.ops.preview import make_sheet
 
         problems = make_sheet(root, n=6).problems
         if problems:

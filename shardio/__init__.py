@@ -12,8 +12,6 @@ verifying work where torch is absent and ``shardio --help`` starts at once.
 from __future__ import annotations
 
 import importlib
-import sys
-import types
 from typing import TYPE_CHECKING, Any
 
 from shardio.errors import (
@@ -36,61 +34,61 @@ from shardio.errors import (
     UnsafeKeyError,
     UnsupportedVersionError,
 )
-from shardio.manifest import Manifest, ShardInfo
+from shardio.format.manifest import Manifest, ShardInfo
 from shardio.version import __version__
 
 if TYPE_CHECKING:
-    from shardio.badimage import BadImageWarning
-    from shardio.batch import RecordBatch
-    from shardio.crop import CenterCrop, RandomResizedCrop
-    from shardio.dataloader import loader
-    from shardio.dataset import IndexedDataset, StreamingDataset
-    from shardio.decode import pil_backend
-    from shardio.devicedecode import DeviceDecoder
-    from shardio.doctor import doctor
-    from shardio.fields import Fields
-    from shardio.location import read_manifest
-    from shardio.merge import MergeSummary, merge
-    from shardio.mix import Source
-    from shardio.pack import PackSummary, pack, pack_imagefolder
-    from shardio.prefetch import DevicePrefetcher
-    from shardio.preview import preview
-    from shardio.reader import DatasetReader, open_dataset
-    from shardio.state import merge_states
+    from shardio.decode.crop import CenterCrop, RandomResizedCrop
+    from shardio.decode.fields import Fields
+    from shardio.decode.image import pil_backend
+    from shardio.ops.merge import MergeSummary, merge
+    from shardio.ops.preview import preview
+    from shardio.ops.unpack import unpack
+    from shardio.ops.verify import verify
+    from shardio.order.mix import Source
+    from shardio.packing.pack import PackSummary, pack, pack_imagefolder
+    from shardio.packing.writer import ShardWriter, WriteOptions
+    from shardio.reading.batch import RecordBatch
+    from shardio.reading.reader import DatasetReader, open_dataset
+    from shardio.storage.location import read_manifest
     from shardio.storage.options import RemoteOptions
-    from shardio.unpack import unpack
-    from shardio.verify import verify
-    from shardio.writer import ShardWriter, WriteOptions
+    from shardio.torch.badimage import BadImageWarning
+    from shardio.torch.dataset import IndexedDataset, StreamingDataset
+    from shardio.torch.device_decode import DeviceDecoder
+    from shardio.torch.doctor import doctor
+    from shardio.torch.loader import loader
+    from shardio.torch.prefetch import DevicePrefetcher
+    from shardio.torch.state import merge_states
 
 _LAZY = {
-    "PackSummary": "shardio.pack",
-    "MergeSummary": "shardio.merge",
-    "merge": "shardio.merge",
-    "pack": "shardio.pack",
-    "pack_imagefolder": "shardio.pack",
-    "DatasetReader": "shardio.reader",
-    "open_dataset": "shardio.reader",
-    "unpack": "shardio.unpack",
-    "verify": "shardio.verify",
-    "ShardWriter": "shardio.writer",
-    "WriteOptions": "shardio.writer",
-    "StreamingDataset": "shardio.dataset",
-    "IndexedDataset": "shardio.dataset",
-    "merge_states": "shardio.state",
-    "RecordBatch": "shardio.batch",
-    "loader": "shardio.dataloader",
-    "DevicePrefetcher": "shardio.prefetch",
-    "DeviceDecoder": "shardio.devicedecode",
-    "pil_backend": "shardio.decode",
-    "Fields": "shardio.fields",
-    "preview": "shardio.preview",
-    "read_manifest": "shardio.location",
+    "PackSummary": "shardio.packing.pack",
+    "MergeSummary": "shardio.ops.merge",
+    "merge": "shardio.ops.merge",
+    "pack": "shardio.packing.pack",
+    "pack_imagefolder": "shardio.packing.pack",
+    "DatasetReader": "shardio.reading.reader",
+    "open_dataset": "shardio.reading.reader",
+    "unpack": "shardio.ops.unpack",
+    "verify": "shardio.ops.verify",
+    "ShardWriter": "shardio.packing.writer",
+    "WriteOptions": "shardio.packing.writer",
+    "StreamingDataset": "shardio.torch.dataset",
+    "IndexedDataset": "shardio.torch.dataset",
+    "merge_states": "shardio.torch.state",
+    "RecordBatch": "shardio.reading.batch",
+    "loader": "shardio.torch.loader",
+    "DevicePrefetcher": "shardio.torch.prefetch",
+    "DeviceDecoder": "shardio.torch.device_decode",
+    "pil_backend": "shardio.decode.image",
+    "Fields": "shardio.decode.fields",
+    "preview": "shardio.ops.preview",
+    "read_manifest": "shardio.storage.location",
     "RemoteOptions": "shardio.storage.options",
-    "Source": "shardio.mix",
-    "doctor": "shardio.doctor",
-    "BadImageWarning": "shardio.badimage",
-    "RandomResizedCrop": "shardio.crop",
-    "CenterCrop": "shardio.crop",
+    "Source": "shardio.order.mix",
+    "doctor": "shardio.torch.doctor",
+    "BadImageWarning": "shardio.torch.badimage",
+    "RandomResizedCrop": "shardio.decode.crop",
+    "CenterCrop": "shardio.decode.crop",
 }
 
 __all__ = [
@@ -154,19 +152,3 @@ def __getattr__(name: str) -> Any:
     globals()[name] = value
     return value
 
-
-class _Package(types.ModuleType):
-    """``shardio`` itself: ``pack``, ``unpack`` and ``verify`` stay the functions.
-
-    Importing a submodule sets it as an attribute of its package, so without this
-    ``import shardio.pack`` (done by the CLI, or any caller) would replace the
-    function ``shardio.pack`` with the module of the same name.
-    """
-
-    def __setattr__(self, name: str, value: Any) -> None:
-        if name in _LAZY and isinstance(value, types.ModuleType):
-            return
-        super().__setattr__(name, value)
-
-
-sys.modules[__name__].__class__ = _Package

@@ -59,8 +59,8 @@ def test_import_shardio_imports_nothing_heavy() -> None:
 
 def test_submodule_imports_keep_the_public_functions() -> None:
     code = (
-        "import shardio, shardio.pack, shardio.verify, shardio.unpack; "
-        "from shardio.pack import pack as pack_fn; "
+        "import shardio, shardio.packing.pack, shardio.ops.verify, shardio.ops.unpack; "
+        "from shardio.packing.pack import pack as pack_fn; "
         "assert shardio.pack is pack_fn, shardio.pack; "
         "assert callable(shardio.verify) and callable(shardio.unpack)"
     )

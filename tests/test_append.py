@@ -18,13 +18,13 @@ import torch
 from click.testing import CliRunner
 
 import shardio
-from shardio.append import STAGING_NAME
 from shardio.cli import main
 from shardio.errors import BadInputError, PackError, StorageError
-from shardio.journal import LOCK_NAME
-from shardio.manifest import MANIFEST_NAME, read_manifest
+from shardio.format.manifest import MANIFEST_NAME, read_manifest
+from shardio.packing.append import STAGING_NAME
+from shardio.packing.journal import LOCK_NAME
+from shardio.packing.writer import WriteOptions
 from shardio.synth import make_photo
-from shardio.writer import WriteOptions
 
 
 def make_tree(root: Path, classes: dict[str, range], seed: int = 0) -> dict[str, bytes]:
@@ -86,9 +86,9 @@ def test_append_adds_shards_and_classes_and_streams_every_sample_once(grown: tup
 
 KILLER = textwrap.dedent("""
     import os, signal, sys
-    import shardio, shardio.append
+    import shardio, shardio.packing.append
     from shardio.backends.records import RecordsShardWriter
-    from shardio.writer import WriteOptions
+    from shardio.packing.writer import WriteOptions
 
     src, out, where = sys.argv[1:]
     append = RecordsShardWriter.add
@@ -105,7 +105,7 @@ KILLER = textwrap.dedent("""
     if where == "shard":
         RecordsShardWriter.add = append_then_die
     else:
-        shardio.append.write_manifest = die
+        shardio.packing.append.write_manifest = die
     shardio.pack(src, out, append=True, num_workers=1, options=WriteOptions(max_shard_samples=3))
 """)
 

@@ -29,7 +29,7 @@ from shardio.errors import (
     TruncatedShardError,
     UnsupportedVersionError,
 )
-from shardio.format import CODEC_NONE, CODEC_ZSTD, frame, unframe
+from shardio.format.frames import CODEC_NONE, CODEC_ZSTD, frame, unframe
 
 SIZES = (0, 1, 7, 100, 2000, 2100, 5000, 40_000, 3, 12)
 

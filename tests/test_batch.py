@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 
 import shardio
-from shardio.batch import RecordBatch
-from shardio.dataloader import loader
-from shardio.dataset import StreamingDataset
+from shardio.reading.batch import RecordBatch
+from shardio.torch.dataset import StreamingDataset
+from shardio.torch.loader import loader
 
 NUM_STEMS = 60
 

@@ -10,8 +10,8 @@ import pytest
 from click.testing import CliRunner
 
 import shardio
-from shardio.bench import MIN_BATCHES, BenchRow, bench, recommend
 from shardio.cli import main
+from shardio.torch.bench import MIN_BATCHES, BenchRow, bench, recommend
 
 MIN_S = 0.3  # long enough for MIN_BATCHES batches of 4 here, short enough for the suite
 

@@ -1,4 +1,4 @@
-"""Record checksums computed on the checker thread ahead of the stream (shardio.checkahead)."""
+"""Record checksums computed on the checker thread ahead of the stream (reading.checkahead)."""
 
 from __future__ import annotations
 
@@ -9,12 +9,12 @@ import pytest
 from torch.utils.data import DataLoader
 
 import shardio
-from shardio import checkahead
 from shardio.backends.records import RecordsShardReader
-from shardio.dataset import StreamingDataset
 from shardio.errors import ChecksumError
-from shardio.format import first_failing
-from shardio.writer import ShardWriter, WriteOptions
+from shardio.format.frames import first_failing
+from shardio.packing.writer import ShardWriter, WriteOptions
+from shardio.reading import checkahead
+from shardio.torch.dataset import StreamingDataset
 
 
 def payload(i: int) -> bytes:
@@ -93,7 +93,7 @@ def test_a_cancelled_check_is_skipped_and_never_passes() -> None:
 
     import numpy as np
 
-    from shardio.format import RunBytes
+    from shardio.format.frames import RunBytes
 
     gate = checkahead.Check(RunBytes(memoryview(b""), np.zeros(1, np.int64), "crc32c"),
                             threading.Lock())
@@ -164,19 +164,19 @@ def test_a_reader_ahead_of_the_thread_checks_runs_itself(tmp_path: Path) -> None
 @pytest.mark.parametrize(("cpus", "used"), [(1, False), (2, True)])
 def test_the_thread_is_used_only_with_a_core_to_spare(tmp_path: Path, cpus: int, used: bool,
                                                       monkeypatch: pytest.MonkeyPatch) -> None:
-    import shardio.dataset
-    import shardio.stream
+    import shardio.reading.stream
+    import shardio.torch.dataset
 
     root = write(tmp_path / "ds")
     calls: list[int] = []
-    real = shardio.stream._check_ahead
+    real = shardio.reading.stream._check_ahead
 
     def spy(reader: object, due: list[object], *rest: object) -> object:
         calls.append(len(due))
         return real(reader, due, *rest)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(shardio.stream, "_check_ahead", spy)
-    monkeypatch.setattr(shardio.dataset, "available_cpus", lambda: cpus)
+    monkeypatch.setattr(shardio.reading.stream, "_check_ahead", spy)
+    monkeypatch.setattr(shardio.torch.dataset, "available_cpus", lambda: cpus)
     loader = shardio.loader(StreamingDataset(root, shuffle=True), batch_size=50, num_workers=0)
     assert sum(len(b) for b in loader) == 600
     assert bool(calls) == used
@@ -188,8 +188,8 @@ def test_the_next_window_is_queued_on_the_thread_when_a_window_opens(
     # are decoded together on its first sample): the reader took over about half of them
     import numpy as np
 
-    from shardio.reader import DatasetReader
-    from shardio.stream import _plan_window, gap_records, iter_samples
+    from shardio.reading.reader import DatasetReader
+    from shardio.reading.stream import _plan_window, gap_records, iter_samples
 
     root = write(tmp_path / "ds")
     queued: list[checkahead.Check] = []
@@ -224,13 +224,13 @@ def test_a_reader_takes_the_checks_the_thread_has_not_started_from_the_far_end(
 
     import numpy as np
 
-    import shardio.stream
-    from shardio.reader import DatasetReader
-    from shardio.stream import iter_samples
+    import shardio.reading.stream
+    from shardio.reading.reader import DatasetReader
+    from shardio.reading.stream import iter_samples
 
     root = write(tmp_path / "ds")
     planned: list[dict[object, tuple[object, checkahead.Check]]] = []
-    real_plan = shardio.stream._check_ahead
+    real_plan = shardio.reading.stream._check_ahead
 
     def plan_spy(*args: object) -> dict[object, tuple[object, checkahead.Check]]:
         got = real_plan(*args)  # type: ignore[arg-type]
@@ -244,7 +244,7 @@ def test_a_reader_takes_the_checks_the_thread_has_not_started_from_the_far_end(
         ran.append((threading.current_thread() is threading.main_thread(), id(run)))
         return real_failing(run)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(shardio.stream, "_check_ahead", plan_spy)
+    monkeypatch.setattr(shardio.reading.stream, "_check_ahead", plan_spy)
     monkeypatch.setattr(checkahead, "first_failing", failing_spy)
     gate = threading.Event()
     checkahead.checker().later(lambda: gate.wait(60))  # the thread starts none of them

@@ -19,11 +19,11 @@ from click.testing import CliRunner
 
 import shardio
 from shardio.cli import main
-from shardio.codecs import get_codec
 from shardio.errors import BadInputError, PackError
-from shardio.manifest import CLASS_FOLDERS, read_manifest
-from shardio.record import encode_record
-from shardio.source import scan_source
+from shardio.format.codecs import get_codec
+from shardio.format.manifest import CLASS_FOLDERS, read_manifest
+from shardio.format.record import encode_record
+from shardio.packing.sources.files import scan_source
 
 torch = pytest.importorskip("torch")
 

@@ -12,7 +12,7 @@ from click.testing import CliRunner
 
 from shardio import ShardWriter, WriteOptions, open_dataset, read_manifest
 from shardio.cli import COMMANDS, load_command, main
-from shardio.pack import pack
+from shardio.packing.pack import pack
 from shardio.synth import make_imagefolder
 
 MY_COMMANDS = ("info", "ls", "cat", "verify", "unpack", "demo")
@@ -330,7 +330,7 @@ def test_demo_streams_without_torch(labelled: Path, monkeypatch: pytest.MonkeyPa
 
 def test_import_shardio_does_not_import_torch() -> None:
     code = (
-        "import sys, shardio, shardio.verify, shardio.unpack, shardio.cli; "
+        "import sys, shardio, shardio.ops.verify, shardio.ops.unpack, shardio.cli; "
         "assert 'torch' not in sys.modules, sorted(m for m in sys.modules if 'torch' in m)"
     )
     subprocess.run([sys.executable, "-c", code], check=True)

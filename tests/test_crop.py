@@ -13,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from PIL import Image
 
-from shardio.crop import CenterCrop, Cropper, RandomResizedCrop
+from shardio.decode.crop import CenterCrop, Cropper, RandomResizedCrop
 from shardio.errors import DecodeError
 from shardio.synth import make_photo
 
@@ -162,7 +162,7 @@ def test_damaged_bytes_raise_a_decode_error_naming_the_sample() -> None:
 
 
 def _fast(cropper: Cropper) -> Cropper:
-    from shardio.resize import resize_box
+    from shardio.torch.resize import resize_box
 
     return Cropper(cropper.crop, cropper.seed, resize=resize_box)
 
@@ -220,10 +220,10 @@ class _Recording:
 def test_the_fast_path_decodes_jpegs_at_a_power_of_two_scale_covering_the_box(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    import shardio.crop
+    import shardio.decode.crop
 
     recording = _Recording(pytest.importorskip("simplejpeg"))
-    monkeypatch.setattr(shardio.crop, "_simplejpeg", lambda: recording)
+    monkeypatch.setattr(shardio.decode.crop, "_simplejpeg", lambda: recording)
     data = _photo(1600, 1200, seed=3)
     plain = Cropper(RandomResizedCrop(224, scale=(0.05, 1.0)), seed=2)
     scales = {(math.ceil(1200 / d), math.ceil(1600 / d)): d for d in (1, 2, 4, 8)}

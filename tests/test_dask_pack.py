@@ -32,12 +32,11 @@ from storage_servers import S3Endpoint  # noqa: E402
 
 from shardio.cli import main  # noqa: E402
 from shardio.errors import BadInputError, PackError  # noqa: E402
-from shardio.journal import JOURNAL_NAME  # noqa: E402
-from shardio.manifest import MANIFEST_NAME  # noqa: E402
-from shardio.pack import pack  # noqa: E402
+from shardio.format.manifest import JOURNAL_NAME, MANIFEST_NAME  # noqa: E402
+from shardio.packing.pack import pack  # noqa: E402
+from shardio.packing.writer import WriteOptions  # noqa: E402
 from shardio.storage import RemoteOptions, open_store  # noqa: E402
 from shardio.synth import make_photo, make_tiny_tree  # noqa: E402
-from shardio.writer import WriteOptions  # noqa: E402
 
 pytestmark = [pytest.mark.dask, pytest.mark.servers]
 pytest_plugins = ("storage_plugin",)
@@ -67,7 +66,7 @@ def client(cluster: str) -> Iterator[Any]:
 
 @pytest.fixture(autouse=True)
 def small_walk_tasks(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("shardio.engines.dask.MAX_ENTRIES", 8)
+    monkeypatch.setattr("shardio.packing.engines.dask.MAX_ENTRIES", 8)
 
 
 @pytest.fixture(scope="module")
@@ -294,9 +293,9 @@ def test_a_dask_pack_to_a_url_is_identical_to_a_local_pack(
 
 
 def test_a_worker_that_does_not_see_src_or_out_refuses_to_walk_or_build(tmp_path: Path) -> None:
-    from shardio.engines.dasktasks import build_task, walk_task_paused
-    from shardio.scan import WalkSpec
-    from shardio.shardbuild import ShardJob
+    from shardio.packing.build import ShardJob
+    from shardio.packing.engines.dasktasks import build_task, walk_task_paused
+    from shardio.packing.scan import WalkSpec
 
     gone = str(tmp_path / "not-mounted")
     with pytest.raises(PackError, match="not a folder on the Dask worker"):
@@ -312,7 +311,7 @@ IMPORTS = """
 import sys, shardio
 shardio.pack(sys.argv[1], sys.argv[2], num_workers=2)
 print(sorted({m.split(".")[0] for m in sys.modules} & {"dask", "distributed"}))
-import shardio.engines.dask
+import shardio.packing.engines.dask
 print(sorted({m.split(".")[0] for m in sys.modules} & {"dask", "distributed"}))
 """
 

@@ -14,11 +14,11 @@ from torch.utils.data import DataLoader
 
 import shardio
 from shardio import ShardWriter, WriteOptions, read_manifest
-from shardio.batch import RecordBatch
-from shardio.dataloader import loader
-from shardio.dataset import IndexedDataset, StreamingDataset
 from shardio.errors import ChecksumError, ManifestNotFoundError, ResumeError, ShardMissingError
-from shardio.state import merge_states
+from shardio.reading.batch import RecordBatch
+from shardio.torch.dataset import IndexedDataset, StreamingDataset
+from shardio.torch.loader import loader
+from shardio.torch.state import merge_states
 
 NUM_SAMPLES = 301
 

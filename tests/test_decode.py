@@ -1,4 +1,4 @@
-"""Decoding (shardio.decode) and the uint8 tensor collate (shardio.collate) on real images."""
+"""Decoding (decode.image) and the uint8 tensor collate (torch.collate) on real images."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from PIL import Image, features
 
-from shardio.decode import decode_image, image_to_array, pil_backend
+from shardio.decode.image import decode_image, image_to_array, pil_backend
 from shardio.errors import DecodeError, ShardioError
 from shardio.synth import make_photo
 
@@ -111,9 +111,9 @@ def test_pil_backend_tells_pillow_simd_from_pillow(
 
 def test_decode_is_torch_free_and_exported_lazily() -> None:
     code = (
-        "import sys, shardio, shardio.decode\n"
-        "assert shardio.pil_backend is shardio.decode.pil_backend\n"
-        "assert 'torch' not in sys.modules, 'shardio.decode imported torch'\n"
+        "import sys, shardio, shardio.decode.image\n"
+        "assert shardio.pil_backend is shardio.decode.image.pil_backend\n"
+        "assert 'torch' not in sys.modules, 'shardio.decode.image imported torch'\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
 
@@ -254,7 +254,7 @@ def torch_mod() -> Any:
 
 
 def test_decode_tensor_is_uint8_chw_without_copy_warnings(torch_mod: Any) -> None:
-    from shardio.collate import decode_tensor
+    from shardio.torch.collate import decode_tensor
 
     data = INPUTS["jpeg_cmyk"]()
     with warnings.catch_warnings():
@@ -268,7 +268,7 @@ def test_decode_tensor_is_uint8_chw_without_copy_warnings(torch_mod: Any) -> Non
 
 
 def test_decode_tensor_draft_and_error(torch_mod: Any, big_jpeg: bytes) -> None:
-    from shardio.collate import decode_tensor
+    from shardio.torch.collate import decode_tensor
 
     assert tuple(decode_tensor(big_jpeg, draft_size=(120, 100)).shape) == (3, 100, 120)
     with pytest.raises(DecodeError, match="'x'"):
@@ -276,7 +276,7 @@ def test_decode_tensor_draft_and_error(torch_mod: Any, big_jpeg: bytes) -> None:
 
 
 def test_collate_stacks_equal_shapes_into_one_uint8_batch(torch_mod: Any) -> None:
-    from shardio.collate import collate_tensor, decode_tensor
+    from shardio.torch.collate import collate_tensor, decode_tensor
 
     rng = np.random.default_rng(0)
     samples = [(decode_tensor(make_photo(rng, 24, 16)), label) for label in (3, 0, 2)]
@@ -290,7 +290,7 @@ def test_collate_stacks_equal_shapes_into_one_uint8_batch(torch_mod: Any) -> Non
 
 
 def test_collate_keeps_a_list_for_mixed_shapes(torch_mod: Any) -> None:
-    from shardio.collate import collate_tensor
+    from shardio.torch.collate import collate_tensor
 
     a = torch_mod.zeros((3, 4, 5), dtype=torch_mod.uint8)
     b = torch_mod.ones((3, 5, 4), dtype=torch_mod.uint8)
@@ -304,7 +304,7 @@ def test_collate_keeps_a_list_for_mixed_shapes(torch_mod: Any) -> None:
 
 
 def test_collate_refuses_what_is_not_image_label_pairs(torch_mod: Any) -> None:
-    from shardio.collate import collate_tensor
+    from shardio.torch.collate import collate_tensor
 
     image = torch_mod.zeros((3, 2, 2), dtype=torch_mod.uint8)
     with pytest.raises(ValueError, match="empty"):
@@ -325,13 +325,13 @@ class _JpegDataset:
         return len(self.blobs)
 
     def __getitem__(self, i: int) -> tuple[Any, int]:
-        from shardio.collate import decode_tensor
+        from shardio.torch.collate import decode_tensor
 
         return decode_tensor(self.blobs[i]), i
 
 
 def _collate_and_report_sharing(batch: Any) -> tuple[Any, Any, bool]:
-    from shardio.collate import collate_tensor
+    from shardio.torch.collate import collate_tensor
 
     images, labels = collate_tensor(batch)
     return images, labels, bool(images.is_shared())
@@ -367,10 +367,10 @@ JPEG_KINDS = {
 @pytest.fixture(params=["pillow", "simplejpeg"])
 def jpeg_decoder(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
     """Every open_image test runs with Pillow alone and with simplejpeg for baseline JPEGs."""
-    import shardio.decode
+    import shardio.decode.image
 
     fast = pytest.importorskip("simplejpeg") if request.param == "simplejpeg" else None
-    monkeypatch.setattr(shardio.decode, "_simplejpeg", lambda: fast)
+    monkeypatch.setattr(shardio.decode.image, "_simplejpeg", lambda: fast)
     return str(request.param)
 
 
@@ -378,8 +378,8 @@ def jpeg_decoder(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
 def test_open_image_decodes_into_a_buffer_the_pixels_of_decode_image(
     kind: str, jpeg_decoder: str
 ) -> None:
-    from shardio.decode import jpeg_decoder as which
-    from shardio.decode import open_image
+    from shardio.decode.image import jpeg_decoder as which
+    from shardio.decode.image import open_image
 
     data = {**INPUTS, **JPEG_KINDS}[kind]()
     pending = open_image(memoryview(data), key="k")
@@ -393,7 +393,7 @@ def test_open_image_decodes_into_a_buffer_the_pixels_of_decode_image(
 def test_decode_tensor_gives_the_pixels_of_pillow_with_either_decoder(
     kind: str, jpeg_decoder: str, torch_mod: Any
 ) -> None:
-    from shardio.collate import decode_tensor
+    from shardio.torch.collate import decode_tensor
 
     data = {**INPUTS, **JPEG_KINDS}[kind]()
     with warnings.catch_warnings():
@@ -409,7 +409,7 @@ def test_decode_tensor_gives_the_pixels_of_pillow_with_either_decoder(
 def test_shared_empty_is_shared_memory_of_the_size_asked(
     torch_mod: Any, monkeypatch: pytest.MonkeyPatch, private_helper: bool
 ) -> None:
-    from shardio.collate import shared_empty
+    from shardio.torch.collate import shared_empty
 
     if not private_helper:  # torch without UntypedStorage._new_shared: share_memory_ instead
         monkeypatch.setattr(torch_mod.UntypedStorage, "_new_shared", None)
@@ -420,7 +420,7 @@ def test_shared_empty_is_shared_memory_of_the_size_asked(
 
 
 def test_open_image_draft_gives_the_draft_size(big_jpeg: bytes, jpeg_decoder: str) -> None:
-    from shardio.decode import open_image
+    from shardio.decode.image import open_image
 
     pending = open_image(big_jpeg, draft_size=(120, 100))
     out = np.empty(pending.shape, np.uint8)
@@ -433,7 +433,7 @@ def test_open_image_draft_gives_the_draft_size(big_jpeg: bytes, jpeg_decoder: st
 def test_open_image_refuses_damaged_bytes_naming_the_key(
     big_jpeg: bytes, jpeg_decoder: str
 ) -> None:
-    from shardio.decode import open_image
+    from shardio.decode.image import open_image
 
     with pytest.raises(DecodeError, match=re.escape("'a/b.jpg'")):
         open_image(b"not an image", key="a/b.jpg")
@@ -471,9 +471,9 @@ def image_packs(
 def test_loader_decodes_each_batch_into_one_buffer_with_decode_tensor_pixels(
     torch_mod: Any, image_packs: dict[str, Any], kind: str, num_workers: int
 ) -> None:
-    from shardio.collate import decode_tensor
-    from shardio.dataloader import loader
-    from shardio.dataset import StreamingDataset
+    from shardio.torch.collate import decode_tensor
+    from shardio.torch.dataset import StreamingDataset
+    from shardio.torch.loader import loader
 
     path = image_packs[kind]
     raw = [([v.tobytes() for v in b.bytes("image")], b.labels.tolist())

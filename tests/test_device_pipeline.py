@@ -21,9 +21,9 @@ import pytest
 torch = pytest.importorskip("torch")
 
 import shardio  # noqa: E402  (after the torch skip)
-from shardio.collate import decode_tensor  # noqa: E402
-from shardio.prefetch import DevicePrefetcher  # noqa: E402
 from shardio.synth import make_photo  # noqa: E402
+from shardio.torch.collate import decode_tensor  # noqa: E402
+from shardio.torch.prefetch import DevicePrefetcher  # noqa: E402
 
 needs_cuda = pytest.mark.skipif(
     not torch.cuda.is_available(), reason="the CUDA path needs a CUDA device"
@@ -191,8 +191,7 @@ def fake_pinning(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
     taken with plain memory; what is checked is that shardio builds each batch over one
     buffer of its own.
     """
-    from shardio import pinned
-
+    from shardio.torch.handover import pinned
     made: list[Any] = []
     real = pinned.empty
 

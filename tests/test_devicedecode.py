@@ -23,15 +23,15 @@ from shardio.synth import make_photo
 torch = pytest.importorskip("torch")
 
 import shardio  # noqa: E402  (after the torch skip)
-from shardio.crop import CenterCrop, RandomResizedCrop  # noqa: E402
-from shardio.devicedecode import (  # noqa: E402
+from shardio.decode.crop import CenterCrop, RandomResizedCrop  # noqa: E402
+from shardio.errors import DecodeError  # noqa: E402
+from shardio.torch.device_decode import (  # noqa: E402
     DeviceDecoder,
     _torchvision_io,
     jpeg_components,
     resize_on_device,
 )
-from shardio.errors import DecodeError  # noqa: E402
-from shardio.resize import resize_box  # noqa: E402
+from shardio.torch.resize import resize_box  # noqa: E402
 
 CUDA = torch.cuda.is_available() and _torchvision_io() is not None
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"

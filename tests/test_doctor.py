@@ -20,8 +20,8 @@ from storage_servers import HttpEndpoint
 
 import shardio
 from shardio.cli import main
-from shardio.doctor import _rebuilt, find_period, format_report
 from shardio.synth import make_imagefolder, make_tiny_tree
+from shardio.torch.doctor import _rebuilt, find_period, format_report
 
 pytest_plugins = ("storage_plugin",)
 

@@ -174,7 +174,7 @@ def _params() -> list[Any]:
 @pytest.fixture(scope="session")
 def prepared(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The files of ``FIXTURE``, made once; each example gets a copy."""
-    from shardio.pack import pack
+    from shardio.packing.pack import pack
     from shardio.synth import make_imagefolder
 
     root = tmp_path_factory.mktemp("examples")
@@ -297,7 +297,7 @@ def test_examples_are_found() -> None:
     kinds = {e.kind for e in EXAMPLES}
     assert {"python", "bash"} <= kinds
     assert sum(i.startswith("README.md:") for i in ids) >= 4
-    assert any(i.startswith("shardio/writer.py:ShardWriter:") for i in ids)
+    assert any(i.startswith("shardio/packing/writer.py:ShardWriter:") for i in ids)
     assert not any(i.startswith("shardio/errors.py") for i in ids), "a diagram is not code"
     assert set(BROKEN) <= ids and set(CANNOT_RUN) <= ids
     bash_sections = {e.section for e in EXAMPLES if e.kind == "bash"}

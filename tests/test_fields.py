@@ -16,11 +16,11 @@ from torch.utils.data import DataLoader
 
 import shardio
 from shardio import ShardWriter, WriteOptions
-from shardio.collate import collate_fields
-from shardio.dataset import IndexedDataset, StreamingDataset
+from shardio.decode.fields import Fields, field_kind, is_image_field
 from shardio.errors import DecodeError
-from shardio.fields import Fields, field_kind, is_image_field
 from shardio.synth import make_photo
+from shardio.torch.collate import collate_fields
+from shardio.torch.dataset import IndexedDataset, StreamingDataset
 
 NUM = 24
 WIDTH, HEIGHT = 40, 30
@@ -319,7 +319,7 @@ def test_a_bad_image_field_in_a_worker_fails_at_its_sample_naming_the_field(
 
 
 def test_a_group_without_image_values_decodes_none_of_them() -> None:
-    from shardio.fields import FieldDecoder
+    from shardio.decode.fields import FieldDecoder
 
     def refuse(values: list[Any], samples: list[Any]) -> list[Any]:
         raise AssertionError(f"asked to decode {samples}")

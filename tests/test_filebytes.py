@@ -18,10 +18,12 @@ from typing import Any
 import pytest
 from torch.utils.data import DataLoader
 
-from shardio import ShardWriter, WriteOptions, shmring, shmview
+from shardio import ShardWriter, WriteOptions
 from shardio.backends.records import RecordsShardReader
-from shardio.dataset import StreamingDataset
-from shardio.filebytes import FileBytes, file_bytes
+from shardio.reading.filebytes import FileBytes, file_bytes
+from shardio.torch.dataset import StreamingDataset
+from shardio.torch.handover import ring as shmring
+from shardio.torch.handover import views as shmview
 
 NUM = 120
 

@@ -1,6 +1,6 @@
 """Formats v1 and v2: record framing, shard header and footer, the manifest, the record codec.
 
-Covers ``shardio.format``, ``shardio.record`` and ``shardio.manifest`` on bytes
+Covers ``shardio.format.frames``, ``shardio.format.record`` and ``shardio.format.manifest`` on bytes
 and generated files; the backends' own files are covered in test_backends.py.
 """
 
@@ -24,7 +24,6 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 from shardio.backends import create_shard, open_shard
-from shardio.codecs import get_codec
 from shardio.errors import (
     ChecksumError,
     ManifestError,
@@ -34,7 +33,8 @@ from shardio.errors import (
     TruncatedShardError,
     UnsupportedVersionError,
 )
-from shardio.format import (
+from shardio.format.codecs import get_codec
+from shardio.format.frames import (
     CODEC_NONE,
     CODEC_ZSTD,
     FRAME_SIZE,
@@ -53,8 +53,8 @@ from shardio.format import (
     unframe,
     unpack_footer,
 )
-from shardio.manifest import Manifest, ShardInfo, SkippedFile, read_manifest, write_manifest
-from shardio.record import decode_frames, decode_record, encode_record, encode_sample
+from shardio.format.manifest import Manifest, ShardInfo, SkippedFile, read_manifest, write_manifest
+from shardio.format.record import decode_frames, decode_record, encode_record, encode_sample
 from shardio.synth import make_photo
 
 # --- record framing ---------------------------------------------------------------------

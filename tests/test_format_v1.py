@@ -26,8 +26,8 @@ from torch.utils.data import DataLoader
 
 import shardio
 from shardio.errors import ChecksumError
-from shardio.reader import open_dataset
-from shardio.stream import iter_samples
+from shardio.reading.reader import open_dataset
+from shardio.reading.stream import iter_samples
 
 V1_FRAME = struct.Struct("<IIB3x")
 V1_HEADER = b"SHARDIO\0" + struct.pack("<II", 1, 0)
@@ -152,8 +152,8 @@ def test_damage_in_a_v1_dataset_is_found_as_before(v1: tuple[Path, list[dict[str
 
 def test_the_writer_forced_to_v1_writes_what_the_frozen_v1_writer_does(tmp_path: Path) -> None:
     from shardio.backends.records import RecordsShardWriter
-    from shardio.codecs import get_codec
-    from shardio.record import encode_record
+    from shardio.format.codecs import get_codec
+    from shardio.format.record import encode_record
 
     samples = samples_of(4, 6)
     frozen = [v1_frame(s, compress=False) for s in samples]

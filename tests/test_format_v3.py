@@ -17,7 +17,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from shardio.block import (
+from shardio.errors import ShardCorruptError, ShardioError
+from shardio.format.block import (
     ENTRY,
     HEAD,
     MAX_INFLATE_RATIO,
@@ -27,9 +28,7 @@ from shardio.block import (
     encode_block,
     read_head,
 )
-from shardio.checksum import compute
-from shardio.errors import ShardCorruptError, ShardioError
-from shardio.shardfile3 import (
+from shardio.format.blockfile import (
     FOOTER,
     RecFileWriter3,
     ShardIndex3,
@@ -37,6 +36,7 @@ from shardio.shardfile3 import (
     parse_lmdb,
     parse_rec,
 )
+from shardio.format.checksum import compute
 
 ROOT = Path(__file__).resolve().parent.parent
 _spec = importlib.util.spec_from_file_location("read_v3", ROOT / "tools" / "read_v3.py")

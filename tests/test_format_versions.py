@@ -23,8 +23,8 @@ import torch
 
 import shardio
 from shardio.errors import PackError
+from shardio.packing.writer import WriteOptions
 from shardio.synth import make_imagefolder
-from shardio.writer import WriteOptions
 
 ROOT = Path(__file__).resolve().parents[1]
 _spec = importlib.util.spec_from_file_location("read_v3", ROOT / "tools" / "read_v3.py")

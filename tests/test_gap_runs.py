@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 
 from shardio import ShardWriter, WriteOptions
-from shardio.reader import DatasetReader
-from shardio.stream import gap_records, iter_samples, window_runs
+from shardio.reading.reader import DatasetReader
+from shardio.reading.stream import gap_records, iter_samples, window_runs
 
 
 def test_window_runs_span_gaps_up_to_max_gap_within_a_shard_and_max_run() -> None:
@@ -41,10 +41,10 @@ def pack(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def test_scattered_samples_come_back_exactly_decoded_through_gap_runs(
     pack: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import shardio.stream
+    import shardio.reading.stream
 
     partial: list[int] = []
-    real = shardio.stream._wanted
+    real = shardio.reading.stream._wanted
 
     def spy(run: Any, *args: Any) -> Any:
         wanted = real(run, *args)
@@ -52,7 +52,7 @@ def test_scattered_samples_come_back_exactly_decoded_through_gap_runs(
             partial.append(run[2] - run[1] - len(wanted))
         return wanted
 
-    monkeypatch.setattr(shardio.stream, "_wanted", spy)
+    monkeypatch.setattr(shardio.reading.stream, "_wanted", spy)
     reader = DatasetReader(pack)
     assert gap_records(reader.manifest, 16) == 15  # small records: gaps up to the block
     order = np.random.default_rng(0).permutation(100)[:37].astype(np.int64)  # a scattered part

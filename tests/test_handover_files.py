@@ -21,10 +21,11 @@ from typing import Any
 
 import pytest
 
-from shardio import ShardWriter, WriteOptions, shmview
-from shardio.batch import RecordBatch
-from shardio.dataloader import loader
-from shardio.dataset import StreamingDataset
+from shardio import ShardWriter, WriteOptions
+from shardio.reading.batch import RecordBatch
+from shardio.torch.dataset import StreamingDataset
+from shardio.torch.handover import views as shmview
+from shardio.torch.loader import loader
 
 NUM_SAMPLES = 120
 BATCH = 8
@@ -95,7 +96,7 @@ def test_a_received_batch_pickles_and_equals_what_one_process_reads(pack: Path) 
 
 
 def test_places_the_reader_filed_are_those_each_view_gives(pack: Path) -> None:
-    from shardio.shmring import _MappedFiles
+    from shardio.torch.handover.ring import _MappedFiles
 
     files = _MappedFiles((str(pack.resolve()),))
     run = loader(StreamingDataset(pack, decode="raw", seed=6), batch_size=BATCH, num_workers=0)
@@ -208,7 +209,7 @@ def test_an_epoch_left_early_then_every_sample_of_the_next(
 def test_a_file_whose_descriptor_never_arrived_is_opened_by_path(
     pack: Path, monkeypatch: pytest.MonkeyPatch, fresh_maps: None,
 ) -> None:
-    from shardio.shmring import _MappedFiles
+    from shardio.torch.handover.ring import _MappedFiles
 
     files = _MappedFiles((str(pack.resolve()),))
     batches = list(loader(StreamingDataset(pack, decode="raw", seed=7), batch_size=BATCH,

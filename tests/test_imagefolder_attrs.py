@@ -17,7 +17,7 @@ from torch.utils.data import DataLoader
 
 import shardio
 from shardio import WriteOptions
-from shardio.dataset import IndexedDataset, StreamingDataset
+from shardio.torch.dataset import IndexedDataset, StreamingDataset
 from tools.check_imagefolder import make_awkward_tree
 
 TORCHVISION_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff",

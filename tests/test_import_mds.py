@@ -1,4 +1,4 @@
-"""Packing MosaicML Streaming (MDS) datasets (``shardio.mdssource``).
+"""Packing MosaicML Streaming (MDS) datasets (``shardio.packing.sources.mds``).
 
 The fixtures in ``tests/data/mds`` were written by streaming's own ``MDSWriter``
 (``tests/data/mds/make.py`` says how: streaming imports torchvision, which does not
@@ -20,9 +20,9 @@ from click.testing import CliRunner
 
 from shardio.cli import main
 from shardio.errors import BadInputError
-from shardio.pack import pack
-from shardio.reader import open_dataset
-from shardio.writer import WriteOptions
+from shardio.packing.pack import pack
+from shardio.packing.writer import WriteOptions
+from shardio.reading.reader import open_dataset
 
 DATA = Path(__file__).parent / "data" / "mds"
 EXPECTED: list[dict[str, Any]] = json.loads((DATA / "expected.json").read_text())

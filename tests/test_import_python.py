@@ -1,4 +1,4 @@
-"""Packing Python objects (``shardio.objectsource``): datasets, map-style datasets, iterables."""
+"""Packing Python objects (``packing.sources.objects``): datasets, map-style datasets, iterables."""
 
 from __future__ import annotations
 
@@ -13,9 +13,9 @@ import pytest
 from PIL import Image
 
 from shardio.errors import BadInputError
-from shardio.pack import pack
-from shardio.reader import open_dataset
-from shardio.writer import WriteOptions
+from shardio.packing.pack import pack
+from shardio.packing.writer import WriteOptions
+from shardio.reading.reader import open_dataset
 
 SMALL = WriteOptions(max_shard_samples=5)
 

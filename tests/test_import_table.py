@@ -1,4 +1,4 @@
-"""Packing Parquet files and ``datasets.save_to_disk`` folders (``shardio.tablesource``)."""
+"""Packing Parquet files and ``datasets.save_to_disk`` folders (``packing.sources.tables``)."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ import pytest
 from PIL import Image
 
 from shardio.errors import BadInputError
-from shardio.pack import pack
-from shardio.reader import open_dataset
+from shardio.packing.pack import pack
+from shardio.reading.reader import open_dataset
 
 pa = pytest.importorskip("pyarrow")
 pq = pytest.importorskip("pyarrow.parquet")
@@ -90,7 +90,7 @@ def test_hf_image_and_classlabel_from_save_to_disk_and_parquet(tmp_path: Path) -
 def test_hf_pack_exports_every_column_to_webdataset(tmp_path: Path) -> None:
     datasets = pytest.importorskip("datasets")
     wds = pytest.importorskip("webdataset")
-    from shardio.unpack import unpack_webdataset
+    from shardio.ops.unpack import unpack_webdataset
 
     features = datasets.Features({"image": datasets.Image(), "text": datasets.Value("string"),
                                   "label": datasets.ClassLabel(names=["a", "b"])})
@@ -108,8 +108,8 @@ def test_hf_pack_exports_every_column_to_webdataset(tmp_path: Path) -> None:
 
 def test_row_groups_spilled_in_parallel_give_the_same_samples_for_any_worker_count(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from shardio import tablesource
-    from shardio.inputbytes import read_range
+    from shardio.packing.sources import tables as tablesource
+    from shardio.packing.sources.inputbytes import read_range
 
     monkeypatch.setattr(tablesource, "TASK_ROWS", 3)  # many tasks: runs of 3 row groups of 1
     (tmp_path / "src").mkdir()

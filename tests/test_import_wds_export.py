@@ -12,10 +12,10 @@ from PIL import Image
 
 from shardio.cli import main
 from shardio.errors import OutputExistsError, ShardCorruptError, UnsafeKeyError
-from shardio.pack import pack
-from shardio.reader import open_dataset
-from shardio.unpack import unpack_webdataset
-from shardio.writer import ShardWriter, WriteOptions
+from shardio.ops.unpack import unpack_webdataset
+from shardio.packing.pack import pack
+from shardio.packing.writer import ShardWriter, WriteOptions
+from shardio.reading.reader import open_dataset
 
 wds = pytest.importorskip("webdataset")
 

@@ -1,4 +1,4 @@
-"""Packing WebDataset tar shards (``shardio.tarsource``), written by the real ``webdataset``."""
+"""Packing WebDataset tar shards (``packing.sources.tars``), written by the real ``webdataset``."""
 
 from __future__ import annotations
 
@@ -16,9 +16,9 @@ from test_pack import _kill_midway
 
 from shardio.cli import main
 from shardio.errors import BadInputError, PackError
-from shardio.pack import pack
-from shardio.reader import open_dataset
-from shardio.writer import WriteOptions
+from shardio.packing.pack import pack
+from shardio.packing.writer import WriteOptions
+from shardio.reading.reader import open_dataset
 
 wds = pytest.importorskip("webdataset")
 

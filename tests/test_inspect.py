@@ -12,11 +12,11 @@ from click.testing import CliRunner
 
 from shardio import ShardWriter, WriteOptions, open_dataset, read_manifest
 from shardio.backends import ShardFileReader
-from shardio.catalog import find_key, read_label
 from shardio.cli import main
 from shardio.errors import ShardCorruptError
-from shardio.pack import pack
-from shardio.reader import DatasetReader
+from shardio.packing.pack import pack
+from shardio.reading.catalog import find_key, read_label
+from shardio.reading.reader import DatasetReader
 
 READ_ONLY = ("info", "ls", "cat", "verify", "bench", "unpack", "preview")
 

@@ -1,6 +1,6 @@
 """Lanes: workers that take a rank's order in whole batches each read whole blocks.
 
-``shardio.plan.arrange_lanes`` arranges each shuffle window so that batch ``k``
+``shardio.order.plan.arrange_lanes`` arranges each shuffle window so that batch ``k``
 draws from lane ``k % lanes``, a contiguous part of the window's stream positions.
 With as many lanes as workers, worker ``j`` reads one lane of every window: whole
 blocks, not a scattered share of each. The window's samples, the batches' sizes and
@@ -20,10 +20,8 @@ from hypothesis import strategies as st
 from torch.utils.data import DataLoader
 
 from shardio import ShardWriter, WriteOptions, merge_states
-from shardio.dataloader import ShardLoader, loader
-from shardio.dataset import StreamingDataset
 from shardio.errors import ResumeError
-from shardio.plan import (
+from shardio.order.plan import (
     IndexArray,
     PlanConfig,
     Progress,
@@ -35,7 +33,9 @@ from shardio.plan import (
     seeded_rng,
     stage_order,
 )
-from shardio.resume import plan_stage, progress_from_state, progress_to_state
+from shardio.order.resume import plan_stage, progress_from_state, progress_to_state
+from shardio.torch.dataset import StreamingDataset
+from shardio.torch.loader import ShardLoader, loader
 
 NUM_SAMPLES = 400
 WINDOW = 80

@@ -26,8 +26,8 @@ RANK = """
 import json, sys
 import torch.distributed as dist
 from torch.utils.data import DataLoader
-from shardio.dataloader import loader
-from shardio.dataset import StreamingDataset
+from shardio.torch.loader import loader
+from shardio.torch.dataset import StreamingDataset
 
 path, rank, port, out = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4]
 plain = StreamingDataset(path, decode="raw", shuffle_buffer=16)  # no process group yet

@@ -23,10 +23,10 @@ import shardio.backends.lmdb as lmdb_backend
 import shardio.backends.lmdbenv as lmdbenv
 from shardio import ShardWriter, WriteOptions
 from shardio.backends.lmdb import LmdbShardReader
-from shardio.batch import RecordBatch
-from shardio.dataset import IndexedDataset, StreamingDataset
 from shardio.errors import ShardCorruptError, ShardioError
-from shardio.reader import DatasetReader
+from shardio.reading.batch import RecordBatch
+from shardio.reading.reader import DatasetReader
+from shardio.torch.dataset import IndexedDataset, StreamingDataset
 
 NUM_SAMPLES = 40
 SHARD_SAMPLES = 16

@@ -35,10 +35,10 @@ from shardio.backends.lmdbcheck import (
     check_lmdb_file,
 )
 from shardio.errors import ShardCorruptError, ShardioError
-from shardio.manifest import file_checksum, read_manifest, write_manifest
-from shardio.reader import DatasetReader
-from shardio.verify import verify
-from shardio.writer import ShardWriter, WriteOptions
+from shardio.format.manifest import file_checksum, read_manifest, write_manifest
+from shardio.ops.verify import verify
+from shardio.packing.writer import ShardWriter, WriteOptions
+from shardio.reading.reader import DatasetReader
 
 NUM_SAMPLES = 40
 SIZES = (200, 1500, 9000, 3000)
@@ -172,7 +172,7 @@ with env.begin() as txn:
 OLD_SHARDIO_READ = """
 import sys
 import shardio.backends.lmdb as backend
-from shardio.reader import DatasetReader
+from shardio.reading.reader import DatasetReader
 backend.check_lmdb_file = lambda path: None  # the reader as it was before the check
 with DatasetReader(sys.argv[1]) as reader:
     for index in range(len(reader)):
@@ -342,7 +342,7 @@ def _entry_points(dest: Path, datasets: list[str]) -> None:
 
 def _entry_point_outcomes(dataset: str, dest: Path) -> dict[str, tuple[str, str]]:
     import shardio
-    from shardio.unpack import unpack
+    from shardio.ops.unpack import unpack
 
     def read_all() -> None:
         with DatasetReader(dataset) as reader:

@@ -1,4 +1,4 @@
-"""Workers hand raw batches over a few per DataLoader item (``shardio.dataloader._Grouped``).
+"""Workers hand raw batches over a few per DataLoader item (``shardio.torch.loader._Grouped``).
 
 Through real ``shardio.loader`` DataLoaders: grouped, the batches, their order and a
 resume mid-group are exactly those of the same loader handing one batch per item, for
@@ -11,9 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from shardio import ShardWriter, WriteOptions, dataloader
-from shardio.dataloader import loader
-from shardio.dataset import StreamingDataset
+from shardio import ShardWriter, WriteOptions
+from shardio.torch import loader as dataloader
+from shardio.torch.dataset import StreamingDataset
+from shardio.torch.loader import loader
 
 NUM_SAMPLES = 203  # a short last batch
 

@@ -17,9 +17,9 @@ import pytest
 import torch
 
 from shardio import ShardWriter, WriteOptions
-from shardio.dataloader import loader
-from shardio.dataset import StreamingDataset
 from shardio.errors import ShardioError
+from shardio.torch.dataset import StreamingDataset
+from shardio.torch.loader import loader
 
 NUM_SAMPLES = 203
 

@@ -21,8 +21,8 @@ import pytest
 from torch.utils.data import DataLoader
 
 from shardio import ShardWriter, WriteOptions
-from shardio.dataloader import loader
-from shardio.dataset import StreamingDataset
+from shardio.torch.dataset import StreamingDataset
+from shardio.torch.loader import loader
 
 pytestmark = pytest.mark.slow
 

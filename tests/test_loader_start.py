@@ -16,8 +16,8 @@ from typing import Any
 import pytest
 
 from shardio import ShardWriter, WriteOptions
-from shardio.dataloader import ShardLoader, loader
-from shardio.dataset import StreamingDataset
+from shardio.torch.dataset import StreamingDataset
+from shardio.torch.loader import ShardLoader, loader
 
 NUM_SAMPLES = 157  # a short last batch
 
@@ -56,7 +56,7 @@ def counting(run: ShardLoader, monkeypatch: pytest.MonkeyPatch) -> list[int]:
 def test_planning_imports_numpy_random_with_the_module() -> None:
     # forked workers inherit it instead of each importing it on their first plan
     code = ("import sys, numpy; lazy = 'numpy.random' not in sys.modules; "
-            "import shardio.plan; print(lazy, 'numpy.random' in sys.modules)")
+            "import shardio.order.plan; print(lazy, 'numpy.random' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True).stdout.split()
     assert out[1] == "True"

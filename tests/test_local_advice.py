@@ -18,9 +18,9 @@ import pytest
 
 import shardio
 import shardio.backends.records as records
-import shardio.stream as stream
+import shardio.reading.stream as stream
 from shardio.backends.records import PAGE, RecordsShardReader, advise_open
-from shardio.format import unpack_footer
+from shardio.format.frames import unpack_footer
 from shardio.synth import make_tiny_tree
 
 NUM_FILES = 600
@@ -95,7 +95,7 @@ def test_every_local_shard_is_hinted_before_it_is_opened_and_its_file_opened_onc
             events.append(("os.open", Path(path).name))
         return real_open(path, flags, *args, **kwargs)
 
-    monkeypatch.setattr("shardio.reader.advise_open", advise)
+    monkeypatch.setattr("shardio.reading.reader.advise_open", advise)
     monkeypatch.setattr(RecordsShardReader, "__init__", init)
     monkeypatch.setattr(os, "open", os_open)
     dataset = shardio.StreamingDataset(packed, decode="raw", shuffle_buffer=WINDOW, seed=1)

@@ -21,9 +21,9 @@ import pytest
 
 from shardio import ShardWriter, WriteOptions
 from shardio.backends.records import RecordsShardReader, drop_view_pages
-from shardio.checkahead import checker
-from shardio.dataloader import loader
-from shardio.dataset import StreamingDataset
+from shardio.reading.checkahead import checker
+from shardio.torch.dataset import StreamingDataset
+from shardio.torch.loader import loader
 
 NUM_SAMPLES = 96
 RECORD_BYTES = 48 << 10
@@ -142,8 +142,7 @@ def test_worker_batches_are_views_of_the_main_process_own_map(pack: Path) -> Non
 
 
 def test_a_rewritten_shard_file_is_refused(pack: Path, tmp_path: Path) -> None:
-    from shardio import shmview
-
+    from shardio.torch.handover import views as shmview
     path = first_shard(pack)
     copy = tmp_path / path.name
     copy.write_bytes(path.read_bytes())
@@ -183,8 +182,8 @@ def test_windows_read_with_checks_a_window_ahead_give_their_pages_back(pack: Pat
     # after the last window nothing the epoch mapped stays
     import numpy as np
 
-    from shardio.reader import DatasetReader
-    from shardio.stream import iter_samples
+    from shardio.reading.reader import DatasetReader
+    from shardio.reading.stream import iter_samples
 
     paths = sorted(pack.glob("*.rec"))
     order = np.random.default_rng(2).permutation(NUM_SAMPLES).astype(np.int64)

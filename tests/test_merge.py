@@ -17,9 +17,9 @@ from click.testing import CliRunner
 import shardio
 from shardio.cli import main
 from shardio.errors import OutputExistsError, PackError
-from shardio.manifest import read_manifest
+from shardio.format.manifest import read_manifest
+from shardio.packing.writer import WriteOptions
 from shardio.synth import make_photo, make_tiny_tree
-from shardio.writer import WriteOptions
 
 
 def make_tree(root: Path, classes: dict[str, range | list[int]], seed: int = 0) -> dict[str, bytes]:

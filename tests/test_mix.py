@@ -10,8 +10,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from shardio.mix import MixConfig, Source, check_sources, resolve_counts, split_by_weight
-from shardio.plan import (
+from shardio.order.mix import MixConfig, Source, check_sources, resolve_counts, split_by_weight
+from shardio.order.plan import (
     Progress,
     Split,
     epoch_samples,

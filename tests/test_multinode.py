@@ -30,12 +30,12 @@ from benchmarks import storage_proxy
 from benchmarks.storage_proxy import FaultProxy
 from shardio import StreamingDataset
 from shardio.backends import open_shard
-from shardio.dataset import resolve_rank
-from shardio.manifest import read_manifest
-from shardio.pack import pack
-from shardio.ranks import env_rank
+from shardio.format.manifest import read_manifest
+from shardio.packing.pack import pack
+from shardio.packing.writer import WriteOptions
 from shardio.storage import open_store
-from shardio.writer import WriteOptions
+from shardio.torch.dataset import resolve_rank
+from shardio.torch.distributed import env_rank
 
 pytest_plugins = ("storage_plugin",)
 

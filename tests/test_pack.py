@@ -30,10 +30,10 @@ from shardio.errors import (
     PackError,
     StorageError,
 )
-from shardio.manifest import MANIFEST_NAME
-from shardio.pack import PackSummary, pack, pack_imagefolder
+from shardio.format.manifest import MANIFEST_NAME
+from shardio.packing.pack import PackSummary, pack, pack_imagefolder
+from shardio.packing.writer import JOURNAL_NAME, WriteOptions
 from shardio.synth import make_photo, make_tiny_tree
-from shardio.writer import JOURNAL_NAME, WriteOptions
 
 
 def _files(folder: Path) -> dict[str, bytes]:
@@ -279,8 +279,8 @@ KILLER = textwrap.dedent("""
     from pathlib import Path
     from shardio.backends.lmdb import LmdbShardWriter
     from shardio.backends.records import RecordsShardWriter
-    from shardio.pack import pack
-    from shardio.writer import JOURNAL_NAME, WriteOptions
+    from shardio.packing.pack import pack
+    from shardio.packing.writer import JOURNAL_NAME, WriteOptions
 
     journal = Path(sys.argv[2]) / JOURNAL_NAME
     main_pid = os.getpid()
@@ -357,8 +357,8 @@ STALLER = textwrap.dedent("""
     import json, os, signal, sys, threading, time
     from pathlib import Path
     from shardio.backends.records import RecordsShardWriter
-    from shardio.pack import pack
-    from shardio.writer import JOURNAL_NAME, WriteOptions
+    from shardio.packing.pack import pack
+    from shardio.packing.writer import JOURNAL_NAME, WriteOptions
 
     src, out, marks = sys.argv[1], Path(sys.argv[2]), Path(sys.argv[3])
     stall, workers, journaled, how, interrupt_after_sending = json.loads(sys.argv[4])
@@ -535,7 +535,7 @@ def test_shards_may_finish_out_of_order(
     imagefolder: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from shardio.backends.records import RecordsShardWriter
-    from shardio.journal import write_journal
+    from shardio.packing.journal import write_journal
 
     out = tmp_path / "out"
     append = RecordsShardWriter.add
@@ -553,7 +553,8 @@ def test_shards_may_finish_out_of_order(
         write_journal(out, state)
 
     monkeypatch.setattr(RecordsShardWriter, "add", first_shard_waits)
-    monkeypatch.setattr(importlib.import_module("shardio.packtarget"), "write_journal", recording)
+    target = importlib.import_module("shardio.packing.target")
+    monkeypatch.setattr(target, "write_journal", recording)
     options = WriteOptions(max_shard_samples=5)
     pack(imagefolder, out, options=options, num_workers=2)
     assert journaled[1] != [0] and journaled[-1] == list(range(10))
@@ -566,8 +567,8 @@ ORPHANED = textwrap.dedent("""
     import ctypes, os, sys, time
     from pathlib import Path
     from shardio.backends.records import RecordsShardWriter
-    from shardio.pack import pack
-    from shardio.writer import WriteOptions
+    from shardio.packing.pack import pack
+    from shardio.packing.writer import WriteOptions
 
     def no_prctl(*args, **kwargs):
         raise OSError("no PR_SET_PDEATHSIG")  # only the workers' own check is left

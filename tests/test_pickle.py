@@ -15,8 +15,8 @@ import pytest
 from torch.utils.data import ChainDataset, ConcatDataset, DataLoader
 
 from shardio import ShardWriter, WriteOptions
-from shardio.batch import RecordBatch
-from shardio.dataset import IndexedDataset, StreamingDataset
+from shardio.reading.batch import RecordBatch
+from shardio.torch.dataset import IndexedDataset, StreamingDataset
 
 BACKENDS = ("records", "lmdb")
 NUM_SAMPLES = 45

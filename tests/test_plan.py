@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from shardio.plan import (
+from shardio.order.plan import (
     PlanConfig,
     Progress,
     Split,

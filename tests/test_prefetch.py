@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 torch = pytest.importorskip("torch")
 
-from shardio.prefetch import DevicePrefetcher  # noqa: E402  (after the torch skip)
+from shardio.torch.prefetch import DevicePrefetcher  # noqa: E402  (after the torch skip)
 
 needs_cuda = pytest.mark.skipif(
     not torch.cuda.is_available(), reason="the CUDA stream path needs a CUDA device"

@@ -13,8 +13,8 @@ from PIL import Image
 import shardio
 from shardio import ShardWriter, WriteOptions, open_dataset
 from shardio.cli import main
-from shardio.pack import pack
-from shardio.preview import CELL_SIZE, choose_indices, make_sheet
+from shardio.ops.preview import CELL_SIZE, choose_indices, make_sheet
+from shardio.packing.pack import pack
 from shardio.synth import make_photo
 
 
@@ -157,6 +157,6 @@ def test_errors_say_what_to_do(labelled: Path, generic: Path, tmp_path: Path) ->
 def test_preview_stays_the_function_after_its_module_is_imported() -> None:
     import importlib
 
-    module = importlib.import_module("shardio.preview")
+    module = importlib.import_module("shardio.ops.preview")
     assert "preview" in shardio.__all__
     assert callable(shardio.preview) and shardio.preview is module.preview

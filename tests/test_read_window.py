@@ -13,10 +13,10 @@ from typing import Any
 
 import pytest
 
-import shardio.dataset
+import shardio.torch.dataset
 from shardio import ShardWriter, WriteOptions
-from shardio.dataloader import loader
-from shardio.dataset import StreamingDataset, read_window
+from shardio.torch.dataset import StreamingDataset, read_window
+from shardio.torch.loader import loader
 
 NUM_SAMPLES = 600
 WINDOW = 96
@@ -56,8 +56,9 @@ def test_workers_read_their_share_of_a_window_and_the_order_stays(
         return read
 
     for name in ("iter_samples", "iter_chunks"):  # whichever the dataset reads through
-        if hasattr(shardio.dataset, name):
-            monkeypatch.setattr(shardio.dataset, name, spy(getattr(shardio.dataset, name)))
+        if hasattr(shardio.torch.dataset, name):
+            module = shardio.torch.dataset
+            monkeypatch.setattr(module, name, spy(getattr(module, name)))
     run = loader(StreamingDataset(pack, decode="raw", shuffle_buffer=WINDOW, seed=4, lanes=2),
                  batch_size=8, num_workers=num_workers, multiprocessing_context="fork")
     assert [b.indices.tolist() for b in run] == reference

@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from shardio.backends.records import RecordsShardReader, RecordsShardWriter
-from shardio.format import CODEC_NONE, CODEC_ZSTD, FRAME_SIZE, check_frames, frame
+from shardio.format.frames import CODEC_NONE, CODEC_ZSTD, FRAME_SIZE, check_frames, frame
 
 
 @settings(max_examples=30, deadline=None)

@@ -20,14 +20,14 @@ from storage_servers import FAST_RETRY, S3Endpoint
 
 import shardio
 from shardio.backends.remoterecords import partition, tail_guess
-from shardio.plan import PlanConfig, Split, plan_epoch
-from shardio.reader import DatasetReader
+from shardio.order.plan import PlanConfig, Split, plan_epoch
+from shardio.reading.reader import DatasetReader
+from shardio.reading.stream import _plan_window, head_runs
 from shardio.storage import open_store
 from shardio.storage.cache import RangeCache
 from shardio.storage.fetch import RangeRequest
 from shardio.storage.options import RemoteOptions
 from shardio.storage.readahead import ReadAhead
-from shardio.stream import _plan_window, head_runs
 
 pytest_plugins = ("storage_plugin",)
 

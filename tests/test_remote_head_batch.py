@@ -27,7 +27,7 @@ from test_remote_head import (  # noqa: F401  (packed: a fixture, found by name)
 )
 
 import shardio
-from shardio.reader import DatasetReader
+from shardio.reading.reader import DatasetReader
 
 pytest_plugins = ("storage_plugin",)
 

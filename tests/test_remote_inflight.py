@@ -16,7 +16,7 @@ import pytest
 from storage_servers import FAST_RETRY, S3Endpoint
 
 import shardio
-from shardio.shardsource import ShardSource
+from shardio.reading.shards import ShardSource
 from shardio.storage import open_store
 from shardio.storage.options import MIN_RANGE_BYTES, RemoteOptions
 

@@ -21,12 +21,11 @@ from storage_servers import FAST_RETRY, S3Endpoint
 
 from shardio import RemoteOptions, verify
 from shardio.errors import OutputExistsError, PackError, StorageError
-from shardio.journal import JOURNAL_NAME
-from shardio.manifest import MANIFEST_NAME
-from shardio.pack import pack
-from shardio.remotetarget import RemoteTarget, staging_folder
+from shardio.format.manifest import JOURNAL_NAME, MANIFEST_NAME
+from shardio.packing.pack import pack
+from shardio.packing.remote_target import RemoteTarget, staging_folder
+from shardio.packing.writer import ShardWriter, WriteOptions
 from shardio.storage import RemoteStore, open_store
-from shardio.writer import ShardWriter, WriteOptions
 
 pytest_plugins = ("storage_plugin",)
 
@@ -124,9 +123,9 @@ def test_large_shards_go_up_in_parts_and_stay_identical(
 
 KILLER = textwrap.dedent("""
     import json, os, signal, sys
-    from shardio.pack import pack
+    from shardio.packing.pack import pack
     from shardio.storage import RemoteStore
-    from shardio.writer import WriteOptions
+    from shardio.packing.writer import WriteOptions
 
     put_bytes = RemoteStore.put_bytes
 

@@ -235,7 +235,7 @@ def _looking_ahead(monkeypatch: pytest.MonkeyPatch) -> tuple[list[bool], list[in
     """Spy on remote runs: whether each run the stream looked ahead at was cached (and
     so handed to the checker thread and decoded by field), and the runs read through the
     read-ahead queue instead (``read_run``). A core is declared free for the checker."""
-    monkeypatch.setattr(shardio.dataset, "available_cpus", lambda: 4)
+    monkeypatch.setattr(shardio.torch.dataset, "available_cpus", lambda: 4)
     looked: list[bool] = []
     read: list[int] = []
     cached_runs, read_run = RemoteRecordsReader.cached_runs, RemoteRecordsReader.read_run

@@ -7,7 +7,7 @@ plain ``DataLoader`` (with ``StreamingDataset(batch_size=)``), torchdata's
 concatenated, must equal the batches of one uninterrupted epoch. Most examples
 use 0 or 1 worker; a few use 2-3 (each worker is a process). Workers that take
 whole batches arrange the epoch's windows in as many lanes as there are workers
-(``shardio.plan.arrange_lanes``): the piece that reads first fixes them, and every
+(``shardio.order.plan.arrange_lanes``): the piece that reads first fixes them, and every
 later piece, whatever its worker count, continues that arrangement.
 """
 
@@ -24,9 +24,9 @@ from hypothesis import strategies as st
 from torch.utils.data import DataLoader
 
 from shardio import ShardWriter, WriteOptions
-from shardio.dataloader import loader
-from shardio.dataset import StreamingDataset
 from shardio.errors import ResumeError
+from shardio.torch.dataset import StreamingDataset
+from shardio.torch.loader import loader
 
 NUM_SAMPLES = 301
 SHUFFLE_BUFFER = 24

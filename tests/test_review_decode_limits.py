@@ -27,10 +27,10 @@ from PIL import Image
 from torch.utils.data import DataLoader
 
 import shardio
-from shardio.decode import max_image_pixels
-from shardio.devicedecode import jpeg_frame
+from shardio.decode.image import max_image_pixels
 from shardio.errors import DecodeError
 from shardio.synth import make_photo
+from shardio.torch.device_decode import jpeg_frame
 
 pytestmark = pytest.mark.slow
 
@@ -166,7 +166,7 @@ def test_device_decoder_cpu_path_refuses_the_bomb(folder_pack: Path) -> None:
 
 def test_preview_draws_the_bomb_as_a_placeholder_naming_it(folder_pack: Path,
                                                            tmp_path: Path) -> None:
-    from shardio.preview import make_sheet
+    from shardio.ops.preview import make_sheet
 
     key = _bomb_key(folder_pack)
     drawn = make_sheet(folder_pack, n=16)
@@ -178,7 +178,7 @@ def test_preview_draws_the_bomb_as_a_placeholder_naming_it(folder_pack: Path,
 def test_the_limit_is_pillows_setting_and_none_lifts_it(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from shardio.decode import decode_array
+    from shardio.decode.image import decode_array
 
     monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", 100)
     with pytest.raises(DecodeError, match=r"'small'.*16x16"):
@@ -316,7 +316,7 @@ def test_on_bad_image_takes_raise_or_skip(two_bombs_pack: Path) -> None:
 @pytest.mark.parametrize("workers", [0, 2])
 def test_skip_leaves_bad_images_out_counts_them_and_warns(two_bombs_pack: Path,
                                                           workers: int) -> None:
-    from shardio.badimage import BadImageWarning
+    from shardio.torch.badimage import BadImageWarning
 
     ds = shardio.StreamingDataset(two_bombs_pack, decode="tensor", on_bad_image="skip")
     with pytest.warns(BadImageWarning, match="skipped") if workers == 0 else nullcontext():
@@ -333,7 +333,7 @@ def test_skip_leaves_bad_images_out_counts_them_and_warns(two_bombs_pack: Path,
 def test_shardio_loader_skips_in_its_batch_decoder_and_warns_once_an_epoch(
     two_bombs_pack: Path, workers: int,
 ) -> None:
-    from shardio.badimage import BadImageWarning
+    from shardio.torch.badimage import BadImageWarning
 
     for crop in (None, shardio.CenterCrop(16)):
         ds = shardio.StreamingDataset(two_bombs_pack, decode="tensor", crop=crop,
@@ -348,8 +348,8 @@ def test_shardio_loader_skips_in_its_batch_decoder_and_warns_once_an_epoch(
 
 
 def test_a_batch_decoder_leaves_out_an_image_that_fails_after_its_header() -> None:
-    from shardio.badimage import SkippedImages
-    from shardio.collate import ImageBatchDecoder
+    from shardio.torch.badimage import SkippedImages
+    from shardio.torch.collate import ImageBatchDecoder
 
     good = [make_photo(np.random.default_rng(i), 32, 24) for i in range(3)]
     cut = good[1][: len(good[1]) // 2]  # the header reads; the pixels do not

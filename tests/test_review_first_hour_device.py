@@ -83,8 +83,8 @@ def generic_pack(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def _expected(pack: Path, crop: Any, seed: int, epoch: int) -> dict[int, tuple[Any, Any]]:
     """``cls -> (jpg crop, seg.png crop)`` as HWC arrays, cut by the crop the dataset
     builds (its seed, this epoch, each sample's index)."""
-    from shardio.crop import Cropper
-    from shardio.resize import resize_box
+    from shardio.decode.crop import Cropper
+    from shardio.torch.resize import resize_box
 
     cropper = Cropper(crop, seed, resize=resize_box)
     cropper.epoch = epoch

@@ -15,9 +15,9 @@ from pathlib import Path
 import pytest
 from PIL import Image
 
-from shardio.preview import make_sheet
-from shardio.reader import open_dataset
-from shardio.writer import ShardWriter
+from shardio.ops.preview import make_sheet
+from shardio.packing.writer import ShardWriter
+from shardio.reading.reader import open_dataset
 
 
 def shardio(*args: str) -> subprocess.CompletedProcess[bytes]:

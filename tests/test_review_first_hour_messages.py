@@ -21,8 +21,8 @@ from PIL import Image
 
 import shardio
 from shardio.errors import BadInputError, ManifestNotFoundError, PackError
-from shardio.pack import pack
-from shardio.writer import JOURNAL_NAME, WriteOptions
+from shardio.packing.pack import pack
+from shardio.packing.writer import JOURNAL_NAME, WriteOptions
 
 
 def _shardio(*args: str | Path, cwd: Path) -> subprocess.CompletedProcess[str]:

@@ -134,7 +134,7 @@ def test_debug_prints_the_traceback_behind_the_error_line(forbidden: str) -> Non
 
 
 def test_an_unexpected_error_is_one_line_that_says_how_to_see_it() -> None:
-    broken = ("import sys, shardio.location as location\n"
+    broken = ("import sys, shardio.storage.location as location\n"
               "def read_manifest(*args, **kwargs): raise RuntimeError('a bug in the reader')\n"
               "location.read_manifest = read_manifest\n"
               "import shardio.cli.inspect as inspect\n"

@@ -103,7 +103,7 @@ def test_verify_finds_a_cut_image_packed_before_the_check(tmp_path: Path) -> Non
 
 def test_verify_images_decodes_and_names_each_failure(tmp_path: Path) -> None:
     """A PNG whole to the IEND chunk but with a damaged IDAT passes the cheap check."""
-    from shardio.shardbuild import image_problem
+    from shardio.packing.build import image_problem
     images = {f"cat/{i}.jpg": encode("JPEG", i) for i in range(3)}
     images |= {f"dog/{i}.png": encode("PNG", i) for i in range(3)}
     broken = bytearray(images["dog/1.png"])
@@ -129,7 +129,7 @@ def test_verify_images_decodes_and_names_each_failure(tmp_path: Path) -> None:
 @pytest.mark.parametrize("fmt", ["JPEG", "PNG", "WEBP"])
 def test_the_cheap_check_takes_whole_images_and_trailing_bytes(fmt: str) -> None:
     """What decoders accept passes: whole files, and bytes after the end; cuts do not."""
-    from shardio.shardbuild import image_problem
+    from shardio.packing.build import image_problem
     data = encode(fmt, 7)
     assert image_problem(data) is None
     assert image_problem(data + b"\0" * 64) is None

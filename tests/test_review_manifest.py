@@ -26,8 +26,8 @@ from storage_servers import FAST_RETRY, HttpEndpoint
 import shardio
 from shardio import IndexedDataset, ManifestError, StreamingDataset
 from shardio.cli import main
-from shardio.manifest import MIN_RECORD_BYTES_V3 as MIN_RECORD_BYTES
-from shardio.manifest import Manifest
+from shardio.format.manifest import MIN_RECORD_BYTES_V3 as MIN_RECORD_BYTES
+from shardio.format.manifest import Manifest
 from shardio.storage.options import RemoteOptions
 from shardio.synth import make_imagefolder
 

@@ -29,7 +29,7 @@ from storage_servers import FAST_RETRY, HttpEndpoint
 import shardio
 from shardio import ChecksumError, IndexedDataset, ShardWriter
 from shardio.backends.remoterecords import tail_guess
-from shardio.format import unpack_footer
+from shardio.format.frames import unpack_footer
 from shardio.storage.options import MIN_RANGE_BYTES, RemoteOptions
 
 pytest_plugins = ("storage_plugin",)

@@ -1,5 +1,5 @@
 """A script that takes a few samples and stops prints nothing more: closing a window of the
-stream lets go of what is open and never opens a shard file again (``shardio.stream``)."""
+stream lets go of what is open and never opens a shard file again (``shardio.reading.stream``)."""
 
 from __future__ import annotations
 

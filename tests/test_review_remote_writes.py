@@ -25,10 +25,10 @@ import pytest
 from storage_servers import S3Endpoint
 
 from shardio.errors import OutputExistsError, PackError
-from shardio.manifest import MANIFEST_NAME
-from shardio.pack import pack
+from shardio.format.manifest import MANIFEST_NAME
+from shardio.packing.pack import pack
+from shardio.packing.writer import ShardWriter, WriteOptions
 from shardio.storage import open_store
-from shardio.writer import ShardWriter, WriteOptions
 
 pytest_plugins = ("storage_plugin",)
 
@@ -101,9 +101,9 @@ def test_overwrite_of_a_local_folder_refuses_the_same_names(
 
 KILLED_BETWEEN_PARTS = textwrap.dedent("""
     import os, signal, sys
-    from shardio.pack import pack
+    from shardio.packing.pack import pack
     from shardio.storage import RemoteStore
-    from shardio.writer import WriteOptions
+    from shardio.packing.writer import WriteOptions
 
     call = RemoteStore._call
 

@@ -19,10 +19,10 @@ import numpy as np
 import pytest
 
 import shardio
-from shardio import journal
 from shardio.errors import DatasetLockedError
-from shardio.manifest import read_manifest
-from shardio.reader import DatasetReader
+from shardio.format.manifest import read_manifest
+from shardio.packing import journal
+from shardio.reading.reader import DatasetReader
 from shardio.synth import make_photo
 
 SHARDIO = [sys.executable, "-m", "shardio"]
@@ -75,7 +75,7 @@ def test_two_appends_at_once_keep_every_sample_once(tmp_path: Path, trial: int) 
 HOLD = textwrap.dedent("""
     import sys
     from pathlib import Path
-    from shardio.journal import dataset_lock
+    from shardio.packing.journal import dataset_lock
     with dataset_lock(Path(sys.argv[1]), "a test holding the lock"):
         print("held", flush=True)
         sys.stdin.read()

@@ -15,10 +15,10 @@ import numpy as np
 import pytest
 
 from shardio import ShardWriter, WriteOptions
-from shardio.batch import RecordBatch
-from shardio.reader import DatasetReader
-from shardio.runbatch import Chunk, _batch_by_field, _one_window_batch
-from shardio.stream import iter_chunks, iter_samples
+from shardio.reading.batch import RecordBatch
+from shardio.reading.gather import Chunk, _batch_by_field, _one_window_batch
+from shardio.reading.reader import DatasetReader
+from shardio.reading.stream import iter_chunks, iter_samples
 
 
 def sample(i: int) -> dict[str, Any]:

@@ -1,4 +1,4 @@
-"""The walk split into tasks (``shardio.scan``): any split finds what one serial walk finds."""
+"""The walk split into tasks (``packing.scan``): any split finds what one serial walk finds."""
 
 from __future__ import annotations
 
@@ -8,11 +8,11 @@ from typing import Literal
 
 import pytest
 
-from shardio.engines.local import ExecutorWalkPool, LocalEngine
-from shardio.scan import ScanPart, WalkSpec, split_folders, walk_part
-from shardio.source import scan_source
+from shardio.packing.engines.local import ExecutorWalkPool, LocalEngine
+from shardio.packing.scan import ScanPart, WalkSpec, split_folders, walk_part
+from shardio.packing.sources.files import scan_source
+from shardio.packing.walk import Folder
 from shardio.synth import make_photo, make_tiny_tree
-from shardio.walk import Folder
 
 
 class CountingPool(ExecutorWalkPool):

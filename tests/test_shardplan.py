@@ -8,9 +8,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from shardio.codecs import get_codec
-from shardio.record import encode_record
-from shardio.shardplan import (
+from shardio.format.codecs import get_codec
+from shardio.format.record import encode_record
+from shardio.packing.plan import (
     MIN_SHARD_BYTES,
     PARALLEL_SHARDS,
     framed_bound,
@@ -18,7 +18,7 @@ from shardio.shardplan import (
     plan_shards,
     target_shard_bytes,
 )
-from shardio.source import SourceSample
+from shardio.packing.sources.files import SourceSample
 
 NAMES = st.text(st.characters(codec="utf-8", exclude_characters="\0"), min_size=1, max_size=40)
 PAYLOADS = st.one_of(

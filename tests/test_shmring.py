@@ -1,4 +1,4 @@
-"""Batches cross from workers through shared memory each worker reuses (``shardio.shmring``).
+"""Batches cross from workers through shared memory each worker reuses (``torch.handover.ring``).
 
 Through real ``shardio.loader`` DataLoaders on a generated pack: batches and views
 the consumer holds stay intact while workers keep writing; slots are reused
@@ -20,10 +20,11 @@ from typing import Any
 
 import pytest
 
-from shardio import ShardWriter, WriteOptions, shmview
-from shardio.batch import RecordBatch
-from shardio.dataloader import loader
-from shardio.dataset import StreamingDataset
+from shardio import ShardWriter, WriteOptions
+from shardio.reading.batch import RecordBatch
+from shardio.torch.dataset import StreamingDataset
+from shardio.torch.handover import views as shmview
+from shardio.torch.loader import loader
 
 pytestmark = pytest.mark.slow
 
@@ -179,7 +180,7 @@ def _buffer_and_more(samples: list[dict[str, Any]]) -> tuple[Any, Any]:
     elsewhere, larger than the room a slot keeps after the buffer."""
     import torch
 
-    from shardio.collate import batch_buffer
+    from shardio.torch.collate import batch_buffer
 
     ns = [int(s["n"]) for s in samples]
     head = batch_buffer(8 * len(ns)).view(torch.int64)

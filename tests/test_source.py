@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from shardio.errors import BadInputError
-from shardio.source import IMG_EXTENSIONS, dataset_source, scan_source
+from shardio.packing.sources.files import IMG_EXTENSIONS, dataset_source, scan_source
 
 ODD_CLASSES = ("b class", "a", "A", "Ärger", "z-ünï", "a b", "日本")
 ODD_FILES = ("x.jpg", "y.JPG", "sub dir/z.png", "sub/w.jpeg", "sub/deeper/v.WebP",

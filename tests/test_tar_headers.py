@@ -1,4 +1,4 @@
-"""The tar header parser of ``shardio.tarsource`` against Python's ``tarfile``."""
+"""The tar header parser of ``shardio.packing.sources.tars`` against Python's ``tarfile``."""
 
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from shardio.errors import BadInputError
-from shardio.pack import pack
-from shardio.tarsource import TarDamage, tar_members
+from shardio.packing.pack import pack
+from shardio.packing.sources.tars import TarDamage, tar_members
 
 FORMATS = {"ustar": tarfile.USTAR_FORMAT, "gnu": tarfile.GNU_FORMAT, "pax": tarfile.PAX_FORMAT}
 NAMES = st.text(alphabet="ab9._-/é", min_size=1, max_size=240).filter(

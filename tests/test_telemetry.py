@@ -1,5 +1,5 @@
 """``loader.stats()`` and ``DevicePrefetcher.stats()``: stable names, one entry per batch
-handed over, resettable, and a ``log_every`` hook (``shardio.telemetry``)."""
+handed over, resettable, and a ``log_every`` hook (``shardio.reading.telemetry``)."""
 
 from __future__ import annotations
 

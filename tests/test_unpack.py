@@ -22,11 +22,11 @@ from shardio import (
     read_manifest,
 )
 from shardio.cli import main
-from shardio.codecs import get_codec
-from shardio.pack import pack
-from shardio.record import encode_record
+from shardio.format.codecs import get_codec
+from shardio.format.record import encode_record
+from shardio.ops.unpack import _DestFiles, check_key, field_bytes, unpack
+from shardio.packing.pack import pack
 from shardio.synth import make_photo
-from shardio.unpack import _DestFiles, check_key, field_bytes, unpack
 
 
 def make_tree(root: Path) -> None:

@@ -20,14 +20,14 @@ import crc32c
 import pytest
 
 from shardio.backends import SHARD_SUFFIX
-from shardio.codecs import get_codec
 from shardio.errors import OutputExistsError, PackError, RecordEncodeError
-from shardio.manifest import read_manifest
-from shardio.reader import open_dataset
-from shardio.record import encode_record
-from shardio.shardfile3 import record_bytes
-from shardio.verify import verify
-from shardio.writer import JOURNAL_NAME, ShardWriter, WriteOptions
+from shardio.format.blockfile import record_bytes
+from shardio.format.codecs import get_codec
+from shardio.format.manifest import read_manifest
+from shardio.format.record import encode_record
+from shardio.ops.verify import verify
+from shardio.packing.writer import JOURNAL_NAME, ShardWriter, WriteOptions
+from shardio.reading.reader import open_dataset
 
 IDENTITY = {"source": "generated", "seed": 1}
 
@@ -349,7 +349,7 @@ KILLED_CHILD = """
 import os, signal, sys
 sys.path.insert(0, sys.argv[1])
 from test_writer import IDENTITY, SAMPLES
-from shardio.writer import ShardWriter, WriteOptions
+from shardio.packing.writer import ShardWriter, WriteOptions
 writer = ShardWriter(sys.argv[2], WriteOptions(backend=sys.argv[3], max_shard_samples=10),
                      identity=IDENTITY)
 for sample in SAMPLES[:25]:

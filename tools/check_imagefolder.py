@@ -24,7 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
-from shardio.source import scan_source
+from shardio.packing.sources.files import scan_source
 from shardio.synth import make_photo
 
 AWKWARD_FILES = (

@@ -1,12 +1,12 @@
 """Shard backends: one file per shard, behind one small writer/reader protocol.
 
-A backend stores *framed records* (see ``shardio.format``) and knows nothing of
+A backend stores *framed records* (see ``shardio.format.frames``) and knows nothing of
 samples, codecs or manifests. ``records`` is a flat file read front to back
 with an offset index at its end; ``lmdb`` is one LMDB file keyed by the record's
 index in the shard. Both give O(1) access to record ``i`` and a sequential scan.
 Both store a shard's keys as one *key block*: the msgpack array of its record
 keys (``pack_keys``), whose CRC-32 the manifest keeps (``keys_crc32``). Readers
-hand a run of records to ``shardio.format.check_frames`` as one ``RunBytes``.
+hand a run of records to ``shardio.format.frames.check_frames`` as one ``RunBytes``.
 """
 
 from __future__ import annotations
@@ -18,9 +18,9 @@ from typing import Any, Protocol
 
 import msgpack
 
-from shardio.codecs import get_codec
-from shardio.format import CHECKSUM_OF_VERSION, FORMAT_VERSION, RunBytes
-from shardio.record import encode_record
+from shardio.format.codecs import get_codec
+from shardio.format.frames import CHECKSUM_OF_VERSION, FORMAT_VERSION, RunBytes
+from shardio.format.record import encode_record
 
 
 class ShardFileWriter(Protocol):
@@ -51,7 +51,7 @@ class ShardFileReader(Protocol):
     num_records: int
 
     def frame(self, index: int) -> memoryview:
-        """The framed bytes of record ``index`` (checked later by ``shardio.format``)."""
+        """The framed bytes of record ``index`` (checked later by ``shardio.format.frames``)."""
         ...
 
     def offset(self, index: int) -> int:

@@ -16,7 +16,7 @@ from typing import NoReturn
 
 from shardio.backends import ShardFileReader, open_shard
 from shardio.errors import ShardioError
-from shardio.format import RunBytes
+from shardio.format.frames import RunBytes
 from shardio.storage.cachedrange import CachedRange
 
 

@@ -3,7 +3,7 @@
 Layout (docs/format.md): one LMDB environment in a single file (``subdir=False``,
 no ``-lock`` file), main database only. Record ``i`` is stored under the 8-byte
 big-endian key ``i``; its value is the record frame, byte for byte the frame the
-``records`` backend stores, so ``shardio.format`` checks both alike. Two entries
+``records`` backend stores, so ``shardio.format.frames`` checks both alike. Two entries
 whose keys are never 8 bytes long, and sort after every record key, describe the
 shard: ``__shardio__`` holds msgpack ``{"format": "shardio", "version": 2,
 "checksum": "crc32c", "num_records": N, "keys_bytes": B, "keys_crc32": C}``
@@ -46,7 +46,6 @@ from shardio.backends.lmdbcheck import check_lmdb_file
 from shardio.backends.lmdbenv import REPACK as _REPACK
 from shardio.backends.lmdbenv import SharedEnv, acquire_env, release_env
 from shardio.backends.lmdbenv import translate_error as _translate
-from shardio.checksum import CRC32C, IDS, NAMES, checksum_function, digest
 from shardio.errors import (
     ChecksumError,
     PackError,
@@ -55,7 +54,11 @@ from shardio.errors import (
     TruncatedShardError,
     UnsupportedVersionError,
 )
-from shardio.format import (
+from shardio.format.blockfile import INDEX_KEY as INDEX_KEY
+from shardio.format.blockfile import VERSION as VERSION3
+from shardio.format.blockfile import BlockIndex, ShardEncoder3, block_key, lmdb_tail, parse_lmdb
+from shardio.format.checksum import CRC32C, IDS, NAMES, checksum_function, digest
+from shardio.format.frames import (
     CHECKSUM_OF_VERSION,
     FORMAT_NAME,
     FORMAT_VERSION,
@@ -64,10 +67,7 @@ from shardio.format import (
     SUPPORTED_VERSIONS,
     RunBytes,
 )
-from shardio.record import KEY_FIELD
-from shardio.shardfile3 import INDEX_KEY as INDEX_KEY
-from shardio.shardfile3 import VERSION as VERSION3
-from shardio.shardfile3 import BlockIndex, ShardEncoder3, block_key, lmdb_tail, parse_lmdb
+from shardio.format.record import KEY_FIELD
 
 META_KEY: Final = b"__shardio__"
 """Key of the shard's metadata entry; never 8 bytes long, so never a record key."""
@@ -374,7 +374,7 @@ class LmdbShardReader:
     def _check_framed(self) -> None:
         if self.block_index is not None:
             raise TypeError(f"{self.path}: a format v3 shard holds blocks, not one frame a "
-                            "record: read records with read_run and shardio.rundecode")
+                            "record: read records with read_run and shardio.format.runs")
 
     def _read_blocks(self, start: int, stop: int) -> RunBytes:
         """Records ``start..stop`` of a v3 shard as copies of their blocks, one cursor pass."""

@@ -24,9 +24,12 @@ import msgpack
 import numpy as np
 
 from shardio.backends import ShardFileEncoder, keys_crc32, pack_keys
-from shardio.checksum import CRC32C, IDS, checksum_function, digest
 from shardio.errors import ShardCorruptError, ShardMissingError
-from shardio.format import (
+from shardio.format.blockfile import HEADER as HEADER3
+from shardio.format.blockfile import VERSION as VERSION3
+from shardio.format.blockfile import BlockIndex, RecFileWriter3, parse_rec
+from shardio.format.checksum import CRC32C, IDS, checksum_function, digest
+from shardio.format.frames import (
     CHECKSUM_OF_VERSION,
     FOOTER_SIZE,
     FORMAT_VERSION,
@@ -39,10 +42,7 @@ from shardio.format import (
     tail_bytes,
     unpack_footer,
 )
-from shardio.record import KEY_FIELD
-from shardio.shardfile3 import HEADER as HEADER3
-from shardio.shardfile3 import VERSION as VERSION3
-from shardio.shardfile3 import BlockIndex, RecFileWriter3, parse_rec
+from shardio.format.record import KEY_FIELD
 
 WRITE_BUFFER_BYTES = 1 << 20
 """Large enough that writes are few; small enough that glibc does not map (and the kernel
@@ -90,7 +90,7 @@ def drop_view_pages(views: Sequence[memoryview]) -> int:
     """Drop this process's pages under ``views`` of shard maps, once their bytes were used.
 
     For a caller that holds views of a run, not its shard's reader: the checksum
-    thread (``shardio.checkahead``) right after checking a run, or a worker right after
+    thread (``shardio.reading.checkahead``) right after checking a run, or a worker right after
     copying a batch into shared memory. The pages under each view, widened to whole
     ``FAULT_AROUND`` blocks because the kernel mapped those too, go from this process,
     not from the page cache: a view still held, or a record next to one, maps its
@@ -98,7 +98,7 @@ def drop_view_pages(views: Sequence[memoryview]) -> int:
     Views of anything but an ``mmap`` are left alone. One system call per view (views
     of neighbouring records merged first): about 4 us for an 80 KB record here, and
     the records read again after a drop fault again, so a caller that drops mid-window
-    trades CPU time for memory (``shardio.shmring`` does not call it for that reason).
+    trades CPU time for memory (``shardio.torch.handover.ring`` does not call it for that reason).
 
     Args:
         views: memoryviews of shard maps (``RunBytes.buffer``, a batch's pieces).
@@ -310,7 +310,7 @@ class RecordsShardReader:
     def _check_framed(self) -> None:
         if self.block_index is not None:
             raise TypeError(f"{self.path}: a format v3 shard holds blocks, not one frame a "
-                            "record: read records with read_run and shardio.rundecode")
+                            "record: read records with read_run and shardio.format.runs")
 
     def offset(self, index: int) -> int:
         """Byte offset of record ``index`` (v3: of its block)."""

@@ -31,9 +31,12 @@ import msgpack
 import numpy as np
 import numpy.typing as npt
 
-from shardio.checksum import CRC32C
 from shardio.errors import ShardCorruptError
-from shardio.format import (
+from shardio.format.blockfile import VERSION as VERSION3
+from shardio.format.blockfile import BlockIndex, ShardIndex3, parse_footer, parse_tail
+from shardio.format.blockfile import check_header as check_header3
+from shardio.format.checksum import CRC32C
+from shardio.format.frames import (
     HEADER_SIZES,
     Footer,
     RunBytes,
@@ -43,9 +46,6 @@ from shardio.format import (
     tail_bytes,
     unpack_footer,
 )
-from shardio.shardfile3 import VERSION as VERSION3
-from shardio.shardfile3 import BlockIndex, ShardIndex3, parse_footer, parse_tail
-from shardio.shardfile3 import check_header as check_header3
 from shardio.storage.cachedrange import CachedRange
 from shardio.storage.fetch import RangeRequest
 from shardio.storage.readahead import ReadAhead
@@ -107,7 +107,7 @@ def partition(offsets: npt.NDArray[np.uint64], range_bytes: int,
 
     Without ``block_records`` the record area is split into
     ``ceil(total / range_bytes)`` equal parts, each cut at the last record
-    boundary before its end. With it (the plan's block size, ``shardio.plan``:
+    boundary before its end. With it (the plan's block size, ``shardio.order.plan``:
     blocks are records ``0, b, 2b, …`` of each shard) every range is made of
     whole blocks: one block each, since a shuffle reads the blocks of a shard in
     different windows and a range shared by several would be needed (and, under
@@ -151,7 +151,7 @@ class ShardTail:
     checksum: str
     """The records' checksum, as the footer names it (``crc32`` for format v1)."""
     chain: npt.NDArray[np.uint32] | None = None
-    """Format v2: the checksum of the shard up to each record (``shardio.format``)."""
+    """Format v2: the checksum of the shard up to each record (``shardio.format.frames``)."""
     index3: ShardIndex3 | None = None
     """Format v3: the block index and keys (``offsets`` then holds the block offsets)."""
 
@@ -223,7 +223,7 @@ def _parse_tail(tail: bytes | memoryview, at: int, footer: Footer, *, url: str) 
             f"tail fetched from byte {at}; the shard is damaged: restore it or re-pack",
             path=url, offset=footer.index_offset)
     body = memoryview(tail)[footer.index_offset - at : len(tail) - footer.size]
-    index = parse_index(body, footer, path=url)  # the local reader's checks, in shardio.format
+    index = parse_index(body, footer, path=url)  # the local reader's checks (format.frames)
     if bool(np.any(np.diff(index.offsets.astype(np.int64)) <= 0)):
         raise ShardCorruptError(
             f"{url}: record index does not span the record area in order; re-pack it",
@@ -344,7 +344,7 @@ class RemoteRecordsReader:
     def _check_framed(self) -> None:
         if self.block_index is not None:
             raise TypeError(f"{self.path}: a format v3 shard holds blocks, not one frame a "
-                            "record: read records with read_run and shardio.rundecode")
+                            "record: read records with read_run and shardio.format.runs")
 
     def offset(self, index: int) -> int:
         """Byte offset of record ``index`` in the shard (v3: of its block)."""

@@ -1,6 +1,6 @@
 """``shardio bench``: measure read throughput on this machine and recommend settings.
 
-A thin front for ``shardio.bench.bench`` (which needs torch); prints one line
+A thin front for ``shardio.torch.bench.bench`` (which needs torch); prints one line
 per setting as it is measured, then the recommendation (or why there is none),
 or JSON with ``--json``.
 """
@@ -65,7 +65,7 @@ def bench_command(
     remote: RemoteOptions,
 ) -> None:
     """Read DATASET with 0, 1, 2, … workers and recommend num_workers and shuffle_buffer."""
-    from shardio.bench import BenchRow, bench, bench_modes
+    from shardio.torch.bench import BenchRow, bench, bench_modes
 
     if math.isnan(min_seconds):  # FloatRange lets nan through: every comparison is false
         raise click.BadParameter("nan is not a duration: give seconds, e.g. 2",

@@ -26,9 +26,9 @@ import numpy as np
 import shardio
 from shardio.cli.inspect import dataset_errors, format_size
 from shardio.cli.options import LocalPath
-from shardio.reader import open_dataset
+from shardio.ops.verify import verify
+from shardio.reading.reader import open_dataset
 from shardio.synth import make_imagefolder
-from shardio.verify import verify
 
 NUM_CLASSES: Final = 5
 BATCH_SIZE: Final = 32
@@ -112,7 +112,7 @@ def stream_epoch(out: Path) -> StreamStats:
 
 
 def _run(base: Path, num_images: int) -> None:
-    from shardio.pack import pack  # the packer's worker pool is only needed by this command
+    from shardio.packing.pack import pack  # the packer's worker pool is only needed by this command
 
     src, out = base / "images", base / "dataset"
     per_class = max(1, num_images // NUM_CLASSES)

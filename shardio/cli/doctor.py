@@ -37,7 +37,7 @@ def doctor_command(path: Path | str, step_ms: float, num_steps: int, batch_size:
                    num_workers: int | None, decode: str, image_size: int, no_verify: bool,
                    plot: Path | None, as_json: bool) -> None:
     """Run DATASET's loader against a simulated step; name the bottleneck and the fix."""
-    from shardio.doctor import doctor, draw_plot, format_report
+    from shardio.torch.doctor import doctor, draw_plot, format_report
 
     report = doctor(str(path), step_ms=step_ms, num_steps=num_steps, batch_size=batch_size,
                     num_workers=num_workers, decode=decode, image_size=image_size,

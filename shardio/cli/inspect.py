@@ -24,12 +24,12 @@ import click
 from shardio.cli.options import DATASET as DATASET  # re-exported: verify, unpack, bench use it
 from shardio.cli.options import LocalPath, remote_options
 from shardio.errors import ShardioError
-from shardio.location import read_manifest
-from shardio.manifest import Manifest
+from shardio.format.manifest import Manifest
+from shardio.storage.location import read_manifest
 from shardio.storage.options import RemoteOptions
 
 if TYPE_CHECKING:
-    from shardio.reader import DatasetReader
+    from shardio.reading.reader import DatasetReader
 
 MAX_LISTED: Final = 10
 """Classes and shards beyond this many are abbreviated in ``info``."""
@@ -131,7 +131,7 @@ def _entries(reader: DatasetReader, limit: int | None) -> Iterator[dict[str, Any
     neither checks nor decodes the image bytes: listing is not verifying. A remote
     shard whose labels are listed has its ranges read ahead in stored order.
     """
-    from shardio.catalog import read_label
+    from shardio.reading.catalog import read_label
 
     classes = reader.manifest.classes
     by_offsets = reader.manifest.backend == "records"
@@ -173,7 +173,7 @@ def ls(dataset: Path | str, limit: int | None, as_json: bool, remote: RemoteOpti
     Labels are read without checking the images: `shardio verify` checks that each
     image is complete, `shardio verify --images` decodes each one.
     """
-    from shardio.reader import open_dataset
+    from shardio.reading.reader import open_dataset
 
     with dataset_errors(), open_dataset(dataset, remote=remote) as reader:
         if as_json:
@@ -199,8 +199,8 @@ def _ls_row(entry: dict[str, Any]) -> str:
 
 
 def _default_field(sample: dict[str, Any], *, layout: str) -> str:
-    from shardio.manifest import CLASS_FOLDERS, IMAGEFOLDER
-    from shardio.unpack import IMAGE_FIELD, RESERVED_FIELDS
+    from shardio.format.manifest import CLASS_FOLDERS, IMAGEFOLDER
+    from shardio.ops.unpack import IMAGE_FIELD, RESERVED_FIELDS
 
     fields = [name for name in sample if name not in RESERVED_FIELDS]
     if layout == IMAGEFOLDER and IMAGE_FIELD in fields:
@@ -231,9 +231,9 @@ def cat(dataset: Path | str, key: str, field: str | None, output: Path | None,
     to a terminal: shardio cat DATASET KEY > file.
     The key is found from the shards' key blocks; no other record is read.
     """
-    from shardio.catalog import find_key
-    from shardio.reader import open_dataset
-    from shardio.unpack import RESERVED_FIELDS, field_bytes
+    from shardio.ops.unpack import RESERVED_FIELDS, field_bytes
+    from shardio.reading.catalog import find_key
+    from shardio.reading.reader import open_dataset
 
     with dataset_errors(), open_dataset(dataset, remote=remote) as reader:
         index = find_key(reader, key)
@@ -290,8 +290,8 @@ def _record_bytes(reader: DatasetReader, number: int, shard: Any, record: int,
                   by_offsets: bool) -> int:
     """Bytes record ``record`` of ``shard`` stores: its frame; in a v3 block, its values'."""
     if getattr(shard, "block_index", None) is not None:  # its values, offsets and key
-        from shardio.record import INDEX_FIELD, KEY_FIELD
-        from shardio.shardfile3 import MIN_RECORD_BYTES, record_bytes
+        from shardio.format.blockfile import MIN_RECORD_BYTES, record_bytes
+        from shardio.format.record import INDEX_FIELD, KEY_FIELD
 
         sample = reader.decode_run(number, record, record + 1, verify=False)[0]
         sample.pop(INDEX_FIELD, None)

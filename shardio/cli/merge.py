@@ -14,7 +14,7 @@ import click
 
 from shardio.cli.inspect import dataset_errors, format_size
 from shardio.cli.options import LocalPath
-from shardio.merge import merge
+from shardio.ops.merge import merge
 
 
 @click.command("merge")

@@ -12,7 +12,7 @@ from typing import Any, TypeVar
 import click
 
 from shardio.errors import StorageError
-from shardio.location import is_url, local_path
+from shardio.storage.location import is_url, local_path
 from shardio.storage.options import RemoteOptions
 
 _UNITS = {"": 1, "B": 1, "K": 10**3, "KB": 10**3, "M": 10**6, "MB": 10**6, "G": 10**9,

@@ -15,14 +15,14 @@ from pathlib import Path
 import click
 from click.core import ParameterSource
 
-from shardio.append import appended_options
 from shardio.cli.options import DATASET, SIZE, LocalPath
-from shardio.codecs import CODEC_NAMES, MAX_ZSTD_LEVEL, MIN_ZSTD_LEVEL
-from shardio.engines import ENGINES
 from shardio.errors import ShardioError
-from shardio.manifest import BACKENDS
-from shardio.pack import PackSummary, pack
-from shardio.writer import DEFAULT_MAX_SHARD_BYTES, WriteOptions
+from shardio.format.codecs import CODEC_NAMES, MAX_ZSTD_LEVEL, MIN_ZSTD_LEVEL
+from shardio.format.manifest import BACKENDS
+from shardio.packing.append import appended_options
+from shardio.packing.engines import ENGINES
+from shardio.packing.pack import PackSummary, pack
+from shardio.packing.writer import DEFAULT_MAX_SHARD_BYTES, WriteOptions
 
 
 def format_summary(summary: PackSummary) -> str:

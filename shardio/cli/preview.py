@@ -1,6 +1,6 @@
 """``shardio preview``: a contact sheet of random samples, to look at before a long run.
 
-A thin front for ``shardio.preview.make_sheet``: it picks where the image
+A thin front for ``shardio.ops.preview.make_sheet``: it picks where the image
 goes (``-o FILE``; without it a temporary file on a terminal, or the PNG on
 stdout when that is a pipe) and prints the fields the sheet cannot show
 (generic packs) as ``key  field=repr`` lines.
@@ -45,7 +45,7 @@ def preview_command(dataset: Path | str, output: Path | None, num_samples: int,
     their image fields (image, jpg, png, webp, …), and their other fields are
     printed as key  field=repr lines.
     """
-    from shardio.preview import make_sheet
+    from shardio.ops.preview import make_sheet
 
     try:
         with dataset_errors():

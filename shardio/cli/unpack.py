@@ -1,6 +1,6 @@
 """``shardio unpack``: restore the files a dataset was packed from.
 
-A thin front for ``shardio.unpack.unpack``, which refuses keys that would
+A thin front for ``shardio.ops.unpack.unpack``, which refuses keys that would
 write outside DEST and existing files unless ``--overwrite``.
 """
 
@@ -15,8 +15,8 @@ import click
 
 from shardio.cli.inspect import DATASET, dataset_errors, format_size
 from shardio.cli.options import SIZE, LocalPath, remote_options
+from shardio.ops.unpack import DEFAULT_TAR_SHARD_BYTES, unpack, unpack_webdataset
 from shardio.storage.options import RemoteOptions
-from shardio.unpack import DEFAULT_TAR_SHARD_BYTES, unpack, unpack_webdataset
 
 
 @click.command(name="unpack")

@@ -1,6 +1,6 @@
 """``shardio verify``: check a dataset and say, shard and record, what is wrong with it.
 
-A thin front for ``shardio.verify.verify``; exit status 0 when the dataset is
+A thin front for ``shardio.ops.verify.verify``; exit status 0 when the dataset is
 clean and 1 when any fault is found, so scripts and CI can gate on it.
 """
 
@@ -14,8 +14,8 @@ import click
 
 from shardio.cli.inspect import DATASET, format_size
 from shardio.cli.options import remote_options
+from shardio.ops.verify import VerifyReport, verify
 from shardio.storage.options import RemoteOptions
-from shardio.verify import VerifyReport, verify
 
 
 def _describe(report: VerifyReport, dataset: Path | str) -> str:

@@ -14,7 +14,7 @@ import shutil
 from pathlib import Path
 
 from shardio.errors import StorageError
-from shardio.manifest import fsync_dir
+from shardio.format.manifest import fsync_dir
 from shardio.storage.store import RangeWriter, check_name, check_range
 
 READ_CHUNK_BYTES = 8 << 20

@@ -1,0 +1,2 @@
+"""Stage 7: whole-dataset tools — verify, unpack, merge, preview. Torch-free.
+"""
