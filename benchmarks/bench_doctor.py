@@ -1,7 +1,7 @@
 """Question: on pipelines whose bottleneck is known, does ``shardio doctor`` name it, and
 does its first recommendation, applied in the same run, raise steps/s?
 
-The four local validation cases of ``tests/test_doctor.py``, at a fuller size:
+The four local validation cases of ``tests/torch/test_doctor.py``, at a fuller size:
 
 * ``decode``: 1,600 px JPEGs decoded to tensors without workers for a 128 px model, a
   1 ms step (answer: decode-bound; decode at the model's size);

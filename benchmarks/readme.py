@@ -10,7 +10,7 @@ and ``BLOCKS`` says which function renders ``NAME``. Each function takes no argu
 reads committed files under ``benchmarks/results/`` and returns the block's markdown
 (without the markers). Adding a block is one function anywhere under ``benchmarks/``
 plus one line in ``BLOCKS``, then the two markers in the document and
-``python -m benchmarks.readme`` to fill them. ``tests/test_readme_blocks.py`` (in the
+``python -m benchmarks.readme`` to fill them. ``tests/project/test_readme_blocks.py`` (in the
 default suite) fails when a document's block differs from what its function renders
 now, so a figure typed by hand, or a results file changed without rerendering, is found.
 

@@ -27,7 +27,7 @@ or a crash.
     python -m benchmarks.stress_corruption      # writes benchmarks/results/corruption.json
     python -m benchmarks.stress_corruption --flips 200 --out /tmp/c.json    # a quick run
 
-``tests/test_corruption_fuzz.py`` runs the same cases, fewer of them, in the suite.
+``tests/format/test_corruption_fuzz.py`` runs the same cases, fewer of them, in the suite.
 """
 
 from __future__ import annotations

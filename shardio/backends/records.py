@@ -56,7 +56,7 @@ the PMD size). Records a process never reads, next to those it does, end up in i
 resident set that way: a DataLoader worker taking every other batch reads a scattered
 half of each block and held its neighbours' records, never dropped, to the end of the
 epoch (peak RSS of 2 workers on the 8,000-image tree: 1,310 -> 1,143 MB with drops
-widened to this; tests/test_memory_pages.py)."""
+widened to this; tests/backends/test_memory_pages.py)."""
 
 PROBED_BYTES = 1 << 20
 """Runs at least this long are hinted (``will_need``) only where they are not cached."""

@@ -37,7 +37,7 @@ COMMANDS: Final[dict[str, tuple[str, str]]] = {
 """Command name -> (module under ``shardio.cli`` defining it in its ``COMMANDS``, short help).
 
 The short help is repeated here so that ``--help`` lists the commands without
-importing them; ``tests/test_cli.py`` checks it equals each command's own.
+importing them; ``tests/cli/test_cli.py`` checks it equals each command's own.
 """
 
 

@@ -484,7 +484,7 @@ def _close_streams_at_exit() -> None:
 
     Left to the collector, one held until exit is closed after the modules its window's
     ``close`` calls into are cleared, which printed ``Exception ignored in: <generator
-    object _windows …>`` (``tests/test_review_quiet_exit.py``).
+    object _windows …>`` (``tests/torch/test_review_quiet_exit.py``).
     """
     for windows in list(_STREAMS):
         with contextlib.suppress(ValueError):  # running in another thread: it ends with it

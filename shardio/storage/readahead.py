@@ -22,7 +22,7 @@ keeps it) and opened only when taken. Holding cached ranges ahead in the slots k
 the downloads behind them waiting: late in a cold epoch most of the next ranges are
 cached, and the link then had 4 GETs in flight. Under a smaller budget they are held
 in their slots as before: unheld, one was evicted before its turn and downloaded
-again (2 workers at half a budget, ``tests/test_remote_head.py``).
+again (2 workers at half a budget, ``tests/reading/test_remote_head.py``).
 
 ``take`` tolerates a reader that leaves the plan: planned ranges it skips
 (an exact resume starts mid-window) are released, and a range it never

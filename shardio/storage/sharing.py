@@ -44,7 +44,7 @@ YIELD_AFTER_S = 1.0
 """How long a download waits for space, and an idle reader took nothing, before the idle
 reader's process gives back what it holds ahead: waits for a sibling's progress must not
 cost ranges downloaded again (each range is downloaded once per node under half a
-budget, 8 workers: ``tests/test_remote_budget.py``)."""
+budget, 8 workers: ``tests/reading/test_remote_budget.py``)."""
 WATCH_S = 0.1
 """How often a process holding ranges ahead looks for downloads waiting on it."""
 

@@ -4,7 +4,7 @@
 this resizes the box to the output. Pillow's antialiased bilinear resize was half of
 a 500x375 crop's time here; torch's (``interpolate(..., antialias=True)`` on uint8,
 vectorised for 3-channel pixels laid out as decoded) computes the same filter about
-4x faster, with pixels within a few levels of Pillow's (``tests/test_crop.py``).
+4x faster, with pixels within a few levels of Pillow's (``tests/decode/test_crop.py``).
 Imports torch, so it lives beside the dataset, which hands it to ``crop.Cropper``.
 """
 

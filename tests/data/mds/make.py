@@ -1,4 +1,4 @@
-"""Write the MDS fixtures of ``tests/test_import_mds.py`` with MosaicML Streaming's own writer.
+"""Write the MDS fixtures of ``tests/packing/test_import_mds.py`` with MosaicML Streaming's writer.
 
 mosaicml-streaming imports torchvision at package import, which does not import beside the
 project's torch, so this runs in a venv of its own (from the repository root):

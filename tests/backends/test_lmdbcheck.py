@@ -4,7 +4,7 @@ liblmdb follows page numbers and value sizes without checking them against the
 file's end; ``shardio.backends.lmdbcheck`` proves them inside the file before
 liblmdb maps it. Every read of a damaged shard runs in a child process here, so
 a regression shows as a failed test naming the signal, not a dead test run.
-Run as a script (``python tests/test_lmdbcheck.py MODE DATASET ...``) this file
+Run as a script (``python tests/backends/test_lmdbcheck.py MODE DATASET ...``) this file
 is that child.
 """
 

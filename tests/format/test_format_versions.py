@@ -26,7 +26,7 @@ from shardio.errors import PackError
 from shardio.packing.writer import WriteOptions
 from shardio.synth import make_imagefolder
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 _spec = importlib.util.spec_from_file_location("read_v3", ROOT / "tools" / "read_v3.py")
 assert _spec is not None and _spec.loader is not None
 read_v3 = importlib.util.module_from_spec(_spec)

@@ -24,7 +24,7 @@ from shardio.packing.pack import pack
 from shardio.packing.writer import WriteOptions
 from shardio.reading.reader import open_dataset
 
-DATA = Path(__file__).parent / "data" / "mds"
+DATA = Path(__file__).parents[1] / "data" / "mds"
 EXPECTED: list[dict[str, Any]] = json.loads((DATA / "expected.json").read_text())
 
 

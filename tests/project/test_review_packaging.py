@@ -16,7 +16,7 @@ import shardio
 
 tomllib = pytest.importorskip("tomllib")  # Python 3.11+
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 DISTRIBUTION = "shardio-torch"
 """The name on PyPI (``shardio`` there is an unrelated project); imported as ``shardio``."""
 

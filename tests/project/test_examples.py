@@ -52,7 +52,7 @@ from typing import Any
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 FIXTURE = ("train/", "anything/", "out/train/ (Python examples)", "shardio", "torch",
            "my_samples", "tf", "epochs", "s3://<bucket>/")
 BROKEN: dict[str, str] = {}

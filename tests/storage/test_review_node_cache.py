@@ -45,7 +45,7 @@ def payload(i: int) -> bytes:
 
 def write(folder: Path, *, key_bytes: int = 8) -> None:
     """A ``.rec`` dataset of ``NUM`` samples in shards of 20; keys padded to ``key_bytes``."""
-    # format v2: the tails crafted here are v2's (v3's: tests/test_format_v3.py)
+    # format v2: the tails crafted here are v2's (v3's: tests/format/test_format_v3.py)
     with ShardWriter(folder, max_shard_samples=20, version=2) as writer:
         for i in range(NUM):
             writer.write({"__key__": f"{i:05d}".rjust(key_bytes, "k"), "data": payload(i)})

@@ -4,7 +4,7 @@
 * the Performance page's figures (``docs/img/perf-*.png``) are what
   ``benchmarks/performance.py`` draws now from the newest committed full run, so a new
   run committed without ``python -m benchmarks.performance`` is found (its tables are
-  generated blocks, checked by ``tests/test_readme_blocks.py``).
+  generated blocks, checked by ``tests/project/test_readme_blocks.py``).
 
 ``mkdocs build --strict`` itself runs in ``.ci/run`` (it needs the ``docs`` extra).
 """
@@ -20,7 +20,7 @@ from PIL import Image
 import shardio
 from benchmarks import performance
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 def test_the_api_page_documents_every_public_name() -> None:

@@ -38,7 +38,7 @@ from shardio.format.blockfile import (
 )
 from shardio.format.checksum import compute
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 _spec = importlib.util.spec_from_file_location("read_v3", ROOT / "tools" / "read_v3.py")
 assert _spec is not None and _spec.loader is not None
 read_v3 = importlib.util.module_from_spec(_spec)

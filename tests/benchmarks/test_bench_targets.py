@@ -13,7 +13,7 @@ from typing import Any
 
 from benchmarks.summary import DATALOADER, targets
 
-RUN = Path(__file__).resolve().parents[1] / "benchmarks" / "results" / "2026-11-27-full.json"
+RUN = Path(__file__).resolve().parents[2] / "benchmarks" / "results" / "2026-11-27-full.json"
 
 
 def test_the_plain_dataloader_gets_the_reading_targets_only() -> None:

@@ -23,7 +23,7 @@ from typing import Any
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 NUM_IMAGES = 30
 NUM_TINY = 200
 pytestmark = pytest.mark.harness

@@ -23,7 +23,7 @@ from shardio.synth import make_imagefolder
 
 pytest_plugins = ("storage_plugin",)
 
-EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 SMALL = ("--batch-size", "8", "--num-workers", "2", "--image-size", "32")
 
 

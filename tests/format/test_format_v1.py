@@ -170,7 +170,7 @@ def test_the_writer_forced_to_v1_writes_what_the_frozen_v1_writer_does(tmp_path:
 
 def test_damage_to_v1_shards_is_always_found_and_never_read_as_data(
         v1: tuple[Path, list[dict[str, Any]]]) -> None:
-    """The corruption fuzz of tests/test_corruption_fuzz.py, on v1 files read by today's readers."""
+    """The corruption fuzz of tests/format/test_corruption_fuzz.py, on v1 files read today."""
     from benchmarks.stress_corruption import flip_cases, run_cases, truncate_cases
 
     root, _expected = v1

@@ -203,7 +203,7 @@ def test_url_sources_are_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
                        "pack reads SRC from a local folder"):
         pack("s3://bucket/src", tmp_path / "out")
     assert list(tmp_path.iterdir()) == []  # no local folder named s3:
-    # URL outputs are packed to (tests/test_remote_pack.py)
+    # URL outputs are packed to (tests/packing/test_remote_pack.py)
 
 
 def test_skip_bad_lists_skipped_files_in_summary_and_manifest(
