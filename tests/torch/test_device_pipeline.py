@@ -28,7 +28,7 @@ from shardio.torch.prefetch import DevicePrefetcher  # noqa: E402
 needs_cuda = pytest.mark.skipif(
     not torch.cuda.is_available(), reason="the CUDA path needs a CUDA device"
 )
-DEVICES = ["cpu", pytest.param("cuda", marks=needs_cuda)]
+DEVICES = ["cpu", pytest.param("cuda", marks=[needs_cuda, pytest.mark.gpu])]
 SIZE = (40, 30)  # every image of the fixed tree: batches stack into (B, 3, H, W)
 
 
@@ -166,6 +166,7 @@ def test_raw_batches_pass_the_prefetcher_with_their_bytes(
         assert got == reference
 
 
+@pytest.mark.gpu
 @needs_cuda
 @pytest.mark.parametrize("num_workers", [0, 2])
 def test_on_cuda_the_loader_pins_decoded_batches(

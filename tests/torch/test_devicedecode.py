@@ -356,6 +356,7 @@ def test_every_sample_once_with_the_crop_the_dataset_draws(
         assert sorted(seen) == list(range(48)), epoch
 
 
+@pytest.mark.gpu
 @pytest.mark.skipif(not CUDA, reason="needs CUDA and torchvision (nvJPEG)")
 def test_nvjpeg_decodes_on_the_device_and_names_itself() -> None:
     decoder = DeviceDecoder("cuda", crop=RandomResizedCrop(16))

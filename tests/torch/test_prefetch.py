@@ -367,6 +367,7 @@ def test_conversion_reaches_every_image_leaf_of_any_structure(batch: Any) -> Non
 # ---------------------------------------------------------------- CUDA
 
 
+@pytest.mark.gpu
 @needs_cuda
 @pytest.mark.parametrize("pin", [False, True])
 def test_cuda_batches_arrive_on_the_device_with_the_same_values(pin: bool) -> None:
@@ -386,6 +387,7 @@ def test_cuda_batches_arrive_on_the_device_with_the_same_values(pin: bool) -> No
         assert got["extra"][1:] == ["key", 3, None]
 
 
+@pytest.mark.gpu
 @needs_cuda
 def test_cuda_conversion_matches_the_cpu_conversion() -> None:
     batches = [Pair(_images(batch=4, seed=i, h=9, w=8), torch.arange(4)) for i in range(4)]
@@ -400,6 +402,7 @@ def test_cuda_conversion_matches_the_cpu_conversion() -> None:
         assert torch.equal(a.labels.cpu(), b.labels)
 
 
+@pytest.mark.gpu
 @needs_cuda
 def test_cuda_values_survive_a_consumer_on_another_stream() -> None:
     batches = [(_images(batch=8, seed=i, h=64, w=64), i) for i in range(20)]
@@ -417,6 +420,7 @@ def test_cuda_values_survive_a_consumer_on_another_stream() -> None:
         torch.testing.assert_close(total.double().cpu(), expected, rtol=1e-5, atol=1e-2)
 
 
+@pytest.mark.gpu
 @needs_cuda
 def test_cuda_moves_objects_with_their_own_to_and_breaks_cleanly() -> None:
     movables = [_Movable() for _ in range(4)]
