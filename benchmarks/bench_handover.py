@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.datagen import FULL_SIZES, QUICK_SIZES, Tree, ensure_tree
-from benchmarks.machine import describe_machine, library_versions, source_id
+from benchmarks.resultsfile import RESULTS, load_results, write_results
 
 HERE = Path(__file__).resolve().parent
 WORK = HERE / "work" / "handover"
@@ -176,6 +176,89 @@ def measure(variant: str, tree: Tree, pack: Path) -> dict[str, Any]:
     return result
 
 
+def num(value: float | None, digits: int = 0) -> str:
+    return "-" if value is None else f"{value:,.{digits}f}"
+
+
+def load_range(runs: dict[str, list[dict[str, Any]]]) -> str:
+    loads = [r["load_1min"] for rs in runs.values() for r in rs if "load_1min" in r]
+    if not loads:
+        return "not recorded"
+    return f"median {statistics.median(loads):.1f} ({min(loads):.1f}-{max(loads):.1f})"
+
+
+def _round_ratio(runs: dict[str, list[dict[str, Any]]], a: tuple[str, str],
+                 b: tuple[str, str]) -> str:
+    """Median over rounds of ``a / b``, each ``(variant, key)`` taken in the same round."""
+    pairs = zip(runs.get(a[0], []), runs.get(b[0], []), strict=False)
+    ratios = [x[a[1]] / y[b[1]] for x, y in pairs if a[1] in x and y.get(b[1])]
+    return f"{statistics.median(ratios):.2f}" if ratios else "-"
+
+
+def handover_block() -> str:
+    """The README block: samples/s and CPU per sample of each hand-over, and their ratios."""
+    name = next(f"{stem}.json" for stem in ("handover", "handover-quick")
+                if (RESULTS / f"{stem}.json").exists())
+    res = load_results(name)
+    med, runs = res["medians"], res["runs"]
+    rate = "samples_per_s"
+
+    def get(variant: str, key: str) -> float | None:
+        value = med.get(variant, {}).get(key)
+        return None if value is None else float(value)
+
+    rows = []
+    for label, base, copy, ring in (
+        ("images, raw", "raw-images-w0", "raw-images-w2-copy", "raw-images-w2-ring"),
+        ("tiny, raw", "raw-tiny-w0", "raw-tiny-w2-copy", "raw-tiny-w2-ring"),
+    ):
+        again = "second_epoch_samples_per_s"
+        cells = [label, num(get(base, rate)), num(get(copy, rate)), num(get(ring, rate)),
+                 f"**{_round_ratio(runs, (ring, rate), (base, rate))}** "
+                 f"({_round_ratio(runs, (ring, again), (base, again))})",
+                 _round_ratio(runs, (ring, rate), (copy, rate)),
+                 f"{num(get(copy, 'main_cpu_steady_us'), 1)} / "
+                 f"{num(get(ring, 'main_cpu_steady_us'), 1)}",
+                 f"{num(get(base, 'main_cpu_us'), 1)} / {num(get(ring, 'workers_cpu_us'), 1)}"]
+        rows.append("| " + " | ".join(cells) + " |")
+    limit = ("decode-limit", "processes_samples_per_s")
+    decoded, before = ("decoded-w2-ring", rate), ("decoded-w2-per-sample-copy", rate)
+    cells = ["images, decoded (Pillow)", f"limit: {num(get(*limit))}",
+             f"{num(get(*before))} (per sample)", num(get(*decoded)),
+             f"**{_round_ratio(runs, decoded, limit)}** of the limit",
+             _round_ratio(runs, decoded, before),
+             f"{num(get('decoded-w2-per-sample-copy', 'main_cpu_steady_us'), 1)} / "
+             f"{num(get('decoded-w2-ring', 'main_cpu_steady_us'), 1)}",
+             f"- / {num(get('decoded-w2-ring', 'workers_cpu_us'), 1)}"]
+    rows.append("| " + " | ".join(cells) + " |")
+    trees = res["trees"]
+    src = res.get("shardio_source", {})
+    start = [f"{label} {num(get(ring, 'main_cpu_start_ms'))} ms ({num(get(ring, 'main_gc_ms'))} "
+             "ms of it in garbage collections)"
+             for label, ring in (("images", "raw-images-w2-ring"), ("tiny", "raw-tiny-w2-ring"))
+             if get(ring, "main_cpu_start_ms") is not None]
+    return "\n".join([
+        f"Run of {res['date']} (`benchmarks/results/{name}`, `{res['command']}`): medians of "
+        f"{res['repeats']} rotated round(s), ratios the median of each round's ratio; batch "
+        f"size {res['batch_size']}, each figure one epoch in a fresh process from building "
+        f"the loader; images {trees['images']['files']:,}"
+        f" JPEGs, tiny {trees['tiny']['files']:,} files; shardio at {src.get('git_head')}"
+        f"{' (+ uncommitted changes)' if src.get('dirty') else ''}. 1-minute load average "
+        f"during the runs: {load_range(res['runs'])} (2 cores, shared with other jobs).",
+        "",
+        "| batches | 1 process, samples/s | 2 workers, pickled copies | 2 workers, shared-memory "
+        "ring | ring / 1 process (second epoch) | ring / copies | main-process CPU "
+        "us/sample, copies / ring | CPU us/sample: 1 process / 2 workers' |",
+        "|---|---|---|---|---|---|---|---|",
+        *rows,
+        *(["", "The main-process columns are steady epochs (from the first batch on). Before "
+            "its first batch, the main process of a 2-worker raw run spent "
+            + " and ".join(start) + " of CPU: the plan's first stage, starting the workers, "
+            "and, in every fresh process, one full collection of the objects the imports "
+            "left, wherever it falls (the 1-process runs pay it too)."] if start else []),
+    ])
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="small trees, 1 repeat")
@@ -203,17 +286,13 @@ def main() -> None:
     medians = {name: {key: statistics.median(r[key] for r in rs if key in r)
                       for key in rs[0] if isinstance(rs[0][key], (int, float))}
                for name, rs in runs.items() if rs and "error" not in rs[0]}
-    out = HERE / "results" / f"handover{'-quick' if args.quick else ''}.json"
-    out.write_text(json.dumps({
-        "question": __doc__.splitlines()[0], "date": time.strftime("%Y-%m-%d %H:%M"),
-        "command": "benchmarks/.env/bin/python -m benchmarks.bench_handover"
-                   + (" --quick" if args.quick else ""),
-        "repeats": repeats, "batch_size": BATCH, "wall_s": round(time.time() - started, 1),
+    out = write_results(f"handover{'-quick' if args.quick else ''}.json", {
+        "question": __doc__.splitlines()[0], "repeats": repeats, "batch_size": BATCH,
+        "wall_s": round(time.time() - started, 1),
         "trees": {k: {"files": t.num_files, "bytes": t.num_bytes} for k, t in trees.items()},
-        "machine": describe_machine(WORK), "versions": library_versions(),
-        "shardio_source": source_id(HERE.parent / "shardio"),
         "medians": medians, "runs": runs,
-    }, indent=1, sort_keys=True) + "\n", encoding="utf-8")
+    }, command="benchmarks/.env/bin/python -m benchmarks.bench_handover"
+       + (" --quick" if args.quick else ""), sort_keys=True)
     print(f"results: {out}")
 
 

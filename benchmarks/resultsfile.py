@@ -1,0 +1,56 @@
+"""The one results writer of the benchmark questions: one JSON file per question.
+
+``write_results`` stamps every file with what a figure needs to be read months later (when,
+the command that reproduces it, the machine, the libraries, the shardio source and the
+load average at the end), then the question's own fields, which win where a name is the
+same; ``load_results`` reads one back. Report functions read only committed files, so a
+figure in the docs is always one that ``git log -p benchmarks/results/<name>.json`` has.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from benchmarks.machine import describe_machine, library_versions, source_id
+
+RESULTS = Path(__file__).resolve().parent / "results"
+
+
+def _command() -> str:
+    """How this process was started, as ``python -m module args`` (no paths of this machine)."""
+    spec = getattr(sys.modules["__main__"], "__spec__", None)
+    module = spec.name if spec is not None else Path(sys.argv[0]).stem
+    return " ".join(["python -m", module, *sys.argv[1:]])
+
+
+def write_results(out: str | Path, results: dict[str, Any], *, command: str | None = None,
+                  sort_keys: bool = False) -> Path:
+    """Write ``results`` as ``benchmarks/results/<out>`` (a name) or to ``out`` (a path).
+
+    Args:
+        out: a file name under ``benchmarks/results/``, or a path (``--out`` of a run).
+        results: the question's fields; they override the stamp's where names collide.
+        command: the command that reproduces the run; by default this process's own.
+        sort_keys: sort the keys at every level (the files whose history is kept sorted).
+    """
+    path = RESULTS / out if isinstance(out, str) else out
+    stamp = {
+        "date": time.strftime("%Y-%m-%d %H:%M"), "command": command or _command(),
+        "machine": describe_machine(path.parent), "versions": library_versions(),
+        "shardio_source": source_id(RESULTS.parent.parent / "shardio"),
+        "load_avg_1min_end": os.getloadavg()[0],
+    }
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({**stamp, **results}, indent=1, sort_keys=sort_keys) + "\n",
+                    encoding="utf-8")
+    return path
+
+
+def load_results(name: str) -> dict[str, Any]:
+    """The committed results file ``benchmarks/results/<name>``."""
+    return dict(json.loads((RESULTS / name).read_text(encoding="utf-8")))
