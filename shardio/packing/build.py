@@ -29,7 +29,7 @@ from shardio.format.frames import FORMAT_VERSION
 from shardio.format.manifest import fsync_dir
 from shardio.format.record import KEY_FIELD
 from shardio.packing.sources.files import IMG_EXTENSIONS, Bad, SourceSample
-from shardio.packing.sources.inputbytes import is_locator, read_range
+from shardio.packing.sources.inputbytes import OpenContainers, is_locator, read_range
 
 REPORT_EVERY: Final = 64
 """Samples between two progress reports of a shard being built."""
@@ -231,12 +231,14 @@ Read = tuple["dict[str, Any] | None", int, "str | None"]
 """``(the sample's values, or None with the failing field's position and the reason)``."""
 
 
-def read_sample(sample: SourceSample, check_images: bool, dir_fd: int | None = None) -> Read:
+def read_sample(sample: SourceSample, check_images: bool, dir_fd: int | None = None,
+                containers: OpenContainers | None = None) -> Read:
     """Read ``sample``'s files into its values, or say which file is bad and why.
 
     Each file is read with one ``read`` of its scanned size + 1, which also
     finds files that changed since the scan. Relative paths are opened from
-    ``dir_fd`` when given, so that errors name them as the scan did.
+    ``dir_fd`` when given, so that errors name them as the scan did. A member
+    of a container is read through ``containers`` when given (kept open).
     """
     values: dict[str, Any] = {KEY_FIELD: sample.key}
     paths, sizes = sample.paths, sample.sizes
@@ -244,7 +246,8 @@ def read_sample(sample: SourceSample, check_images: bool, dir_fd: int | None = N
         size = sizes[i]
         try:
             if is_locator(paths[i]):  # a member of a container (a tar): its byte range
-                data = read_range(paths[i], size, dir_fd)
+                data = containers.read(paths[i], size) if containers is not None \
+                    else read_range(paths[i], size, dir_fd)
             else:
                 fd = os.open(paths[i], os.O_RDONLY, dir_fd=dir_fd)
                 try:
@@ -314,10 +317,11 @@ def _build_shard(job: ShardJob, number: int, report: Report | None, attempt: str
     writer = create_shard(job.backend, tmp, version=job.version, codec=job.codec,
                           level=job.level, block_records=job.block_records)
     files = nbytes = 0
+    containers = OpenContainers(dir_fd)
     try:
         for pos in job.plan[number]:
             sample = stream[pos - offset]
-            values, failed, reason = read_sample(sample, check, dir_fd)
+            values, failed, reason = read_sample(sample, check, dir_fd, containers)
             if values is not None:
                 try:
                     writer.add(values)
@@ -352,6 +356,8 @@ def _build_shard(job: ShardJob, number: int, report: Report | None, attempt: str
     except BaseException:
         writer.abort()
         raise
+    finally:
+        containers.close()
     if report is not None:
         report(files, nbytes)
     return ShardResult(number, name, count, size, checksum, tuple(fields) if count else (),

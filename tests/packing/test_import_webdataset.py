@@ -206,3 +206,29 @@ def test_cli_packs_a_brace_pattern_with_labels(tmp_path: Path) -> None:
     missing = CliRunner().invoke(main, [
         "pack", str(tmp_path / "src/train-{000000..000009}.tar"), str(tmp_path / "o2")])
     assert missing.exit_code == 1 and "train-000003.tar does not exist" in missing.output
+
+
+def test_a_shard_build_opens_each_tar_once_and_closes_it(tmp_path: Path,
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    _write_shards(tmp_path / "src")
+    opened: list[str] = []
+    real_open, real_close = os.open, os.close
+    open_fds: set[int] = set()
+
+    def counting_open(path: Any, *args: Any, **kwargs: Any) -> int:
+        fd = real_open(path, *args, **kwargs)
+        if str(path).endswith(".tar"):
+            opened.append(str(path))
+            open_fds.add(fd)
+        return fd
+
+    def counting_close(fd: int) -> None:
+        open_fds.discard(fd)
+        real_close(fd)
+
+    monkeypatch.setattr(os, "open", counting_open)
+    monkeypatch.setattr(os, "close", counting_close)
+    pack(tmp_path / "src", tmp_path / "out", num_workers=1, options=WriteOptions())
+    assert sorted(opened) == sorted(map(str, (tmp_path / "src").iterdir()))  # one shard
+    assert not open_fds
+    assert len(_read(tmp_path / "out")) == 30

@@ -39,6 +39,13 @@ def locator_name(path: str) -> str:
     return path.rsplit("\0", 1)[1]
 
 
+def _parse(path: str, size: int | None) -> tuple[str, str, int, int]:
+    """``(container, offset field, offset, size)`` of a locator."""
+    container, where, _ = path.split("\0")
+    start, _, length = where.removeprefix(GZIP_MARK).partition("+")
+    return container, where, int(start), int(length) if size is None else size
+
+
 def read_range(path: str, size: int | None = None, dir_fd: int | None = None) -> bytes:
     """The bytes a locator names (``size`` of them when given; fewer when the container
     is cut short).
@@ -46,15 +53,51 @@ def read_range(path: str, size: int | None = None, dir_fd: int | None = None) ->
     Raises:
         OSError: the container cannot be opened or read, or its gzip stream is damaged.
     """
-    container, where, _ = path.split("\0")
-    start, _, length = where.removeprefix(GZIP_MARK).partition("+")
-    offset, size = int(start), int(length) if size is None else size
-    if not where.startswith(GZIP_MARK):
-        fd = os.open(container, os.O_RDONLY, dir_fd=dir_fd)
-        try:
-            return os.pread(fd, size, offset)
-        finally:
-            os.close(fd)
+    container, where, offset, size = _parse(path, size)
+    if where.startswith(GZIP_MARK):
+        return _read_gzip(container, offset, size, dir_fd)
+    fd = os.open(container, os.O_RDONLY, dir_fd=dir_fd)
+    try:
+        return os.pread(fd, size, offset)
+    finally:
+        os.close(fd)
+
+
+class OpenContainers:
+    """``read_range`` for one shard build, keeping each container it reads open until
+    ``close``: an ``open`` and a ``close`` per tar instead of per field.
+
+    Buys webdataset on tiny (one label and one 1-4 KB member a sample) the 50,000 ``open``
+    and ``close`` calls a folder pack also pays (``python -m benchmarks.bench_import``).
+    One per build, never shared: a Dask worker runs builds in threads. At most
+    ``MAX_OPEN`` stay open (the least recently opened is closed first).
+    """
+
+    MAX_OPEN: Final = 64
+
+    def __init__(self, dir_fd: int | None = None) -> None:
+        self.dir_fd = dir_fd
+        self.fds: dict[str, int] = {}
+
+    def read(self, path: str, size: int | None = None) -> bytes:
+        """``read_range(path, size)`` from the container kept open."""
+        container, where, offset, size = _parse(path, size)
+        if where.startswith(GZIP_MARK):
+            return _read_gzip(container, offset, size, self.dir_fd)
+        fd = self.fds.get(container)
+        if fd is None:
+            if len(self.fds) >= self.MAX_OPEN:
+                os.close(self.fds.pop(next(iter(self.fds))))
+            fd = self.fds[container] = os.open(container, os.O_RDONLY, dir_fd=self.dir_fd)
+        return os.pread(fd, size, offset)
+
+    def close(self) -> None:
+        """Close every container kept open."""
+        while self.fds:
+            os.close(self.fds.popitem()[1])
+
+
+def _read_gzip(container: str, offset: int, size: int, dir_fd: int | None) -> bytes:
     pid, raw, fh = _open_gzip.pop(container, (0, None, None))
     if fh is None or raw is None or pid != os.getpid() or fh.tell() > offset:
         if fh is not None and raw is not None and pid == os.getpid():
