@@ -39,9 +39,9 @@ DOCUMENTS = ("README.md", "benchmarks/README.md", "docs/remote.md", "docs/import
 BLOCKS: dict[str, str] = {
     "guarantees": "benchmarks.stress_corruption:guarantees_block",
     "bench-summary": "benchmarks.headline:summary_block",
+    "readme-headline": "benchmarks.readme_headline:headline_block",
     "bench-tables": "benchmarks.report:tables_block",
     "bench-remote": "benchmarks.remote_report:remote_block",
-    "bench-remote-summary": "benchmarks.remote_report:summary_block",
     "bench-remote-uncapped": "benchmarks.remote_report:uncapped_block",
     "pack-tar": "benchmarks.pack_report:tar_block",
     "pack-engines": "benchmarks.pack_report:engines_block",

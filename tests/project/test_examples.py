@@ -6,18 +6,19 @@ Collected, one test each:
 * docstring examples of every module, class and function under ``shardio/``: doctest
   ``>>>`` lines, and literal blocks (``::``) introduced by ``Example::`` or starting
   with an import (diagrams such as the error tree are not code);
-* the ```` ```bash ```` blocks of every README section, run line by line by bash, with
-  ``shardio`` meaning ``python -m shardio`` of this interpreter; the sections whose
-  blocks change the Python environment itself are collected but skipped, each with
-  its reason (``BASH_NOT_RUN``).
+* the ```` ```bash ```` blocks of README.md and docs/*.md, each in its section (the page's
+  title before its first ``## ``), run line by line by bash, with ``shardio`` meaning
+  ``python -m shardio`` of this interpreter; the sections whose blocks change the Python
+  environment itself, or run for half an hour, are collected but skipped, each with its
+  reason (``BASH_NOT_RUN``).
 
 Each example runs in a fresh temporary directory prepared with what the examples
 name, and nothing else (``FIXTURE`` below is the whole list):
 
 * ``./train``: a small ImageFolder, classes ``class_a`` and ``class_b``, images
   ``img_000.jpg``…, and ``./anything``: a generic tree ``a/b/x.jpg`` + ``a/b/x.json``;
-* ``out/train``: ``./train`` packed, for the Python examples that name it (bash blocks
-  pack it themselves; others, such as ``ShardWriter("out/")``, write their own);
+* ``out/train``: ``./train`` packed, for the examples that name it and do not pack it
+  themselves (others, such as ``ShardWriter("out/")``, write their own);
 * names the Python examples use without defining them: ``shardio`` and ``torch``
   imported; ``my_samples()`` yielding ``(key, jpeg bytes, label)``; ``tf``, a transform
   from a PIL image to a 3×32×32 uint8 tensor; ``epochs = 1``;
@@ -53,19 +54,28 @@ from typing import Any
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
+DOCUMENTS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
 FIXTURE = ("train/", "anything/", "out/train/ (Python examples)", "shardio", "torch",
            "my_samples", "tf", "epochs", "s3://<bucket>/")
 BROKEN: dict[str, str] = {}
 """Example id -> why it fails today (someone else's file); xfail(strict=True) until fixed."""
 CANNOT_RUN: dict[str, str] = {}
 """Example id -> why it cannot run on this machine at all (none so far)."""
+_VENV = "makes a virtual environment and installs torch and shardio into it from the network"
 BASH_NOT_RUN: dict[str, str] = {
-    "Set up": "makes a virtual environment and installs torch and shardio into it from the "
-              "network",
-    "Pillow or pillow-simd": "uninstalls Pillow from the environment and builds pillow-simd "
-                             "from source",
+    "README.md: Set up": _VENV,
+    "README.md: Documentation": "installs the docs extra from the network; .ci/run builds the "
+                                "site",
+    "docs/getting-started.md: Install": _VENV,
+    "docs/getting-started.md: Run the tests": _VENV,
+    "docs/getting-started.md: Pillow or pillow-simd": "uninstalls Pillow from the environment "
+                                                      "and builds pillow-simd from source",
+    "docs/getting-started.md: Build these docs": "installs the docs extra from the network; "
+                                                 ".ci/run builds the site",
+    "docs/performance.md: Reproduce": "makes the benchmarks' own environment and runs the "
+                                      "full harness, about 35 minutes",
 }
-"""README section -> why its bash blocks are not run here; every other section's are."""
+"""``document: section`` -> why its bash blocks are not run here; every other section's are."""
 
 
 @dataclass(frozen=True)
@@ -75,7 +85,7 @@ class Example:
     id: str
     kind: str  # "python", "bash" or "doctest"
     code: str
-    section: str = ""  # the README section of a bash block
+    section: str = ""  # a bash block's ``document: section``
 
 
 def _fenced(path: Path, kind: str, text: str | None = None) -> Iterator[Example]:
@@ -87,17 +97,21 @@ def _fenced(path: Path, kind: str, text: str | None = None) -> Iterator[Example]
         yield Example(f"{rel}:{line}", kind, match[1])
 
 
-def readme_sections() -> dict[str, str]:
-    """README's ``## `` sections: title -> text, the title line included."""
-    text = (REPO / "README.md").read_text(encoding="utf-8")
-    return {part.split("\n", 1)[0]: part for part in text.split("\n## ")[1:]}
+def sections(path: Path) -> dict[str, str]:
+    """A page's ``## `` sections, title -> text; what precedes the first one is under the
+    page's ``# `` title."""
+    head, *parts = path.read_text(encoding="utf-8").split("\n## ")
+    title = head.split("\n", 1)[0].removeprefix("# ")
+    return {title: head} | {part.split("\n", 1)[0]: part for part in parts}
 
 
-def readme_bash() -> Iterator[Example]:
-    """The bash blocks of README, each with its section."""
-    for title, text in readme_sections().items():
-        for example in _fenced(REPO / "README.md", "bash", text):
-            yield replace(example, section=title)
+def bash_blocks() -> Iterator[Example]:
+    """The bash blocks of README and the docs, each with its ``document: section``."""
+    for path in DOCUMENTS:
+        rel = path.relative_to(REPO).as_posix()
+        for title, text in sections(path).items():
+            for example in _fenced(path, "bash", text):
+                yield replace(example, section=f"{rel}: {title}")
 
 
 def _literal_blocks(doc: str) -> Iterator[tuple[str, str]]:
@@ -146,9 +160,8 @@ def docstring_examples() -> Iterator[Example]:
 
 def collect() -> list[Example]:
     """Every example this test runs."""
-    found = [e for path in [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
-             for e in _fenced(path, "python")]
-    found += readme_bash()
+    found = [e for path in DOCUMENTS for e in _fenced(path, "python")]
+    found += bash_blocks()
     found += docstring_examples()
     return found
 
@@ -166,7 +179,7 @@ def _params() -> list[Any]:
             marks.append(pytest.mark.skip(reason=CANNOT_RUN[example.id]))
         if example.kind == "bash" and example.section in BASH_NOT_RUN:
             marks.append(pytest.mark.skip(
-                reason=f"README {example.section!r}: {BASH_NOT_RUN[example.section]}"))
+                reason=f"{example.section}: {BASH_NOT_RUN[example.section]}"))
         out.append(pytest.param(example, id=example.id, marks=marks))
     return out
 
@@ -273,7 +286,8 @@ def _run_bash(example: Example, work: Path) -> None:
 @pytest.mark.parametrize("example", _params())
 def test_example_runs(example: Example, prepared: Path, tmp_path: Path,
                       monkeypatch: pytest.MonkeyPatch, request: pytest.FixtureRequest) -> None:
-    packed = example.kind != "bash" and "out/train" in example.code
+    packed = "out/train" in example.code and not re.search(
+        r"shardio pack \S+ out/train(?!\S)", example.code)
     work = _workdir(prepared, tmp_path, packed=packed)
     _serve_s3(example, request, monkeypatch, tmp_path)
     if example.kind == "bash":
@@ -296,11 +310,13 @@ def test_examples_are_found() -> None:
     ids = {e.id for e in EXAMPLES}
     kinds = {e.kind for e in EXAMPLES}
     assert {"python", "bash"} <= kinds
-    assert sum(i.startswith("README.md:") for i in ids) >= 4
+    assert sum(i.startswith("README.md:") for i in ids) >= 2
     assert any(i.startswith("shardio/packing/writer.py:ShardWriter:") for i in ids)
     assert not any(i.startswith("shardio/errors.py") for i in ids), "a diagram is not code"
     assert set(BROKEN) <= ids and set(CANNOT_RUN) <= ids
     bash_sections = {e.section for e in EXAMPLES if e.kind == "bash"}
-    assert {"Pack", "Look before you train", "Growing a dataset",
-            "Remote datasets"} <= bash_sections - set(BASH_NOT_RUN)
+    assert {"README.md: Pack, then swap one line", "docs/packing.md: Packing",
+            "docs/getting-started.md: Look before you train",
+            "docs/growing.md: Growing a dataset",
+            "docs/remote-datasets.md: Remote datasets"} <= bash_sections - set(BASH_NOT_RUN)
     assert set(BASH_NOT_RUN) <= bash_sections, "a section listed as not run has no bash block"
