@@ -169,6 +169,7 @@ def measure_packed(root: Path, field: str, rounds: int, seed: int = 0,
 def main(argv: list[str] | None = None) -> Path:
     """Measure both trees; returns the results file."""
     from benchmarks.machine import source_id
+    from benchmarks.resultsfile import write_results
 
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--quick", action="store_true", help="small trees, 2 rounds")
@@ -182,11 +183,8 @@ def main(argv: list[str] | None = None) -> Path:
     load.append(os.getloadavg()[0])
     command = "python -m benchmarks.bench_cold" + (" --quick" if args.quick
                                                     else f" --rounds {rounds}")
-    results = {"date": time.strftime("%Y-%m-%d %H:%M"), "command": command,
-               "git": source_id(RESULTS.parent.parent / "shardio")["git_head"],
-               "load_avg_1min": load, "trees": trees}
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(results, indent=1) + "\n", encoding="utf-8")
+    write_results(args.out, {"git": source_id(RESULTS.parent.parent / "shardio")["git_head"],
+                             "load_avg_1min": load, "trees": trees}, command=command)
     print(cold_block(args.out))
     return args.out
 

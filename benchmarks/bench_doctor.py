@@ -38,6 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.machine import describe_machine, source_id
+from benchmarks.resultsfile import write_results
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
@@ -209,8 +210,7 @@ def main(argv: list[str] | None = None) -> None:
         "link_latency_s": LATENCY_S, "machine": describe_machine(WORK),
         "shardio": source_id(REPO / "shardio"), "cases": cases, "scale": scale,
     }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(out, indent=1) + "\n", encoding="utf-8")
+    write_results(args.out, out)
     print(f"wrote {args.out}")
 
 

@@ -49,6 +49,7 @@ from typing import Any
 import numpy as np
 
 from benchmarks.machine import source_id
+from benchmarks.resultsfile import write_results
 
 HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "results"
@@ -359,8 +360,7 @@ def _write(args: argparse.Namespace, argv: list[str] | None, device: str,
                          for p, v in limits.items() if v],
         "rows": rows,
     }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=1) + "\n")
+    write_results(args.out, result, command=result["command"])
 
 
 def gpu_block(path: Path | None = None) -> str:

@@ -14,14 +14,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 from benchmarks.datagen import ensure_tree
-from benchmarks.machine import source_id
+from benchmarks.resultsfile import write_results
 
 RESULTS = Path(__file__).resolve().parent / "results"
 WORK = Path(__file__).resolve().parent / "work" / "memory"
@@ -122,19 +120,14 @@ def main(argv: list[str] | None = None) -> None:
                 f"records): peak memory (PSS) epoch 1 {row['epochs'][0]['peak_pss_mb']} MB, "
                 f"epoch 2 {row['epochs'][1]['peak_pss_mb']} MB, growth {row['growth_mb']} MB"
             )
-    RESULTS.mkdir(exist_ok=True)
-    result = {
+    write_results("memory.json", {
         "question": "reader memory (PSS, main + workers) against shuffle_buffer, over two epochs",
-        "date": time.strftime("%Y-%m-%d %H:%M"),
         "command": "python -m benchmarks.bench_memory" + (" " + " ".join(argv or sys.argv[1:])
                                                           if (argv or sys.argv[1:]) else ""),
         "load_avg_1min": os.getloadavg()[0],
-        "shardio_source": source_id(Path(__file__).resolve().parent.parent / "shardio"),
-        "machine": {"cores": os.cpu_count(), "python": platform.python_version()},
         "dataset": {"images": tree.num_files, "bytes": tree.num_bytes},
         "rows": rows,
-    }
-    (RESULTS / "memory.json").write_text(json.dumps(result, indent=1) + "\n")
+    })
     print(memory_block())
 
 

@@ -46,6 +46,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.datagen import FULL_SIZES, QUICK_SIZES, Tree, ensure_tree
+from benchmarks.resultsfile import write_results
 
 HERE = Path(__file__).resolve().parent
 WORK = HERE / "work"
@@ -318,8 +319,7 @@ def main(argv: list[str] | None = None) -> None:
         "dask_workers": args.dask_workers, "baseline": args.baseline, "results": results,
         "command": " ".join(["python -m benchmarks.bench_pack", *(argv or sys.argv[1:])]),
     }
-    args.json.parent.mkdir(parents=True, exist_ok=True)
-    args.json.write_text(json.dumps(report, indent=1), encoding="utf-8")
+    write_results(args.json, report, command=report["command"])
     print(markdown(results, workers, args.baseline))
     print(f"results: {args.json}")
 

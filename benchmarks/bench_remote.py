@@ -53,6 +53,7 @@ from benchmarks.remote_servers import (
     s3_environment,
     upload_folder,
 )
+from benchmarks.resultsfile import write_results
 from benchmarks.run import Runner, expected_crcs, interpreter, rotate
 from benchmarks.storage_proxy import FaultPlan, FaultProxy
 
@@ -364,7 +365,7 @@ def main(argv: list[str] | None = None) -> Path:
     command = " ".join([f"{interpreter()} -m benchmarks.bench_remote",
                         *replayed(sys.argv[1:] if argv is None else argv)])
     results = {
-        "schema": 1, "date": time.strftime("%Y-%m-%d %H:%M"), "command": command,
+        "schema": 1,
         "quick": args.quick, "repeats": args.repeats, "wall_s": round(time.time() - started, 1),
         "link": {"latency_ms": args.latency_ms, "bandwidth_mbs": args.bandwidth_mbs},
         "machine": describe_machine(args.work_dir),
@@ -375,8 +376,7 @@ def main(argv: list[str] | None = None) -> Path:
                    "mosaicml_fork_fix": args.fork_fix},
         "trees": raw,
     }
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(results, indent=1, sort_keys=True) + "\n", encoding="utf-8")
+    write_results(out, results, command=command, sort_keys=True)
     print(f"results: {out}")
     if args.update_readme:
         from benchmarks.readme import write_blocks

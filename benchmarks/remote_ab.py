@@ -22,7 +22,6 @@ import json
 import os
 import shutil
 import subprocess
-import time
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +29,7 @@ from benchmarks import SNAPSHOT_ENV
 from benchmarks.bench_remote import FULL_SIZES, REPO, measure, pack_and_upload, tree_spec
 from benchmarks.datagen import DATA_ROOT, ensure_tree
 from benchmarks.remote_servers import BUCKET, S3rver, s3_client, s3_environment
+from benchmarks.resultsfile import write_results
 from benchmarks.run import Runner, expected_crcs
 from benchmarks.storage_proxy import FaultPlan, FaultProxy
 
@@ -121,14 +121,10 @@ def main(argv: list[str] | None = None) -> None:
         proxy.close()
         server.close()
     if args.out is not None:
-        args.out.write_text(json.dumps({
-            "date": time.strftime("%Y-%m-%d %H:%M"), "revs": commits,
+        write_results(args.out, {
+            "revs": commits,
             "link": {"latency_ms": args.latency_ms, "bandwidth_mbs": args.bandwidth_mbs},
-            "rows": rows}, indent=1) + "\n", encoding="utf-8")
-
-
-if __name__ == "__main__":
-    main()
+            "rows": rows})
 
 
 def ab_block(path: Path | None = None) -> str:
@@ -168,3 +164,7 @@ def _median(values: list[float]) -> float:
     ordered = sorted(values)
     mid = len(ordered) // 2
     return ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2
+
+
+if __name__ == "__main__":
+    main()

@@ -851,8 +851,9 @@ def main(argv: list[str] | None = None) -> None:
     command = " ".join(["python -m benchmarks.stress_corruption", *filter(None, given)])
     results = run(flips=args.flips, truncations=args.truncations, seed=args.seed,
                   torch=args.torch, case_timeout_s=args.case_timeout, command=command)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(results, indent=1) + "\n")
+    from benchmarks.resultsfile import write_results
+
+    write_results(args.out, results, command=command)
     print(render_guarantees(results))
 
 
