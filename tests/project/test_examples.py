@@ -315,7 +315,7 @@ def test_examples_are_found() -> None:
     assert not any(i.startswith("shardio/errors.py") for i in ids), "a diagram is not code"
     assert set(BROKEN) <= ids and set(CANNOT_RUN) <= ids
     bash_sections = {e.section for e in EXAMPLES if e.kind == "bash"}
-    assert {"README.md: Pack, then swap one line", "docs/packing.md: Packing",
+    assert {"README.md: From ImageFolder to shardio", "docs/packing.md: Packing",
             "docs/getting-started.md: Look before you train",
             "docs/growing.md: Growing a dataset",
             "docs/remote-datasets.md: Remote datasets"} <= bash_sections - set(BASH_NOT_RUN)
