@@ -36,6 +36,7 @@ import threading
 from collections.abc import Callable
 
 from shardio.format.frames import RunBytes, first_failing
+from shardio.format.runs import DecodedBlock, decode_blocks
 
 _PENDING, _RUNNING, _DONE, _CANCELLED = 0, 1, 2, 3
 
@@ -45,7 +46,8 @@ class Check:
     there first: a reader waiting for a check not yet started runs it itself, so on two
     cores the two share the checking whichever is ahead)."""
 
-    __slots__ = ("_claim_lock", "_done", "_finished", "_state", "error", "failing", "run")
+    __slots__ = ("_claim_lock", "_done", "_finished", "_state", "blocks", "error", "failing",
+                 "run")
 
     def __init__(self, run: RunBytes | None, claim_lock: threading.Lock) -> None:
         self.run: RunBytes | None = run
@@ -54,6 +56,8 @@ class Check:
         self.failing: int | None = None
         """The first record (position in the run) whose checksum fails; None: all pass."""
         self.error: BaseException | None = None
+        self.blocks: list[DecodedBlock] | None = None
+        """A v3 run's blocks decoded once they passed (``runs.decode_blocks``)."""
         self._state = _PENDING
         # held until the result is in: a lock costs a tenth of an Event (a Condition and a
         # lock) to make, and a window makes one check a run
@@ -96,6 +100,8 @@ class Check:
             return False
         try:
             self.failing = first_failing(run)
+            if self.failing is None and run.blocks is not None:
+                self.blocks = decode_blocks(run)
         except BaseException as exc:  # the reader checks the run itself, which names it
             self.error = exc
         finally:

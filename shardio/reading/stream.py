@@ -158,11 +158,12 @@ def iter_samples(
         columns = open_window.columns
         if columns is not None:
             columns.placed = placed and not zero_copy
-        if open_window.decodes_whole:
-            # every run is decoded when the first sample is due: a few dozen samples at a
-            # time are made by one ``gather``, not by half a dozen calls a sample. Not a
-            # window's worth: copies all alive at once took fresh pages for each (up to
-            # 256 MB, 20+ us an 80 KB image), where a copy the consumer freed is reused
+        if open_window.local:
+            # a few dozen samples at a time are made by one ``gather``, not by half a dozen
+            # calls a sample. Not a window's worth: copies all alive at once took fresh
+            # pages for each (up to 256 MB, 20+ us an 80 KB image), where a copy the
+            # consumer freed is reused; each run is decoded as the first of them is due, so
+            # the first sample waits for its own runs, not the window's
             ranks = open_window.ranks
             for at in range(0, len(ranks), _SAMPLES_GATHERED):
                 yield from open_window.gather(ranks[at : at + _SAMPLES_GATHERED].tolist(),
@@ -258,15 +259,16 @@ class _OpenWindow:
         """The runs' checks handed to the checker thread (``_check_ahead``), until taken."""
         # decoded field by field when every due run is in memory: a local shard's, or a
         # remote one's whose range was cached when the window was planned (its check queued)
-        self._local = bool(plan.due) and all(
+        self.local = bool(plan.due) and all(
             type(reader.shard(run[0])) is RecordsShardReader or run in self._checks
             for run in plan.due)
-        self.decodes_whole = self._local
-        """Whether every run is decoded at once when the first sample is due (``_load_local``),
-        not one at a time."""
+        """Whether every due run is in memory: samples are then gathered a few dozen at a
+        time (``gather``), not one at a time, each run decoded when the first is due."""
+        self._left = len(plan.due)
+        """Due runs not loaded yet."""
         self._blocks = reader.manifest.version >= 3
         """Format v3: runs are filed field by field from their blocks (``rundecode``)."""
-        self.columns = (WindowColumns(plan.unique) if columns or self._local or self._blocks
+        self.columns = (WindowColumns(plan.unique) if columns or self.local or self._blocks
                         else None)
         self._complete = False
         self._drop_decoded = drop_decoded
@@ -289,8 +291,7 @@ class _OpenWindow:
             self._order = [number[run] for run in plan.due if number[run] not in served]
         self._next = 0
         self.after_load: Callable[[], None] | None = None
-        """Called once the window's local runs are decoded (``_windows``: the next window's
-        advice)."""
+        """Called once every due run is decoded (``_windows``: the next window's advice)."""
         self.keep: list[Run] = []
         """Runs whose pages ``close`` leaves mapped: the next window's, queued on the checker
         thread, which may have mapped them already (dropped, they were faulted in again)."""
@@ -323,7 +324,7 @@ class _OpenWindow:
         run_bytes = exact.read_run_exact(start, stop)
         at = int(np.searchsorted(self._unique, int(self._firsts[shard]) + start))
         if self._blocks:
-            end = self._put_blocks(at, self._reader.shard(shard), run_bytes, False, None)
+            end = self._put_blocks(at, self._reader.shard(shard), run_bytes, False, None, None)
         else:
             decoded = read_run(self._reader, run, self._firsts, True, ahead=run_bytes)
             self.samples[at : at + len(decoded)] = decoded
@@ -334,38 +335,39 @@ class _OpenWindow:
             del self._head_of[rank]
 
     def load(self, r: int) -> None:
-        """Read and decode run ``r`` (its wanted records): every due run of a local window."""
-        if self._loaded[r]:  # filed field by field: its samples are made from the columns
+        """Read and decode run ``r`` (its wanted records), once."""
+        if self._loaded[r]:
             return
-        if self._local:
-            self._local = False
-            self._load_local()
-            if self._loaded[r]:
-                return
         lo, hi = self._base[r], self._base[r + 1]
         ahead = self._checks.pop(self._runs[r], None)
         if self._blocks:
             shard, start, stop = self._runs[r]
             shard_reader = self._reader.shard(shard)
+            checked = ahead is not None and ahead[1].passed()
             self._put_blocks(lo, shard_reader,
                              ahead[0] if ahead is not None else shard_reader.read_run(start, stop),
-                             ahead is not None and ahead[1].passed(), self._only(r))
-            self._loaded[r] = True
-            return
-        decoded = read_run(self._reader, self._runs[r], self._firsts, True, self._only(r),
-                           ahead=None if ahead is None else ahead[0],
-                           checked=ahead is not None and ahead[1].passed())
-        self.samples[lo:hi] = decoded
-        if self.columns is not None:
-            self.columns.put(lo, decoded)
+                             checked, self._only(r), None if ahead is None else ahead[1].blocks)
+        else:
+            decoded = read_run(self._reader, self._runs[r], self._firsts, True, self._only(r),
+                               ahead=None if ahead is None else ahead[0],
+                               checked=ahead is not None and ahead[1].passed())
+            self.samples[lo:hi] = decoded
+            if self.columns is not None:
+                self.columns.put(lo, decoded)
         self._loaded[r] = True
+        self._left -= 1
+        if self._left == 0:
+            self._finish()
 
     def _put_blocks(self, lo: int, shard_reader: ShardFileReader, run: RunBytes, checked: bool,
-                    only: list[int] | None) -> int:
-        """File a v3 run's wanted records field by field at ranks from ``lo``; how many."""
+                    only: list[int] | None, blocks: list[rundecode.DecodedBlock] | None
+                    ) -> int:
+        """File a v3 run's wanted records field by field at ranks from ``lo``; how many
+        (``blocks``: the run's blocks, decoded on the checker thread)."""
         assert self.columns is not None
         for got in rundecode.run_columns(run, path=shard_reader.path, keys=shard_reader.keys(),
-                                         verify=self._reader.verify and not checked, only=only):
+                                         verify=self._reader.verify and not checked, only=only,
+                                         blocks=blocks):
             self.columns.put_columns(lo, got)
             lo += len(got.keys)
         return lo
@@ -375,25 +377,14 @@ class _OpenWindow:
         return _wanted(self._runs[r], self._unique, self._base[r], self._base[r + 1],
                        self._firsts)
 
-    def _load_local(self) -> None:
-        """Decode every due run of the window at once (a local run is a view of its map, its
-        checksums on the checker thread), so that samples are gathered a few dozen at a time
-        from the window's columns."""
-        # the checker thread works through the window's checks in due order: the reader
-        # takes those it has not started from the other end, so the two meet once, where
-        # taken one by one the reader waited for each run the thread was in
-        for run in reversed(self._due):
-            found = self._checks.get(run)
-            if found is not None:
-                found[1].run_if_pending()
-        number = {run: r for r, run in enumerate(self._runs)}
-        spans: dict[int, tuple[int, int]] = {}
-        for r in sorted(number[run] for run in self._due):
-            self.load(r)
-            shard, start, stop = self._runs[r]
-            lo, hi = spans.get(shard, (start, stop))
-            spans[shard] = min(lo, start), max(hi, stop)
-        if self._drop_decoded:  # their bytes are not read here again: no need to keep them
+    def _finish(self) -> None:
+        """Every due run is decoded: a worker's local pages go (``drop_decoded``), the next
+        window is advised (``after_load``)."""
+        if self._drop_decoded and self.local:  # their bytes are not read here again
+            spans: dict[int, tuple[int, int]] = {}
+            for shard, start, stop in self._due:
+                lo, hi = spans.get(shard, (start, stop))
+                spans[shard] = min(lo, start), max(hi, stop)
             keep: dict[int, list[tuple[int, int]]] = {}
             for shard, start, stop in self.keep:  # the next window's, mapped by the checker
                 keep.setdefault(shard, []).append((start, stop))
@@ -419,9 +410,16 @@ class _OpenWindow:
         # in yield order, which is the order the runs were announced in (``due``): a remote
         # reader's read-ahead hands out its ranges in that order, and a run taken out of
         # turn dropped the downloads in flight and was fetched on the spot, one at a time
-        for r in dict.fromkeys(run_of[rank] for rank in wanted):
-            if not loaded[r]:
-                self.load(r)
+        todo = [r for r in dict.fromkeys(run_of[rank] for rank in wanted) if not loaded[r]]
+        # the checker thread works through the checks in due order: the reader takes those it
+        # has not started from the other end, so the two meet once, where taken one by one
+        # the reader waited for each run the thread was in
+        for r in reversed(todo):
+            found = self._checks.get(self._runs[r])
+            if found is not None:
+                found[1].run_if_pending()
+        for r in todo:
+            self.load(r)
 
     def gather(self, wanted: list[int], *, owned: bool = False) -> list[dict[str, Any]]:
         """The samples at ranks ``wanted``, loading the runs they need first (``owned``:
@@ -521,7 +519,7 @@ def _windows(reader: RunReader, order: IndexArray, window: int, max_run: int, sk
                                     max_run, gap)
             open_window = _OpenWindow(reader, current, firsts, columns, checks, drop_decoded,
                                       first_runs, defer_drops=check_ahead)
-            if open_window.decodes_whole and not getattr(reader, "is_remote", False):
+            if open_window.local and not getattr(reader, "is_remote", False):
                 # advised at once, the next window's reads were sorted by the block layer
                 # among this one's, which the first batch waits for whole: on a cold page
                 # cache that batch came 0.37-0.45 s into the epoch instead of 0.27-0.32 s
