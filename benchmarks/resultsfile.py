@@ -1,10 +1,11 @@
 """The one results writer of the benchmark questions: one JSON file per question.
 
-``write_results`` stamps every file with what a figure needs to be read months later (when,
-the command that reproduces it, the machine, the libraries, the shardio source and the
-load average at the end), then the question's own fields, which win where a name is the
-same; ``load_results`` reads one back. Report functions read only committed files, so a
-figure in the docs is always one that ``git log -p benchmarks/results/<name>.json`` has.
+``write_results`` stamps every file with what a figure needs to be read months later:
+when, the command that reproduces it, the machine, the libraries, the shardio measured
+(the snapshot ``BENCH_SHARDIO_SNAPSHOT`` names, if any) and the load average at the end;
+then come the question's own fields, which win where a name is the same. ``load_results``
+reads one back. Report functions read only committed files, so a figure in the docs is
+always one that ``git log -p benchmarks/results/<name>.json`` has.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from benchmarks import SNAPSHOT_ENV
 from benchmarks.machine import describe_machine, library_versions, source_id
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -42,7 +44,8 @@ def write_results(out: str | Path, results: dict[str, Any], *, command: str | No
     stamp = {
         "date": time.strftime("%Y-%m-%d %H:%M"), "command": command or _command(),
         "machine": describe_machine(path.parent), "versions": library_versions(),
-        "shardio_source": source_id(RESULTS.parent.parent / "shardio"),
+        "shardio_source": source_id(Path(os.environ.get(SNAPSHOT_ENV) or RESULTS.parent.parent)
+                                    / "shardio"),
         "load_avg_1min_end": os.getloadavg()[0],
     }
     path.parent.mkdir(parents=True, exist_ok=True)
