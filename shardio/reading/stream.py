@@ -25,7 +25,6 @@ import weakref
 from collections.abc import Callable, Generator, Iterable, Iterator
 from dataclasses import dataclass
 from functools import partial
-from operator import itemgetter
 from typing import Any, Protocol, cast
 
 import numpy as np
@@ -158,29 +157,15 @@ def iter_samples(
         columns = open_window.columns
         if columns is not None:
             columns.placed = placed and not zero_copy
-        if open_window.local:
-            # a few dozen samples at a time are made by one ``gather``, not by half a dozen
-            # calls a sample. Not a window's worth: copies all alive at once took fresh
-            # pages for each (up to 256 MB, 20+ us an 80 KB image), where a copy the
-            # consumer freed is reused; each run is decoded as the first of them is due, so
-            # the first sample waits for its own runs, not the window's
-            ranks = open_window.ranks
-            for at in range(0, len(ranks), _SAMPLES_GATHERED):
-                yield from open_window.gather(ranks[at : at + _SAMPLES_GATHERED].tolist(),
-                                              owned=not zero_copy)
-            continue
-        # runs decoded one at a time (remote, LMDB): each when its first sample is due,
-        # so that a sample never waits for a later sample's download
-        samples, load = open_window.samples, open_window.load_rank
-        for rank in open_window.ranks.tolist():
-            sample = samples[rank]
-            if sample is None:
-                load(rank)
-                sample = samples[rank]
-                if sample is None:  # filed field by field
-                    assert columns is not None
-                    sample = columns.sample(rank, owned=not zero_copy)
-            yield sample.owned() if not zero_copy and type(sample) is ViewedSample else sample
+        # local: a few dozen samples at a time are made by one ``gather``, not by half a
+        # dozen calls a sample. Not a window's worth: copies all alive at once took fresh
+        # pages for each (up to 256 MB, 20+ us an 80 KB image), where a copy the consumer
+        # freed is reused. Remote: one at a time, so that a sample never waits for a later
+        # sample's download. Either way each run is decoded as its first sample is due
+        step = _SAMPLES_GATHERED if open_window.local else 1
+        ranks = open_window.ranks
+        for at in range(0, len(ranks), step):
+            yield from open_window.gather(ranks[at : at + step].tolist(), owned=not zero_copy)
 
 
 _SAMPLES_GATHERED = 32
@@ -257,13 +242,12 @@ class _OpenWindow:
         self._due = plan.due
         self._checks: dict[Run, tuple[RunBytes, Check]] = checks if checks is not None else {}
         """The runs' checks handed to the checker thread (``_check_ahead``), until taken."""
-        # decoded field by field when every due run is in memory: a local shard's, or a
-        # remote one's whose range was cached when the window was planned (its check queued)
-        self.local = bool(plan.due) and all(
+        self.local = bool(plan.due) and (not getattr(reader, "is_remote", False) or all(
             type(reader.shard(run[0])) is RecordsShardReader or run in self._checks
-            for run in plan.due)
-        """Whether every due run is in memory: samples are then gathered a few dozen at a
-        time (``gather``), not one at a time, each run decoded when the first is due."""
+            for run in plan.due))
+        """Whether no due run waits for a download (a local shard's, or a remote one's whose
+        range was cached when the window was planned, its check queued): samples are then
+        gathered a few dozen at a time (``gather``), not one at a time."""
         self._left = len(plan.due)
         """Due runs not loaded yet."""
         self._blocks = reader.manifest.version >= 3
@@ -427,17 +411,10 @@ class _OpenWindow:
         if not wanted:
             return []
         self.ensure(wanted)
-        got = itemgetter(*wanted)(self.samples)
-        got = [got] if len(wanted) == 1 else list(got)
-        if self.columns is not None and got.count(None) == len(got):
+        if self.columns is not None:
             return self.columns.samples(wanted, owned=owned)
-        if self.columns is not None and None in got:
-            columns = self.columns
-            got = [columns.sample(rank, owned=owned) if s is None else s
-                   for rank, s in zip(wanted, got, strict=True)]
-        if owned:
-            got = [s.owned() if type(s) is ViewedSample else s for s in got]
-        return got
+        got = cast(list[dict[str, Any]], [self.samples[rank] for rank in wanted])  # loaded
+        return [s.owned() if owned and type(s) is ViewedSample else s for s in got]
 
     def close(self) -> None:
         """Let go of the window: its samples and its runs' pages in this process."""
