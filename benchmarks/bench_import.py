@@ -23,7 +23,7 @@ chunks; in the first ``LITDATA_ROUNDS`` rounds) in a child process of its own ve
 Without that venv LitData is left out and the results say why. Writes
 ``benchmarks/results/import.json`` (``--quick``: the quick trees, 3 rounds).
 
-    .venv/bin/python -m benchmarks.bench_import [--quick]
+    .venv/bin/python -m benchmarks.bench_import [--quick] [--no-litdata]
 """
 
 from __future__ import annotations
@@ -221,6 +221,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--quick", action="store_true", help="the quick trees, 3 rounds")
     parser.add_argument("--child", nargs=3, help=argparse.SUPPRESS)
     parser.add_argument("--litdata", nargs=3, help=argparse.SUPPRESS)
+    parser.add_argument("--no-litdata", action="store_true", help="leave LitData out")
     parser.add_argument("--out", type=Path, default=HERE / "results" / "import.json")
     args = parser.parse_args(argv)
     if args.child:
@@ -234,7 +235,7 @@ def main(argv: list[str] | None = None) -> None:
 
     sizes = QUICK_SIZES if args.quick else {"images": 4000, "tiny": 50_000}
     rounds = 3 if args.quick else 5
-    litdata_why = litdata_missing()
+    litdata_why = "left out (--no-litdata)" if args.no_litdata else litdata_missing()
     results: dict[str, Any] = {}
     for kind in ("images", "tiny"):
         tree = ensure_tree(kind, sizes[kind])
