@@ -308,79 +308,44 @@ def _take(values: list[Any], ranks: list[int]) -> list[Any]:
 
 
 def batch_from_columns(parts: list[tuple[WindowColumns, list[int]]]) -> RecordBatch:
-    """One batch of the samples at ``ranks`` of each window's columns, in order."""
+    """One batch of the samples at ``ranks`` of each window's columns, in order: gathered
+    field by field where the batch is one window's (``_one_window_batch``); else
+    ``RecordBatch.from_samples`` of its sample dicts (a batch across two windows, or a field
+    whose kind differs between runs), which is what the columns must give anyway."""
     if len(parts) == 1:
         batch = _one_window_batch(*parts[0])
         if batch is not None:
             return batch
-    return _batch_by_field(parts)
-
-
-def _batch_by_field(parts: list[tuple[WindowColumns, list[int]]]) -> RecordBatch:
-    """``batch_from_columns`` for any samples: fields missing from some, kinds that differ."""
-    keys = [k for columns, ranks in parts for k in _take(columns.keys, ranks)]
-    indices = np.concatenate([columns.indices[ranks] for columns, ranks in parts])
-    names = dict.fromkeys(name for columns, _ranks in parts for name in columns.fields)
-    out = _Batch()
-    for name in names:
-        cols = [(columns.fields.get(name), ranks) for columns, ranks in parts]
-        present = np.concatenate([c.present[r] if c is not None else np.zeros(len(r), np.bool_)
-                                  for c, r in cols])
-        if not present.any():
-            continue  # no sample of this batch has it
-        kinds = {c.kind for c, _r in cols if c is not None}
-        column = [v for c, r in cols for v in (c.take(r) if c is not None
-                                                else [None] * len(r))]
-        if kinds == {"bytes"}:
-            out.add_bytes(name, column, np.concatenate(
-                [c.lengths[r] if c is not None else np.zeros(len(r), np.int64) for c, r in cols]),
-                present)
-            if out.places is not None and all(c is None or c.mapped for c, _r in cols):
-                out.places[0].extend(m for c, r in cols for m in (
-                    _take(c.maps, r) if c is not None else [None] * len(r)))
-                out.places[1].extend(c.starts[r] if c is not None else np.zeros(len(r), np.int64)
-                                     for c, r in cols)
-            else:  # a value filed without its place (a copy, or decoded as a dict)
-                out.places = None
-        elif kinds == {"int"} and bool(present.all()):
-            out.values[name] = np.concatenate([c.ints[r] for c, r in cols if c is not None])
-        else:  # runs that disagree on the field's kind: classified as from_samples does
-            seen = set(map(type, column))
-            if seen - {type(None)} and seen - {type(None)} <= _BYTES:
-                lengths = np.array([0 if v is None else len(v) for v in column], np.int64)
-                out.add_bytes(name, column, lengths, np.array([v is not None for v in column]))
-                out.places = None  # where these lie was not filed
-            elif seen == {int}:
-                out.values[name] = np.array(column, dtype=np.int64)
-            else:
-                out.values[name] = column
-    batch = RecordBatch(keys, indices, out.pieces, out.offsets, out.values, missing=out.missing)
-    if out.places is not None and out.places[0]:
-        maps, starts = out.places
-        batch.places = (maps, np.concatenate(starts))
-    return batch
+    return RecordBatch.from_samples([s for columns, ranks in parts
+                                     for s in columns.samples(ranks)])
 
 
 def _one_window_batch(columns: WindowColumns, ranks: list[int]) -> RecordBatch | None:
-    """``batch_from_columns`` of one window's samples whose every field is bytes or int in
-    all of them (None otherwise): what nearly every batch is, built with a third of the
-    general path's calls (about 40 us a batch there, a tenth of a tiny-record epoch)."""
+    """``batch_from_columns`` of one window's samples from its columns, or None where a
+    field's kinds differ between runs: a few numpy gathers a field, where the sample
+    dicts cost a pass a field a sample (about 40 us a batch, a tenth of a tiny-record epoch)."""
     at = np.asarray(ranks, np.int64)
-    fields = columns.fields
-    if not all(c.kind in ("bytes", "int") and bool(c.present[at].all())
-               for c in fields.values()):
-        return None
-    keys = _take(columns.keys, ranks)
     pieces: list[bytes | memoryview] = []
     offsets: dict[str, IndexArray] = {}
     values: dict[str, IndexArray | list[Any]] = {}
+    missing: dict[str, npt.NDArray[np.bool_]] = {}
     maps: list[object] = []
     starts: list[IndexArray] = []
-    mapped = True
-    start = 0
-    for name, column in fields.items():
-        if column.kind == "int":
+    mapped, start = True, 0
+    for name, column in columns.fields.items():
+        present = column.present[at]
+        whole = bool(present.all())
+        if column.kind == "int" and whole:
             values[name] = column.ints[at]
+            continue
+        if not present.any():
+            continue  # no sample of the batch has it
+        got = column.take(ranks)
+        if column.kind != "bytes":
+            seen = set(map(type, got))
+            if seen <= _BYTES | {type(None)} or seen == {int}:
+                return None  # kinds that differ between runs: as from_samples classifies them
+            values[name] = got
             continue
         field_offsets = np.empty(len(at) + 1, np.int64)
         field_offsets[0] = start
@@ -388,39 +353,17 @@ def _one_window_batch(columns: WindowColumns, ranks: list[int]) -> RecordBatch |
         field_offsets[1:] += start
         offsets[name] = field_offsets
         start = int(field_offsets[-1])
-        pieces += column.take(ranks)
+        if not whole:  # one (empty) piece a sample keeps pieces and offsets aligned
+            missing[name] = ~present
+            got = [b"" if v is None else v for v in got]
+        pieces += got
         if mapped and column.mapped:
             maps += _take(column.maps, ranks)
             starts.append(column.starts[at])
         else:
             mapped = False
-    batch = RecordBatch(keys, columns.indices[at], pieces, offsets, values)
+    batch = RecordBatch(_take(columns.keys, ranks), columns.indices[at], pieces, offsets,
+                        values, missing=missing)
     if mapped and maps:
         batch.places = (maps, np.concatenate(starts))
     return batch
-
-
-class _Batch:
-    """What ``RecordBatch`` is built from, filled field by field."""
-
-    def __init__(self) -> None:
-        self.pieces: list[bytes | memoryview] = []
-        self.offsets: dict[str, IndexArray] = {}
-        self.values: dict[str, IndexArray | list[Any]] = {}
-        self.missing: dict[str, npt.NDArray[np.bool_]] = {}
-        self.places: tuple[list[object], list[IndexArray]] | None = ([], [])
-        """Each piece's map and where in it it starts (None: not known for every piece)."""
-        self._start = 0
-
-    def add_bytes(self, name: str, column: list[Any], lengths: IndexArray,
-                  present: npt.NDArray[np.bool_]) -> None:
-        """A bytes field: its pieces after the others', offsets continuing theirs."""
-        if not bool(present.all()):
-            self.missing[name] = ~present
-            column = [b"" if v is None else v for v in column]
-        field_offsets = np.zeros(len(column) + 1, np.int64)
-        np.cumsum(lengths, out=field_offsets[1:])
-        field_offsets += self._start
-        self.offsets[name] = field_offsets
-        self.pieces += column
-        self._start = int(field_offsets[-1])
