@@ -1,10 +1,11 @@
 """Medians, ratios and issue 8's targets from a ``bench_remote`` results file, as markdown.
 
-``remote_block`` renders the ``bench-remote`` block of ``benchmarks/README.md`` from the
-committed ``results/remote.json`` (a full run), or ``results/remote-quick.json`` when no
-full run is committed. ``python -m benchmarks.remote_report [FILE]`` prints the same for
-any results file. Ratios compare figures of the same run; "stored" is the size of the
-system's own uploaded format, the bytes one epoch must download at least.
+``python -m benchmarks.remote_report [FILE]`` prints every table of a results file (by
+default the committed ``results/remote.json``, else ``remote-quick.json``);
+``summary_block`` is the shardio-against-the-best-peer summary the docs' Performance page
+shows (``perf-remote``, through ``benchmarks/performance.py``). Ratios compare figures of
+the same run; "stored" is the size of the system's own uploaded format, the bytes one
+epoch must download at least.
 """
 
 from __future__ import annotations
@@ -392,29 +393,8 @@ def uncapped_line(results: dict[str, Any]) -> str:
             "per byte decides, on cores shared with the server and the proxy.")
 
 
-def remote_block() -> str:
-    """The ``bench-remote`` block of ``benchmarks/README.md``."""
-    path, results = load_results()
-    return render(path, results)
-
-
 UNCAPPED = RESULTS / "remote-uncapped.json"
 """The same comparison with no bandwidth cap (latency only), budgets that fit."""
-
-
-def uncapped_block() -> str:
-    """The ``bench-remote-uncapped`` block of ``benchmarks/README.md``: who is fastest where
-    the link's bandwidth bounds nobody, so what each reader costs per request and sample
-    shows (on this machine the server, the proxy and the readers share 2 cores)."""
-    if not UNCAPPED.exists():
-        return (f"Not run yet: `{UNCAPPED_COMMAND}` writes "
-                f"`benchmarks/results/{UNCAPPED.name}`.\n")
-    return render(UNCAPPED, json.loads(UNCAPPED.read_text(encoding="utf-8")))
-
-
-UNCAPPED_COMMAND = (
-    "benchmarks/.env/bin/python -m benchmarks.bench_remote --datasets images,tiny "
-    "--budgets fits --bandwidth-mbs 0 --out benchmarks/results/remote-uncapped.json")
 
 
 if __name__ == "__main__":
