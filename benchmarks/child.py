@@ -2,7 +2,10 @@
 
 Modes: ``pack`` (time ``adapter.pack`` on a warm source), ``epoch`` (warm or cold page
 cache, then time one epoch: samples/s, MB/s, time to first batch, peak memory, shuffle
-quality), ``audit`` (two epochs with the same loader, checking that each delivers every
+quality; through the system's own reader or, ``access="random"``, its map-style one under
+a random sampler; ``verify=False`` without shardio's checksums), ``first`` (warm: the time
+from building the dataset and loader to the first batch, ``first_sample.time_to_first``),
+``audit`` (two epochs with the same loader, checking that each delivers every
 sample exactly once by CRC-32 multiset, with marker opens so an strace log can be cut
 into epochs) and ``decode`` (the decode limit: Pillow decoding JPEG bytes already in
 memory, no loader, in one process and in 2 processes at once). The library is imported
@@ -17,14 +20,21 @@ import json
 import os
 import sys
 import time
-import zlib
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from benchmarks.adapters import Adapter, EpochSpec, decode_image, get_adapter
+from benchmarks.adapters import (
+    Adapter,
+    EpochSpec,
+    decode_image,
+    get_adapter,
+    payload_crc,
+    payload_nbytes,
+)
 from benchmarks.datagen import Tree
+from benchmarks.first_sample import time_to_first
 from benchmarks.probe import MemorySampler, evict, memory_kb, read_all, resident_fraction
 
 _LIBRARY_MODULES = {"shardio": "shardio", "webdataset": "webdataset",
@@ -44,14 +54,6 @@ def preload(adapter: Adapter, *, torch: bool) -> None:
         module = importlib.import_module(_LIBRARY_MODULES[library])
         if library == "shardio":
             _ = (module.StreamingDataset, module.loader, module.pack)
-
-
-def _nbytes(payload: Any) -> int:
-    if isinstance(payload, memoryview):
-        return payload.nbytes
-    if isinstance(payload, bytes | bytearray):
-        return len(payload)
-    return int(payload.numel())
 
 
 def run_pack(adapter: Adapter, tree: Tree, work: Path, spec: dict[str, Any]) -> dict[str, Any]:
@@ -79,7 +81,8 @@ def run_epoch(adapter: Adapter, tree: Tree, work: Path, spec: dict[str, Any]) ->
         read_all(files)
     resident = resident_fraction(files)
     epoch = EpochSpec(num_workers=spec["num_workers"], shuffle=True, seed=spec["seed"],
-                      decode=spec["decode"])
+                      decode=spec["decode"], access=spec.get("access", "stream"),
+                      verify=spec.get("verify", True))
     samples = nbytes = 0
     first: float | None = None
     labels: list[list[int]] = []
@@ -90,7 +93,7 @@ def run_epoch(adapter: Adapter, tree: Tree, work: Path, spec: dict[str, Any]) ->
                 if first is None:
                     first = time.perf_counter() - start
                 samples += len(payloads)
-                nbytes += sum(_nbytes(p) for p in payloads)
+                nbytes += sum(payload_nbytes(p) for p in payloads)
                 labels.append(list(batch_labels))
         seconds = time.perf_counter() - start
     quality = shuffle_quality(labels, tree.num_classes, batch_size=epoch.batch_size)
@@ -100,6 +103,12 @@ def run_epoch(adapter: Adapter, tree: Tree, work: Path, spec: dict[str, Any]) ->
             "peak_anon_mb": mem.peak_anon_kb / 1024,
             "main_rss_mb": memory_kb(os.getpid())[0] / 1024,
             "resident_before": resident, "shuffle_quality": quality}
+
+
+def run_first(adapter: Adapter, tree: Tree, work: Path, spec: dict[str, Any]) -> dict[str, Any]:
+    """Warm: seconds from building the dataset and loader to the first batch (0 workers)."""
+    read_all(adapter.data_files(tree, work))
+    return time_to_first(adapter, tree, work, EpochSpec(seed=spec["seed"]))
 
 
 def _marker(work: Path, index: int) -> str:
@@ -117,7 +126,7 @@ def run_audit(adapter: Adapter, tree: Tree, work: Path, spec: dict[str, Any]) ->
     markers = [_marker(work, 0)]
     counts, exact, rss, heads = [], [], [], []
     for index, loader in enumerate(adapter.epochs(tree, work, epoch), start=1):
-        crcs = [zlib.crc32(p) for payloads, _ in loader for p in payloads]
+        crcs = [payload_crc(p) for payloads, _ in loader for p in payloads]
         markers.append(_marker(work, index))
         counts.append(len(crcs))
         exact.append(bool(np.array_equal(np.sort(np.asarray(crcs, dtype=np.uint32)), expected)))
@@ -186,7 +195,8 @@ def main(argv: list[str]) -> None:
     else:
         adapter = get_adapter(spec["system"])
         preload(adapter, torch=spec["mode"] != "pack")
-        mode = {"pack": run_pack, "epoch": run_epoch, "audit": run_audit}[spec["mode"]]
+        mode = {"pack": run_pack, "epoch": run_epoch, "audit": run_audit,
+                "first": run_first}[spec["mode"]]
         result = mode(adapter, tree, work, spec)
     Path(spec["result"]).write_text(json.dumps(result), encoding="utf-8")
 

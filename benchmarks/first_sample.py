@@ -9,6 +9,9 @@ per-sample metadata, not the bytes), cached under ``benchmarks/data/``. Then, fo
 ``--repeats`` runs is reported. Writes ``benchmarks/results/first-sample.json``.
 
     python -m benchmarks.first_sample [--samples 1000000] [--repeats 3]
+
+``time_to_first`` is the same clock for any system of the harness: ``benchmarks.run``
+times it (``first`` children) on every system's pack of a 10^5-sample tree, warm.
 """
 
 from __future__ import annotations
@@ -47,6 +50,16 @@ def ensure_dataset(num_samples: int, *, data_root: Path = DATA_ROOT, seed: int =
             start = i * PAYLOAD_BYTES
             writer.write({"__key__": f"s{i:08d}", "bin": blob[start:start + PAYLOAD_BYTES]})
     return out
+
+
+def time_to_first(adapter: Any, tree: Any, work: Path, spec: Any) -> dict[str, Any]:
+    """Seconds from building ``adapter``'s dataset and loader to its first batch."""
+    start = time.perf_counter()
+    epochs = adapter.epochs(tree, work, spec)
+    payloads, _ = next(iter(next(epochs)))
+    seconds = time.perf_counter() - start
+    epochs.close()
+    return {"first_batch_s": seconds, "batch_samples": len(payloads)}
 
 
 def measure(path: Path, *, num_workers: int, cache: str) -> dict[str, Any]:

@@ -1,7 +1,8 @@
 """Results JSON -> the markdown tables of ``benchmarks/README.md``.
 
 ``python -m benchmarks.report RESULTS.json`` prints the tables of any results file;
-``tables_block`` renders them from the latest committed full run for the ``bench-tables``
+``tables_block`` renders them from the latest committed full run, then from the latest
+``*-quick-shapes.json`` (every data shape and issue 29's rows), for the ``bench-tables``
 block of ``benchmarks/README.md``, and ``--update-readme`` rewrites every generated block
 (``benchmarks/readme.py``; nothing else in the READMEs is touched).
 """
@@ -16,9 +17,11 @@ from typing import Any
 
 from benchmarks.adapters import BASELINE, SYSTEMS
 from benchmarks.headline import latest_full_run
-from benchmarks.readme import write_blocks
+from benchmarks.readme import RESULTS, write_blocks
 
-EPOCHS = ("raw-w0-warm", "raw-w0-cold", "raw-w2-warm", "raw-w2-cold", "decoded-w2-warm")
+EPOCHS = ("raw-w0-warm", "raw-w0-warm-nocheck", "random-w0-warm", "raw-w0-cold", "raw-w2-warm",
+          "raw-w2-cold", "decoded-w2-warm")
+"""Columns: ``-nocheck`` is shardio without checksums, ``random-`` map-style random access."""
 
 
 def _num(value: Any, digits: int = 0) -> str:
@@ -96,6 +99,23 @@ def detail_table(ds: dict[str, Any]) -> list[str]:
     return lines
 
 
+def first_sample_table(first: dict[str, Any]) -> list[str]:
+    """Seconds from building the dataset and loader to the first batch, warm, 0 workers."""
+    lines = [f"Time to the first batch of 64 on the tiny tree of {first['num_samples']:,} "
+             "samples, warm, 0 workers, from building the dataset and loader (median):", "",
+             "| system | first batch s | fastest peer's s / own |", "|---|---|---|"]
+    for name in SYSTEMS:
+        s = first["systems"].get(name)
+        if s is None:
+            continue
+        ratio = "" if s["best_peer"] in (None, name) else (
+            f"{_num(s['best_peer_s_over_own'], 2)} ({s['best_peer']})")
+        value = s.get("first_batch_s")
+        lines.append(f"| {name} | {_num(value, 3) if value else s.get('error', '-')} "
+                     f"| {ratio} |")
+    return lines
+
+
 def targets_table(results: dict[str, Any]) -> list[str]:
     """Issue 4's targets for shardio: value, threshold, met."""
     lines = ["| tree | system | target | value | needs | met | note |", "|---" * 7 + "|"]
@@ -106,8 +126,8 @@ def targets_table(results: dict[str, Any]) -> list[str]:
     return lines
 
 
-def render(results: dict[str, Any]) -> str:
-    """The whole generated block: provenance, per-tree tables, targets."""
+def render(results: dict[str, Any], *, level: str = "###") -> str:
+    """The whole generated block: provenance, per-tree tables, targets (``level``: headings)."""
     m = results["machine"]
     disk = m.get("disk", {})
     versions = ", ".join(f"{k} {v}" for k, v in results["versions"].items() if v)
@@ -129,7 +149,7 @@ def render(results: dict[str, Any]) -> str:
     for kind, ds in results["datasets"].items():
         ev = ds["eviction"]
         dl = ds.get("decode_limit") or {}
-        out += ["", f"### {kind}: {ds['num_files']:,} files, {ds['num_bytes'] / 1e6:,.0f} MB",
+        out += ["", f"{level} {kind}: {ds['num_files']:,} samples, {ds['num_bytes'] / 1e6:,.0f} MB",
                 "", "Epoch samples/s, batch size 64, shuffle on (median; x base = ratio to the "
                 "ImageFolder baseline, x peer = ratio to the fastest peer in that column):", ""]
         out += throughput_table(ds)
@@ -144,13 +164,23 @@ def render(results: dict[str, Any]) -> str:
                f"{_num(dl.get('two_core_samples_per_s'))} in two "
                + ("decoding at once." if "processes_samples_per_s" in dl
                   else "(twice one process's rate).") if dl else ""))
-    out += ["", "### shardio against the targets of issue 4", "", *targets_table(results)]
+    if "first_sample" in results:
+        out += ["", f"{level} Time to the first sample", "",
+                *first_sample_table(results["first_sample"])]
+    out += ["", f"{level} shardio against the targets of issues 4 and 29", "",
+            *targets_table(results)]
     return "\n".join(out)
 
 
 def tables_block() -> str:
-    """The ``bench-tables`` block of ``benchmarks/README.md``: the latest committed full run."""
-    return render(json.loads(latest_full_run().read_text(encoding="utf-8")))
+    """The ``bench-tables`` block of ``benchmarks/README.md``: the latest committed full run,
+    then the latest run of every data shape (``*-quick-shapes.json``), where there is one."""
+    text = render(json.loads(latest_full_run().read_text(encoding="utf-8")))
+    shapes = sorted(RESULTS.glob("*-quick-shapes.json"))
+    if not shapes:
+        return text
+    return "\n".join([text, "", f"### Every data shape (`results/{shapes[-1].name}`)", "",
+                      render(json.loads(shapes[-1].read_text(encoding="utf-8")), level="####")])
 
 
 def main(argv: list[str] | None = None) -> None:

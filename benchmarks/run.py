@@ -1,8 +1,10 @@
-"""The harness: every system on both trees, interleaved, each measurement in a fresh process.
+"""The harness: every system on every tree, interleaved, each measurement in a fresh process.
 
-``python -m benchmarks.run [--quick] [--systems a,b] [--datasets images,tiny]`` generates
-(or reuses) the data, packs it with every system, checks eviction and the disk's own
-rate, audits exactly-once delivery and files opened, then times epochs; every repeat
+``python -m benchmarks.run [--quick] [--systems a,b] [--datasets images,tiny,fields,mixed]``
+generates (or reuses) the data, packs it with every system, checks eviction and the disk's
+own rate, audits exactly-once delivery and files opened, then times epochs (streamed, and
+random access for map-style readers; shardio's warm one again without checksums) and the
+time to the first batch on a 10^5-sample tree (``--first-sample``); every repeat
 visits the systems in a rotated order so drift on a shared machine spreads over all of
 them; every child imports a copy of ``shardio`` taken when the run starts, so edits
 to the shared tree during a run cannot mix code versions. Medians, ratios and target
@@ -20,14 +22,23 @@ import shutil
 import subprocess
 import sys
 import time
-import zlib
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from benchmarks import SNAPSHOT_ENV, probe
-from benchmarks.adapters import BASELINE, OPT_IN, SHUFFLE_ONLY, SYSTEMS, get_adapter
+from benchmarks.adapters import (
+    BASELINE,
+    CHECKED,
+    OPT_IN,
+    RANDOM_ACCESS,
+    SHUFFLE_ONLY,
+    SYSTEMS,
+    get_adapter,
+    payload_crc,
+    read_payload,
+)
 from benchmarks.datagen import DATA_ROOT, FULL_SIZES, QUICK_SIZES, Tree, ensure_tree
 from benchmarks.machine import describe_machine, library_versions, snapshot_shardio, source_id
 from benchmarks.summary import summarize
@@ -36,6 +47,8 @@ HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 
 
+FIRST_SAMPLES = 100_000
+"""Issue 29's time to the first sample is asked of a warm local dataset of 10^5 samples."""
 DECODE_LIMIT = "decode-limit"
 """Stands for the decode limit's measurement in the rotation of the decoded rounds."""
 
@@ -43,12 +56,31 @@ DECODE_LIMIT = "decode-limit"
 def epoch_configs(
     kind: str, workers: list[int], caches: list[str], decode: bool
 ) -> list[dict[str, Any]]:
-    """The timed epochs for one tree: raw for every workers × cache, decoded with 2 workers."""
-    out = [{"name": f"raw-w{w}-{c}", "num_workers": w, "cache": c, "decode": False}
-           for w in workers for c in caches]
+    """The timed epochs for one tree: raw for every workers × cache, decoded with 2 workers.
+
+    A warm 0-worker epoch is followed by the same epoch without shardio's checksums and by
+    random access through the map-style readers, so that their ratios to it (and to the
+    LMDB file's random gets) are taken in the same rounds.
+    """
+    out: list[dict[str, Any]] = []
+    for w in workers:
+        for c in caches:
+            out.append({"name": f"raw-w{w}-{c}", "num_workers": w, "cache": c, "decode": False})
+            if w == 0 and c == "warm":
+                out.append({**out[-1], "name": "raw-w0-warm-nocheck", "verify": False,
+                            "only": CHECKED})
+                out.append({**out[-2], "name": "random-w0-warm", "access": "random",
+                            "only": RANDOM_ACCESS})
     if decode and kind == "images":
         out.append({"name": "decoded-w2-warm", "num_workers": 2, "cache": "warm", "decode": True})
     return out
+
+
+def tree_spec(tree: Tree, args: argparse.Namespace) -> dict[str, Any]:
+    """What every child of one tree is told about it."""
+    return {"tree": {"kind": tree.kind, "root": str(tree.root), "num_files": tree.num_files,
+                     "num_bytes": tree.num_bytes, "num_classes": tree.num_classes},
+            "seed": args.seed, "pack_workers": args.pack_workers}
 
 
 class Runner:
@@ -98,8 +130,8 @@ class Runner:
 def expected_crcs(tree: Tree, path: Path) -> Path:
     """Sorted CRC-32 of every source file, saved once per tree (what exactly-once means)."""
     if not path.exists():
-        crcs = np.sort(np.fromiter((zlib.crc32(p.read_bytes()) for p in tree.files()),
-                                   dtype=np.uint32))
+        crcs = np.sort(np.fromiter(
+            (payload_crc(read_payload(paths)) for _, paths in tree.samples()), dtype=np.uint32))
         np.save(path, crcs)
     return path
 
@@ -125,9 +157,7 @@ def measure_tree(
     """Every measurement of one tree; raw runs, not yet summarized."""
     base = runner.work_root / tree.kind
     base.mkdir(parents=True, exist_ok=True)
-    common = {"tree": {"kind": tree.kind, "root": str(tree.root), "num_files": tree.num_files,
-                       "num_bytes": tree.num_bytes, "num_classes": tree.num_classes},
-              "seed": args.seed, "pack_workers": args.pack_workers}
+    common = tree_spec(tree, args)
     out: dict[str, Any] = {"num_files": tree.num_files, "num_bytes": tree.num_bytes,
                            "systems": {}, "tar": [], "decode": [], "eviction": []}
     ready: list[str] = []
@@ -217,9 +247,12 @@ def measure_tree(
                     continue
                 if name in SHUFFLE_ONLY and (cfg["cache"] == "cold" or cfg["decode"]):
                     continue
+                if name not in cfg.get("only", (name,)):
+                    continue
                 spec = {**common, "mode": "epoch", "system": name, "work": str(work(name)),
                         "num_workers": cfg["num_workers"], "cache": cfg["cache"],
-                        "decode": cfg["decode"]}
+                        "decode": cfg["decode"], "access": cfg.get("access", "stream"),
+                        "verify": cfg.get("verify", True)}
                 runs = out["systems"][name]["epochs"].setdefault(cfg["name"], [])
                 runs.append(runner.child(spec))
     for name in ready:
@@ -229,15 +262,51 @@ def measure_tree(
     return out
 
 
+def measure_first(tree: Tree, systems: list[str], runner: Runner,
+                  args: argparse.Namespace) -> dict[str, Any]:
+    """Warm time to the first batch on every system's pack of ``tree``; raw runs."""
+    base = runner.work_root / "first-sample"
+    common = tree_spec(tree, args)
+    out: dict[str, Any] = {"num_samples": tree.num_files, "systems": {}}
+    ready = []
+    for name in systems:
+        if name in SHUFFLE_ONLY or get_adapter(name).missing():
+            continue
+        work = base / name
+        shutil.rmtree(work, ignore_errors=True)
+        print(f"[first sample] pack {name}", flush=True)
+        if name == BASELINE:
+            work.mkdir(parents=True)
+            packed: dict[str, Any] = {}
+        else:
+            packed = runner.child({**common, "mode": "pack", "system": name, "work": str(work)})
+        out["systems"][name] = {"pack_error": packed.get("error"), "runs": []}
+        if "error" not in packed:
+            ready.append(name)
+    for rep in range(args.repeats):
+        print(f"[first sample] repeat {rep + 1}/{args.repeats}", flush=True)
+        for name in rotate(ready, rep):
+            out["systems"][name]["runs"].append(runner.child(
+                {**common, "mode": "first", "system": name, "work": str(base / name)}))
+    shutil.rmtree(base, ignore_errors=True)  # a 10^5-sample pack per system: not kept
+    return out
+
+
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     """Command-line flags."""
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--quick", action="store_true", help="small trees, 1 repeat: minutes")
     p.add_argument("--systems", default=",".join(s for s in SYSTEMS if s not in OPT_IN),
                    help="comma-separated subset")
-    p.add_argument("--datasets", default="images,tiny", help="images, tiny or both")
+    p.add_argument("--datasets", default=",".join(FULL_SIZES),
+                   help="comma-separated subset of " + ", ".join(FULL_SIZES))
     p.add_argument("--images", type=int, help="JPEG count (default 8000; quick 1000)")
     p.add_argument("--tiny", type=int, help="tiny-file count (default 100000; quick 10000)")
+    p.add_argument("--fields", type=int, help="multi-field samples (default 100000; quick 10000)")
+    p.add_argument("--mixed", type=int, help="mixed-size files (default 20000; quick 4000)")
+    p.add_argument("--first-sample", type=int, default=FIRST_SAMPLES,
+                   help=f"samples of the tiny tree timed to the first batch (default "
+                   f"{FIRST_SAMPLES}, quick too; 0 skips)")
     p.add_argument("--repeats", type=int, help="runs per figure, median reported (default 3)")
     p.add_argument("--workers", default="0,2", help="num_workers values of the raw epochs")
     p.add_argument("--caches", default="warm,cold", help="page-cache states of the raw epochs")
@@ -257,6 +326,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     if unknown:
         p.error(f"unknown systems {unknown}; choose from {', '.join(SYSTEMS)}")
     args.datasets = [d for d in args.datasets.split(",") if d]
+    if unknown := sorted(set(args.datasets) - set(FULL_SIZES)):
+        p.error(f"unknown datasets {unknown}; choose from {', '.join(FULL_SIZES)}")
     args.workers = [int(w) for w in args.workers.split(",")]
     args.caches = [c for c in args.caches.split(",") if c]
     if args.repeats is None:
@@ -282,8 +353,12 @@ def main(argv: list[str] | None = None) -> Path:
         tree = ensure_tree(kind, getattr(args, kind) or sizes[kind], seed=args.seed,
                            data_root=args.data_dir)
         raw[kind] = measure_tree(tree, args.systems, runner, args)
+    first = None
+    if args.first_sample:
+        tree = ensure_tree("tiny", args.first_sample, seed=args.seed, data_root=args.data_dir)
+        first = measure_first(tree, args.systems, runner, args)
     command = f"{interpreter()} -m benchmarks.run" + (" --quick" if args.quick else "")
-    results = summarize(raw, meta={
+    results = summarize(raw, first=first, meta={
         "schema": 1, "date": time.strftime("%Y-%m-%d %H:%M"), "command": command,
         "argv": sys.argv[1:] if argv is None else argv, "quick": args.quick,
         "repeats": args.repeats, "wall_s": round(time.time() - started, 1),

@@ -2,10 +2,14 @@
 
 Each adapter packs a generated tree into a work folder and iterates epochs of it
 through a DataLoader (batch size 64), yielding per batch ``(payloads, labels)``: the
-samples' original bytes (``decode=False``) or, decoded with Pillow in the workers, uint8
-CHW tensors (``decode=True``). The harness counts samples and bytes from them and checks
+samples' original bytes (``decode=False``; a tuple of them, in ``tree.fields`` order, for
+samples of several fields) or, decoded with Pillow in the workers, uint8 CHW tensors
+(``decode=True``). The harness counts samples and bytes from them and checks
 exactly-once delivery; it never sees a system's own types. An adapter imports its library
 only when used, so a missing peer is reported (``missing()``), never a crash.
+``EpochSpec.access="random"`` asks a map-style reader (``RANDOM_ACCESS``) for its samples
+through a DataLoader's seeded random sampler; ``verify=False`` turns shardio's checksums
+off (its public ``verify=`` option), to measure their share of an epoch.
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import io
+import zlib
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,6 +42,9 @@ class EpochSpec:
     decode: bool = False
     batch_size: int = BATCH_SIZE
     num_epochs: int = 1
+    access: str = "stream"
+    """``"stream"`` (the system's own reader) or ``"random"`` (map-style, random sampler)."""
+    verify: bool = True
 
 
 class Adapter(Protocol):
@@ -76,14 +84,66 @@ def collate_pairs(samples: Sequence[tuple[Any, int]]) -> Batch:
     return [s[0] for s in samples], [int(s[1]) for s in samples]
 
 
-def source_items(tree: Tree) -> list[tuple[Path, str, int]]:
-    """``(absolute path, relative POSIX path, label)`` of every file, in class order."""
-    root = tree.root
-    out = []
-    for path in tree.files():
-        rel = path.relative_to(root).as_posix()
-        out.append((path, rel, tree.label_of(rel)))
-    return out
+def source_samples(tree: Tree) -> list[tuple[list[Path], str, int]]:
+    """``(the sample's files in field order, key, label)`` of every sample, in class order."""
+    return [(paths, key, tree.label_of(key)) for key, paths in tree.samples()]
+
+
+def read_payload(paths: Sequence[Path]) -> Any:
+    """A sample's payload from its files: their bytes, a tuple of them for several fields."""
+    if len(paths) == 1:
+        return paths[0].read_bytes()
+    return tuple(p.read_bytes() for p in paths)
+
+
+def payload_from(values: Sequence[Any]) -> Any:
+    """The payload of a sample whose field values a reader gave, in field order."""
+    return values[0] if len(values) == 1 else tuple(values)
+
+
+def payload_crc(payload: Any) -> int:
+    """CRC-32 of a raw payload, its fields chained in order (what exactly-once compares)."""
+    if isinstance(payload, tuple | list):  # a DataLoader's default_convert makes lists
+        crc = 0
+        for part in payload:
+            crc = zlib.crc32(part, crc)
+        return crc
+    return zlib.crc32(payload)
+
+
+def payload_nbytes(payload: Any) -> int:
+    """Bytes of a payload: raw bytes, views, a tuple of fields, or a decoded tensor."""
+    if isinstance(payload, tuple | list):  # a DataLoader's default_convert makes lists
+        return sum(payload_nbytes(p) for p in payload)
+    if isinstance(payload, memoryview):
+        return payload.nbytes
+    if isinstance(payload, bytes | bytearray):
+        return len(payload)
+    return int(payload.numel())
+
+
+class MapView:
+    """A peer's own ``dataset[i]`` as a map-style Dataset, for a random sampler."""
+
+    def __init__(self, dataset: Any, length: int, pair: Callable[[Any], tuple[Any, int]]) -> None:
+        self.dataset, self.length, self.pair = dataset, length, pair
+
+    def __len__(self) -> int:
+        return self.length
+
+    def __getitem__(self, index: int) -> tuple[Any, int]:
+        return self.pair(self.dataset[index])
+
+
+def random_loader(dataset: Any, spec: EpochSpec, collate: Callable[..., Any] = collate_pairs
+                  ) -> Any:
+    """A DataLoader drawing ``dataset``'s samples through a seeded random sampler."""
+    import torch
+    from torch.utils.data import DataLoader
+
+    return DataLoader(dataset, batch_size=spec.batch_size, shuffle=spec.shuffle,
+                      generator=torch.Generator().manual_seed(spec.seed),
+                      num_workers=spec.num_workers, collate_fn=collate)
 
 
 def module_missing(module: str, dist: str) -> str | None:
@@ -118,9 +178,14 @@ SYSTEMS: tuple[str, ...] = tuple(_REGISTRY)
 BASELINE = "imagefolder"
 PEERS = ("webdataset", "mosaicml", "litdata", "lmdb-file")
 SHUFFLE_ONLY = frozenset({"shardio-records-unshuffled"})
+"""Variants measured for shuffle quality only (warm raw epochs), not for throughput."""
 OPT_IN = frozenset({"shardio-records-v2"})
 """Variants measured only when named (``--systems``): format v2 beside v3, for issue 29."""
-"""Variants measured for shuffle quality only (warm raw epochs), not for throughput."""
+RANDOM_ACCESS = frozenset({BASELINE, "lmdb-file", "mosaicml", "litdata", "shardio-records",
+                           "shardio-lmdb"})
+"""Systems with a map-style reader (``dataset[i]``), measured with a random sampler too."""
+CHECKED = frozenset({"shardio-records", "shardio-lmdb"})
+"""Systems whose checksums can be turned off through a public option (``verify=False``)."""
 
 
 def get_adapter(name: str) -> Adapter:

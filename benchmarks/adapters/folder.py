@@ -1,8 +1,9 @@
 """The baseline users have today: a torchvision-style ImageFolder, one file read per sample.
 
 A map-style Dataset scans the tree once (like ``torchvision.datasets.ImageFolder``), and
-``__getitem__`` opens and reads one file; a DataLoader with a seeded ``shuffle=True``
-sampler shuffles. torchvision itself is not imported (it does not load beside this torch).
+``__getitem__`` opens and reads the sample's files (one; two for the ``fields`` tree); a
+DataLoader with a seeded ``shuffle=True`` sampler shuffles, which is also its random
+access. torchvision itself is not imported (it does not load beside this torch).
 """
 
 from __future__ import annotations
@@ -11,24 +12,30 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
-from benchmarks.adapters import Batch, EpochSpec, collate_pairs, decode_image, source_items
+from benchmarks.adapters import (
+    Batch,
+    EpochSpec,
+    decode_image,
+    random_loader,
+    read_payload,
+    source_samples,
+)
 from benchmarks.datagen import Tree
 
 
 class FolderDataset:
-    """``dataset[i]`` reads file ``i`` of the tree: ``(bytes or CHW tensor, label)``."""
+    """``dataset[i]`` reads sample ``i`` of the tree: ``(payload or CHW tensor, label)``."""
 
     def __init__(self, tree: Tree, *, decode: bool) -> None:
-        self.items = [(str(path), label) for path, _, label in source_items(tree)]
+        self.items = [(paths, label) for paths, _, label in source_samples(tree)]
         self.decode = decode
 
     def __len__(self) -> int:
         return len(self.items)
 
     def __getitem__(self, index: int) -> tuple[Any, int]:
-        path, label = self.items[index]
-        with open(path, "rb") as fh:
-            data = fh.read()
+        paths, label = self.items[index]
+        data = read_payload(paths)
         return (decode_image(data) if self.decode else data), label
 
 
@@ -50,17 +57,6 @@ class FolderAdapter:
         return tree.files()
 
     def epochs(self, tree: Tree, work: Path, spec: EpochSpec) -> Iterator[Iterable[Batch]]:
-        import torch
-        from torch.utils.data import DataLoader
-
-        dataset = FolderDataset(tree, decode=spec.decode)
-        loader = DataLoader(
-            dataset,  # type: ignore[arg-type]
-            batch_size=spec.batch_size,
-            shuffle=spec.shuffle,
-            generator=torch.Generator().manual_seed(spec.seed),
-            num_workers=spec.num_workers,
-            collate_fn=collate_pairs,
-        )
+        loader = random_loader(FolderDataset(tree, decode=spec.decode), spec)
         for _ in range(spec.num_epochs):
             yield loader

@@ -3,7 +3,8 @@
 Configured as its documentation describes for a local folder: ``optimize`` with a
 64 MB ``chunk_bytes`` and one worker per core, no compression; ``StreamingDataset`` on the
 output folder (read in place, no cache copy) with ``shuffle`` and ``seed``; its
-``StreamingDataLoader``. Inputs are given in source (class) order.
+``StreamingDataLoader``. Inputs are given in source (class) order; a sample is a dict of
+its fields' bytes and its label. Random access is its ``dataset[i]`` under a random sampler.
 """
 
 from __future__ import annotations
@@ -16,30 +17,36 @@ from typing import Any
 from benchmarks.adapters import (
     Batch,
     EpochSpec,
+    MapView,
     collate_pairs,
     decode_image,
     files_under,
     module_missing,
-    source_items,
+    payload_from,
+    random_loader,
+    source_samples,
 )
 from benchmarks.datagen import Tree
 
 CHUNK_BYTES = "64MB"
 
 
-def read_item(item: tuple[str, int]) -> dict[str, Any]:
-    """``optimize``'s function: one source file -> one sample dict."""
-    path, label = item
-    with open(path, "rb") as fh:
-        return {"data": fh.read(), "label": label}
+def read_item(item: tuple[dict[str, str], int]) -> dict[str, Any]:
+    """``optimize``'s function: one sample's source files -> one sample dict."""
+    paths, label = item
+    return {**{field: Path(path).read_bytes() for field, path in paths.items()}, "label": label}
 
 
-def _pair(sample: dict[str, Any]) -> tuple[Any, int]:
-    return bytes(sample["data"]), int(sample["label"])
+class Pair:
+    """A sample dict -> ``(payload, label)``, its fields in the tree's order."""
 
+    def __init__(self, fields: tuple[str, ...], decode: bool) -> None:
+        self.fields, self.decode = fields, decode
 
-def _decoded_pair(sample: dict[str, Any]) -> tuple[Any, int]:
-    return decode_image(sample["data"]), int(sample["label"])
+    def __call__(self, sample: dict[str, Any]) -> tuple[Any, int]:
+        if self.decode:
+            return decode_image(sample[self.fields[0]]), int(sample["label"])
+        return payload_from([bytes(sample[f]) for f in self.fields]), int(sample["label"])
 
 
 class LitDataAdapter:
@@ -56,7 +63,8 @@ class LitDataAdapter:
     def pack(self, tree: Tree, work: Path, *, seed: int, num_workers: int) -> None:
         import litdata
 
-        inputs = [(str(path), label) for path, _, label in source_items(tree)]
+        inputs = [({f: str(p) for f, p in zip(tree.fields, paths, strict=True)}, label)
+                  for paths, _, label in source_samples(tree)]
         # optimize stages chunks in a cache folder before moving them to output_dir; keep
         # it beside the output (same file system, removed with the work folder).
         os.environ["DATA_OPTIMIZER_CACHE_FOLDER"] = str(work.parent / ".litdata-cache")
@@ -71,13 +79,16 @@ class LitDataAdapter:
     def epochs(self, tree: Tree, work: Path, spec: EpochSpec) -> Iterator[Iterable[Batch]]:
         import litdata
 
-        dataset = litdata.StreamingDataset(
-            input_dir=str(work), shuffle=spec.shuffle, seed=spec.seed,
-            transform=_decoded_pair if spec.decode else _pair,
-        )
-        loader = litdata.StreamingDataLoader(
-            dataset, batch_size=spec.batch_size, num_workers=spec.num_workers,
-            collate_fn=collate_pairs,
-        )
+        pair = Pair(tree.fields, spec.decode)
+        if spec.access == "random":
+            dataset = litdata.StreamingDataset(input_dir=str(work))
+            loader: Any = random_loader(MapView(dataset, len(dataset), pair), spec)
+        else:
+            dataset = litdata.StreamingDataset(
+                input_dir=str(work), shuffle=spec.shuffle, seed=spec.seed, transform=pair)
+            loader = litdata.StreamingDataLoader(
+                dataset, batch_size=spec.batch_size, num_workers=spec.num_workers,
+                collate_fn=collate_pairs,
+            )
         for _ in range(spec.num_epochs):
             yield loader

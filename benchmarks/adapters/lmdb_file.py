@@ -1,13 +1,16 @@
 """The classic single-LMDB-file loader: every sample one key, one random read per sample.
 
-Values are a 4-byte little-endian label followed by the original bytes (no pickle). The
-reader is map-style; each DataLoader worker opens its own environment on first use, read
-only, without locking or OS readahead, the settings such loaders use for random access.
+Values are a 4-byte little-endian label followed by the original bytes (no pickle); a
+sample of several fields is a pickled dict of them and its label, as such loaders keep
+them. The reader is map-style (so its epoch is random access); each DataLoader worker
+opens its own environment on first use, read only, without locking or OS readahead, the
+settings such loaders use for random access.
 """
 
 from __future__ import annotations
 
 import os
+import pickle
 import struct
 from collections.abc import Iterable, Iterator
 from pathlib import Path
@@ -16,11 +19,12 @@ from typing import Any
 from benchmarks.adapters import (
     Batch,
     EpochSpec,
-    collate_pairs,
     decode_image,
     files_under,
     module_missing,
-    source_items,
+    random_loader,
+    read_payload,
+    source_samples,
 )
 from benchmarks.datagen import Tree
 
@@ -36,9 +40,10 @@ def _key(index: int) -> bytes:
 class LmdbFileDataset:
     """``dataset[i]`` = one ``txn.get`` of key ``i``: ``(bytes or CHW tensor, label)``."""
 
-    def __init__(self, path: Path, *, decode: bool) -> None:
+    def __init__(self, path: Path, *, decode: bool, fields: tuple[str, ...]) -> None:
         self.path = str(path)
         self.decode = decode
+        self.fields = fields
         self._env: Any = None
         self._pid = -1
         env = self._open()
@@ -63,6 +68,9 @@ class LmdbFileDataset:
             self._pid = os.getpid()
         with self._env.begin() as txn:
             value = txn.get(_key(index))
+        if len(self.fields) > 1:
+            sample = pickle.loads(value)
+            return tuple(sample[f] for f in self.fields), sample["label"]
         label = _LABEL.unpack_from(value)[0]
         data = value[_LABEL.size:]
         return (decode_image(data) if self.decode else data), label
@@ -85,12 +93,15 @@ class LmdbFileAdapter:
         work.mkdir(parents=True, exist_ok=True)
         map_size = 2 * tree.num_bytes + 4096 * tree.num_files + (1 << 26)
         env = lmdb.open(str(work), subdir=True, map_size=map_size, sync=True)
-        items = source_items(tree)
+        items = source_samples(tree)
         for start in range(0, len(items), _TXN_SAMPLES):
             with env.begin(write=True) as txn:
                 for index in range(start, min(start + _TXN_SAMPLES, len(items))):
-                    path, _, label = items[index]
-                    txn.put(_key(index), _LABEL.pack(label) + path.read_bytes(), append=True)
+                    paths, _, label = items[index]
+                    payload = read_payload(paths)
+                    value = (_LABEL.pack(label) + payload if len(paths) == 1 else pickle.dumps(
+                        {**dict(zip(tree.fields, payload, strict=True)), "label": label}))
+                    txn.put(_key(index), value, append=True)
         with env.begin(write=True) as txn:
             txn.put(_COUNT_KEY, str(len(items)).encode())
         env.sync(True)
@@ -100,17 +111,6 @@ class LmdbFileAdapter:
         return files_under(work)
 
     def epochs(self, tree: Tree, work: Path, spec: EpochSpec) -> Iterator[Iterable[Batch]]:
-        import torch
-        from torch.utils.data import DataLoader
-
-        dataset = LmdbFileDataset(work, decode=spec.decode)
-        loader = DataLoader(
-            dataset,  # type: ignore[arg-type]
-            batch_size=spec.batch_size,
-            shuffle=spec.shuffle,
-            generator=torch.Generator().manual_seed(spec.seed),
-            num_workers=spec.num_workers,
-            collate_fn=collate_pairs,
-        )
+        loader = random_loader(LmdbFileDataset(work, decode=spec.decode, fields=tree.fields), spec)
         for _ in range(spec.num_epochs):
             yield loader

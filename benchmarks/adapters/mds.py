@@ -4,7 +4,8 @@ Configured as its documentation describes for data already on local disk: ``loca
 MDS folder and no ``remote``, default shard size (64 MiB) and no compression, the default
 ``py1e`` shuffle seeded with ``shuffle_seed``, ``batch_size`` given to the dataset, and its
 ``StreamingDataLoader``. Samples are written in source (class) order, as its writer takes
-them.
+them: a ``bytes`` column per field and an ``int`` label. Random access is its
+``dataset[i]`` under a random sampler.
 
 ``import streaming`` also imports its ready-made dataset zoo (``streaming.vision`` needs
 torchvision, which does not load beside this torch). The MDS path never touches the zoo,
@@ -24,11 +25,14 @@ from typing import Any
 from benchmarks.adapters import (
     Batch,
     EpochSpec,
+    MapView,
     collate_pairs,
     decode_image,
     files_under,
     module_missing,
-    source_items,
+    payload_from,
+    random_loader,
+    source_samples,
 )
 from benchmarks.datagen import Tree
 
@@ -58,10 +62,11 @@ class MosaicAdapter:
 
     def pack(self, tree: Tree, work: Path, *, seed: int, num_workers: int) -> None:
         streaming = import_streaming()
-        columns = {"data": "bytes", "label": "int"}
+        columns = {**{field: "bytes" for field in tree.fields}, "label": "int"}
         with streaming.MDSWriter(out=str(work), columns=columns) as sink:
-            for path, _, label in source_items(tree):
-                sink.write({"data": path.read_bytes(), "label": label})
+            for paths, _, label in source_samples(tree):
+                sink.write({**{f: p.read_bytes() for f, p in zip(tree.fields, paths, strict=True)},
+                            "label": label})
 
     def data_files(self, tree: Tree, work: Path) -> list[Path]:
         return files_under(work)
@@ -70,22 +75,29 @@ class MosaicAdapter:
         streaming = import_streaming()
         from streaming.base.util import clean_stale_shared_memory
 
-        decode = spec.decode
+        decode, fields = spec.decode, tree.fields
+
+        def pair(sample: dict[str, Any]) -> tuple[Any, int]:
+            if decode:
+                return decode_image(sample[fields[0]]), int(sample["label"])
+            return payload_from([sample[f] for f in fields]), int(sample["label"])
 
         class PairDataset(streaming.StreamingDataset):  # type: ignore[misc,name-defined]
             def __getitem__(self, index: int) -> tuple[Any, int]:
-                sample = super().__getitem__(index)
-                data = sample["data"]
-                return (decode_image(data) if decode else data), int(sample["label"])
+                return pair(super().__getitem__(index))
 
         clean_stale_shared_memory()
-        dataset = PairDataset(
-            local=str(work), remote=None, shuffle=spec.shuffle, shuffle_seed=spec.seed,
-            batch_size=spec.batch_size,
-        )
-        loader = streaming.StreamingDataLoader(
-            dataset, batch_size=spec.batch_size, num_workers=spec.num_workers,
-            collate_fn=collate_pairs,
-        )
+        if spec.access == "random":
+            plain = streaming.StreamingDataset(local=str(work), remote=None, shuffle=False)
+            loader: Any = random_loader(MapView(plain, plain.num_samples, pair), spec)
+        else:
+            dataset = PairDataset(
+                local=str(work), remote=None, shuffle=spec.shuffle, shuffle_seed=spec.seed,
+                batch_size=spec.batch_size,
+            )
+            loader = streaming.StreamingDataLoader(
+                dataset, batch_size=spec.batch_size, num_workers=spec.num_workers,
+                collate_fn=collate_pairs,
+            )
         for _ in range(spec.num_epochs):
             yield loader

@@ -8,27 +8,13 @@ batch; nothing of ``shardio.loader`` or ``RecordBatch`` is used. Packs are the
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 from benchmarks.adapters import Batch, EpochSpec
-from benchmarks.adapters.shardio_packs import ShardioAdapter, payload_field
+from benchmarks.adapters.shardio_packs import ShardioAdapter, UserCollate
 from benchmarks.datagen import Tree
-
-
-class UserCollate:
-    """What a training script writes: take each sample's payload field and its label."""
-
-    def __init__(self, tree: Tree) -> None:
-        self.field = payload_field(tree)
-        self.tree = tree
-
-    def __call__(self, samples: Sequence[Mapping[str, Any]]) -> Batch:
-        payloads = [s[self.field] for s in samples]
-        if "label" in samples[0]:  # every pack but one of an older harness stores it
-            return payloads, [int(s["label"]) for s in samples]
-        return payloads, [self.tree.label_of(s["__key__"]) for s in samples]
 
 
 class ShardioDataLoaderAdapter(ShardioAdapter):
@@ -41,11 +27,13 @@ class ShardioDataLoaderAdapter(ShardioAdapter):
 
         if spec.decode:
             dataset = shardio.StreamingDataset(work, decode="tensor", shuffle=spec.shuffle,
-                                               seed=spec.seed, batch_size=spec.batch_size)
+                                               seed=spec.seed, batch_size=spec.batch_size,
+                                               verify=spec.verify)
             collate: Any = _decoded_pairs
         else:
             dataset = shardio.StreamingDataset(work, decode="raw", shuffle=spec.shuffle,
-                                               seed=spec.seed, batch_size=spec.batch_size)
+                                               seed=spec.seed, batch_size=spec.batch_size,
+                                               verify=spec.verify)
             collate = UserCollate(tree)
         loader = DataLoader(dataset, batch_size=spec.batch_size, num_workers=spec.num_workers,
                             collate_fn=collate, persistent_workers=spec.num_workers > 0)

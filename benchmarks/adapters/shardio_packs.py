@@ -1,24 +1,47 @@
 """shardio, one adapter per backend: ``shardio.pack`` then ``StreamingDataset`` + ``loader``.
 
 Raw epochs take each batch as a ``RecordBatch`` and hand on its zero-copy payload views
-(``batch.bytes(field)``); decoded epochs use ``decode="tensor"``, which decodes in the
-workers. Labels come from the pack (ImageFolder) or, for the tiny tree, from the key's
-top-level folder, exactly as the other systems store them.
+(``batch.bytes(field)``, one per field); decoded epochs use ``decode="tensor"``, which
+decodes in the workers. Labels come from the pack (ImageFolder, or ``class_folders=True``
+for the other trees), exactly as the other systems store them. Random access is
+``IndexedDataset`` under a DataLoader's random sampler (its ``__getitems__`` fetches a
+batch), with the user's own collate (``UserCollate``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from benchmarks.adapters import Batch, EpochSpec, files_under, module_missing
+from benchmarks.adapters import (
+    Batch,
+    EpochSpec,
+    files_under,
+    module_missing,
+    payload_from,
+    random_loader,
+)
 from benchmarks.datagen import Tree
 
 
-def payload_field(tree: Tree) -> str:
-    """The field holding the original bytes: ``image`` for ImageFolder packs, else the suffix."""
-    return "image" if tree.kind == "images" else "bin"
+def payload_fields(tree: Tree) -> tuple[str, ...]:
+    """The fields holding the original bytes: ``image`` for ImageFolder packs, else suffixes."""
+    return ("image",) if tree.kind == "images" else tree.fields
+
+
+class UserCollate:
+    """What a training script writes: take each sample's payload fields and its label."""
+
+    def __init__(self, tree: Tree) -> None:
+        self.fields = payload_fields(tree)
+        self.tree = tree
+
+    def __call__(self, samples: Sequence[Mapping[str, Any]]) -> Batch:
+        payloads = [payload_from([s[f] for f in self.fields]) for s in samples]
+        if "label" in samples[0]:  # every pack but one of an older harness stores it
+            return payloads, [int(s["label"]) for s in samples]
+        return payloads, [self.tree.label_of(s["__key__"]) for s in samples]
 
 
 class ShardioAdapter:
@@ -63,9 +86,15 @@ class ShardioAdapter:
     def epochs(self, tree: Tree, work: Path, spec: EpochSpec) -> Iterator[Iterable[Batch]]:
         import shardio
 
+        if spec.access == "random":
+            indexed = shardio.IndexedDataset(work, decode="raw", verify=spec.verify)
+            loader: Any = random_loader(indexed, spec, UserCollate(tree))
+            for _ in range(spec.num_epochs):
+                yield loader
+            return
         decode = "tensor" if spec.decode else "raw"
         dataset = shardio.StreamingDataset(work, decode=decode, shuffle=spec.shuffle,
-                                           seed=spec.seed)
+                                           seed=spec.seed, verify=spec.verify)
         loader = shardio.loader(dataset, batch_size=spec.batch_size,
                                 num_workers=spec.num_workers)
         for _ in range(spec.num_epochs):
@@ -73,12 +102,15 @@ class ShardioAdapter:
 
 
 def _batches(loader: Iterable[Any], tree: Tree, *, decode: bool) -> Iterator[Batch]:
-    field = payload_field(tree)
+    fields = payload_fields(tree)
     for batch in loader:
         if decode:
             images, labels = batch
             yield list(images), labels.tolist()
-        elif batch.labels is not None:
-            yield batch.bytes(field), batch.labels.tolist()
+            continue
+        columns = [batch.bytes(f) for f in fields]
+        payloads = columns[0] if len(columns) == 1 else list(zip(*columns, strict=True))
+        if batch.labels is not None:
+            yield payloads, batch.labels.tolist()
         else:
-            yield batch.bytes(field), [tree.label_of(key) for key in batch.keys]
+            yield payloads, [tree.label_of(key) for key in batch.keys]

@@ -4,7 +4,8 @@ Configured as its documentation describes for local shards: ~100 MB shards (the 
 of its advice, so both workers get shards on these small sets), shard shuffling, a
 1,000-sample shuffle buffer, ``split_by_worker``, batching inside the pipeline and a
 ``WebLoader`` with ``batch_size=None``. Samples are written in source (class) order, as
-its writer takes them; WebDataset does not shuffle at write time.
+its writer takes them, one tar member per field plus ``cls``; WebDataset does not shuffle
+at write time.
 """
 
 from __future__ import annotations
@@ -20,7 +21,8 @@ from benchmarks.adapters import (
     decode_image,
     files_under,
     module_missing,
-    source_items,
+    payload_from,
+    source_samples,
 )
 from benchmarks.datagen import Tree
 
@@ -28,12 +30,12 @@ MAX_SHARD_BYTES = 100_000_000
 SHUFFLE_BUFFER = 1000
 
 
-def _field(tree: Tree) -> str:
-    return "jpg" if tree.kind == "images" else "bin"
+def _raw(sample: tuple[Any, ...]) -> tuple[Any, int]:
+    return payload_from(sample[:-1]), int(sample[-1])
 
 
-def _identity(value: Any) -> Any:
-    return value
+def _decoded(sample: tuple[Any, ...]) -> tuple[Any, int]:
+    return decode_image(sample[0]), int(sample[-1])
 
 
 class WebDatasetAdapter:
@@ -51,12 +53,11 @@ class WebDatasetAdapter:
         import webdataset as wds
 
         work.mkdir(parents=True, exist_ok=True)
-        field = _field(tree)
         pattern = str(work / "shard-%06d.tar")
         with wds.ShardWriter(pattern, maxsize=MAX_SHARD_BYTES, verbose=0) as sink:
-            for path, rel, label in source_items(tree):
-                key = rel.rsplit(".", 1)[0]
-                sink.write({"__key__": key, field: path.read_bytes(), "cls": label})
+            for paths, key, label in source_samples(tree):
+                sink.write({"__key__": key, "cls": label,
+                            **{f: p.read_bytes() for f, p in zip(tree.fields, paths, strict=True)}})
 
     def data_files(self, tree: Tree, work: Path) -> list[Path]:
         return files_under(work)
@@ -75,9 +76,7 @@ class WebDatasetAdapter:
         )
         if spec.shuffle:
             dataset = dataset.shuffle(SHUFFLE_BUFFER)
-        dataset = dataset.to_tuple(_field(tree), "cls").map_tuple(
-            decode_image if spec.decode else _identity, int
-        )
+        dataset = dataset.to_tuple(*tree.fields, "cls").map(_decoded if spec.decode else _raw)
         dataset = dataset.batched(spec.batch_size, collation_fn=collate_pairs, partial=True)
         loader = wds.WebLoader(dataset, batch_size=None, num_workers=spec.num_workers)
         for _ in range(spec.num_epochs):

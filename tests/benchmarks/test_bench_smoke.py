@@ -26,18 +26,23 @@ import pytest
 REPO = Path(__file__).resolve().parents[2]
 NUM_IMAGES = 30
 NUM_TINY = 200
+NUM_FIELDS = 200
+NUM_MIXED = 100
+NUM_FIRST = 300
+KINDS = ("images", "tiny", "fields", "mixed")
 pytestmark = pytest.mark.harness
 SYSTEMS = ("imagefolder", "lmdb-file", "shardio-records", "shardio-lmdb", "webdataset")
 
 
 @pytest.fixture(scope="module")
 def results(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    """One harness run: both trees, raw warm epochs with 0 workers, audits with 2."""
+    """One harness run: every tree, raw warm epochs with 0 workers, audits with 2."""
     tmp = tmp_path_factory.mktemp("bench")
     out = tmp / "results.json"
     cmd = [
         sys.executable, "-m", "benchmarks.run", "--images", str(NUM_IMAGES), "--tiny",
-        str(NUM_TINY), "--repeats", "1", "--workers", "0", "--caches", "warm",
+        str(NUM_TINY), "--fields", str(NUM_FIELDS), "--mixed", str(NUM_MIXED),
+        "--first-sample", str(NUM_FIRST), "--repeats", "1", "--workers", "0", "--caches", "warm",
         "--systems", ",".join(SYSTEMS), "--data-dir", str(tmp / "data"),
         "--work-dir", str(tmp / "work"), "--out", str(out),
     ]
@@ -56,12 +61,14 @@ def test_results_have_provenance(results: dict[str, Any]) -> None:
     if python.startswith(".."):
         python = Path(sys.executable).name
     assert results["command"] == f"{python} -m benchmarks.run"  # the interpreter that ran it
-    assert set(results["datasets"]) == {"images", "tiny"}
+    assert set(results["datasets"]) == set(KINDS)
     assert results["datasets"]["images"]["num_files"] == NUM_IMAGES
     assert results["datasets"]["tiny"]["num_files"] == NUM_TINY
+    assert results["datasets"]["fields"]["num_files"] == NUM_FIELDS
+    assert results["datasets"]["mixed"]["num_files"] == NUM_MIXED
 
 
-@pytest.mark.parametrize("kind", ["images", "tiny"])
+@pytest.mark.parametrize("kind", KINDS)
 def test_every_runnable_system_delivers_each_sample_once(
     results: dict[str, Any], kind: str
 ) -> None:
@@ -81,6 +88,29 @@ def test_every_runnable_system_delivers_each_sample_once(
             assert system["epochs"]["decoded-w2-warm"]["samples"] == n, name
         if name != "imagefolder":
             assert system["pack"]["output_bytes"] > 0, name
+        random = system["epochs"]["random-w0-warm"]
+        assert (random["samples"], random["bytes"]) == (n, epoch["bytes"]), name
+    for name in ("shardio-records", "shardio-lmdb"):
+        unchecked = ds["systems"][name]["epochs"]["raw-w0-warm-nocheck"]
+        assert unchecked["samples"] == n, name
+    assert "raw-w0-warm-nocheck" not in ds["systems"]["lmdb-file"]["epochs"]
+
+
+def test_several_fields_are_read_whole_by_every_system(results: dict[str, Any]) -> None:
+    ds = results["datasets"]["fields"]
+    single = {name: s["epochs"]["raw-w0-warm"]["bytes"] for name, s in ds["systems"].items()
+              if s["status"] == "ok"}
+    assert single["imagefolder"] == ds["num_bytes"]  # both files of every sample
+    assert set(single.values()) == {ds["num_bytes"]}, single
+
+
+def test_first_sample_is_timed_for_every_system(results: dict[str, Any]) -> None:
+    first = results["first_sample"]
+    assert first["num_samples"] == NUM_FIRST
+    for name in ("imagefolder", "lmdb-file", "shardio-records", "shardio-lmdb"):
+        assert first["systems"][name]["batch_samples"] == 64, name
+    rows = [t for t in results["targets"] if t["dataset"].startswith("tiny, ")]
+    assert {t["system"] for t in rows} >= {"shardio-records", "shardio-lmdb"}
 
 
 def test_missing_peer_is_skipped_with_a_reason(results: dict[str, Any]) -> None:
@@ -108,8 +138,12 @@ def test_targets_and_readme_tables_render(results: dict[str, Any]) -> None:
     from benchmarks.report import render
 
     checked = {(t["dataset"], t["system"]) for t in results["targets"]}
-    assert ("tiny", "shardio-records") in checked
+    assert {(kind, "shardio-records") for kind in KINDS} <= checked
+    names = {t["target"] for t in results["targets"]}
+    assert {"random access x single LMDB file",
+            "warm epoch with checksums / without (checks' share < 5%)"} <= names
     assert all(t["met"] in (True, False, None) for t in results["targets"])
     text = render(results)
     for name in SYSTEMS:
         assert f"| {name} |" in text
+    assert "Time to the first sample" in text
