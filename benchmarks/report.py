@@ -111,8 +111,7 @@ def first_sample_table(first: dict[str, Any]) -> list[str]:
         ratio = "" if s["best_peer"] in (None, name) else (
             f"{_num(s['best_peer_s_over_own'], 2)} ({s['best_peer']})")
         value = s.get("first_batch_s")
-        lines.append(f"| {name} | {_num(value, 3) if value else s.get('error', '-')} "
-                     f"| {ratio} |")
+        lines.append(f"| {name} | {_num(value, 3) if value else 'failed'} | {ratio} |")
     return lines
 
 
