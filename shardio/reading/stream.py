@@ -35,7 +35,7 @@ from shardio.backends.remoterecords import RemoteRecordsReader
 from shardio.format import runs as rundecode
 from shardio.format.frames import RunBytes
 from shardio.format.manifest import Manifest
-from shardio.order.plan import IndexArray
+from shardio.order.plan import IndexArray, whole_blocks
 from shardio.reading.checkahead import Check, checker
 from shardio.reading.gather import Chunk, ViewedSample, WindowColumns
 
@@ -89,6 +89,13 @@ HEAD_SAMPLES = 64
 their ranges are much larger, see ``remoterecords.EXACT_SHARE``) when no batch size says
 how many the first batch needs: a shuffled first batch wants a record or two of every
 block, and waiting for all of those blocks whole took a second on bench_remote's link."""
+
+
+LOCAL_RUN = 128
+"""Records a local run holds at most (whole stored blocks of v3): a shuffled first batch
+wants a run for each of its samples, and runs of the plan's blocks (``window / 128``)
+took a window of 100,000 samples 0.45 s to its first batch, where runs of one stored
+block cost a warm tiny epoch about 0.8 us a sample more in per-run work."""
 
 
 def gap_records(manifest: Manifest, max_run: int) -> int:
@@ -254,7 +261,7 @@ class _OpenWindow:
         """Format v3: runs are filed field by field from their blocks (``rundecode``)."""
         self.columns = (WindowColumns(plan.unique) if columns or self.local or self._blocks
                         else None)
-        self._complete = False
+        self.complete = False
         self._drop_decoded = drop_decoded
         self._defer_drops = defer_drops and bool(self._checks)
         """Drop the window's pages on the checker thread when it closes (a core is free), where
@@ -276,6 +283,9 @@ class _OpenWindow:
         self._next = 0
         self.after_load: Callable[[], None] | None = None
         """Called once every due run is decoded (``_windows``: the next window's advice)."""
+        self.after_first: Callable[[], None] | None = None
+        """Called once the first samples' runs are decoded (``_windows``: the next window's
+        plan and checks)."""
         self.keep: list[Run] = []
         """Runs whose pages ``close`` leaves mapped: the next window's, queued on the checker
         thread, which may have mapped them already (dropped, they were faulted in again)."""
@@ -376,13 +386,13 @@ class _OpenWindow:
                 drop = getattr(self._reader.shard(shard), "drop_pages", None)
                 if drop is not None:
                     drop(start, stop, keep.get(shard, ()))
-        self._complete = True  # every run a sample of the window is yielded from
+        self.complete = True  # every run a sample of the window is yielded from
         if self.after_load is not None:
             self.after_load()
 
     def ensure(self, wanted: list[int]) -> None:
         """Load the runs of the samples at ranks ``wanted``."""
-        if self._complete:
+        if self.complete:
             return
         if self._order is not None:  # a head was read: ranks in yield order
             samples = self.samples
@@ -404,6 +414,9 @@ class _OpenWindow:
                 found[1].run_if_pending()
         for r in todo:
             self.load(r)
+        if self.after_first is not None:
+            after_first, self.after_first = self.after_first, None
+            after_first()
 
     def gather(self, wanted: list[int], *, owned: bool = False) -> list[dict[str, Any]]:
         """The samples at ranks ``wanted``, loading the runs they need first (``owned``:
@@ -481,8 +494,11 @@ def _windows(reader: RunReader, order: IndexArray, window: int, max_run: int, sk
     # a remote range is downloaded whole anyway: a worker wanting a scattered part of a
     # block reads it as one run, taking the range once a window, not once a record
     # (between takes, a budget smaller than the dataset evicted it)
-    gap = max_run - 1 if getattr(reader, "is_remote", False) else gap_records(
-        reader.manifest, max_run)
+    if getattr(reader, "is_remote", False):
+        gap = max_run - 1
+    else:
+        max_run = min(max_run, whole_blocks(LOCAL_RUN, reader.manifest.block_records))
+        gap = gap_records(reader.manifest, max_run)
     current = _plan_window(order, starts[0], max(starts[0], skip), window, firsts, max_run, gap)
     if getattr(reader, "is_remote", False):
         first_runs = advise_first(reader, current, firsts, head)
@@ -490,33 +506,46 @@ def _windows(reader: RunReader, order: IndexArray, window: int, max_run: int, sk
         first_runs = []
         advise(reader, current.due)
     checks = _check_ahead(reader, current.due) if check_ahead else {}
+    remote = getattr(reader, "is_remote", False)
+    upcoming: _Window | None = None
+
+    def read_ahead(w_lo: int, open_window: _OpenWindow) -> None:
+        """Plan the next window and queue its checks behind this one's: the checker thread
+        works through them while this window is handed out. Done once this window's first
+        samples are out (``after_first``): planned before, a window of 100,000 samples
+        took 0.05 s more to its first batch."""
+        nonlocal upcoming, checks
+        if upcoming is not None:
+            return
+        upcoming = _plan_window(order, w_lo + window, w_lo + window, window, firsts, max_run,
+                                gap)
+        checks = _check_ahead(reader, upcoming.due) if check_ahead else {}
+        open_window.keep = list(checks)
+        if open_window.local and not remote and not open_window.complete:
+            # advised at once, the next window's reads were sorted by the block layer
+            # among this one's, which the first batch waits for: on a cold page cache
+            # that batch came 0.37-0.45 s into the epoch instead of 0.27-0.32 s (8,000
+            # images); once this window is in, they overlap its use. A remote window's
+            # advice starts downloads, which should start as early as they can
+            open_window.after_load = partial(advise, reader, upcoming.due)
+        else:
+            advise(reader, upcoming.due)
+
     try:
         for w_lo in starts:
-            upcoming = _plan_window(order, w_lo + window, w_lo + window, window, firsts,
-                                    max_run, gap)
             open_window = _OpenWindow(reader, current, firsts, columns, checks, drop_decoded,
                                       first_runs, defer_drops=check_ahead)
-            if open_window.local and not getattr(reader, "is_remote", False):
-                # advised at once, the next window's reads were sorted by the block layer
-                # among this one's, which the first batch waits for whole: on a cold page
-                # cache that batch came 0.37-0.45 s into the epoch instead of 0.27-0.32 s
-                # (8,000 images); once this window is in, they overlap its use. A remote
-                # window's advice starts downloads, which should start as early as they can
-                open_window.after_load = partial(advise, reader, upcoming.due)
+            first_runs, checks, upcoming = [], {}, None
+            if open_window.local and not remote:
+                open_window.after_first = partial(read_ahead, w_lo, open_window)
             else:
-                advise(reader, upcoming.due)
-            first_runs = []
-            # the next window's checks queue behind this one's: the checker thread works
-            # through them while this window is handed out. Queued as a window opened, they
-            # were due at once: a local window decodes every run when its first sample is
-            # due, so the reader took over about half of them (2.6 us of CRC-32C and 0.5
-            # page faults an 80 KB image on the reading thread)
-            checks = _check_ahead(reader, upcoming.due) if check_ahead else {}
-            open_window.keep = list(checks)
+                read_ahead(w_lo, open_window)
             try:
                 yield open_window
             finally:
                 open_window.close()
+            read_ahead(w_lo, open_window)  # a window none of whose samples was due
+            assert upcoming is not None
             current = upcoming
     finally:
         for _run, check in checks.values():
