@@ -108,7 +108,7 @@ def check_lmdb_file(path: str, *, overflow_headers: bool = False) -> LmdbLayout:
         path: an LMDB file (``subdir=False``) with one unnamed database.
         overflow_headers: also read the first page of every overflow run and check
             its header. liblmdb's read path never uses those headers, and on a cold
-            file each is a random read (one per big value; see benchmarks/README.md),
+            file each is a random read (one per big value; docs/decisions.md, "LMDB shards"),
             so readers leave it off: runs are already proved inside the file and
             disjoint from every other page the tree uses.
 

@@ -8,8 +8,8 @@ covers the output size (Pillow's draft mode), and the box is resized into the
 output in one step (``Image.resize(box=)``): a 500x375 photo cropped to 224x224
 decodes at full scale, while most boxes of a 1600x1200 photo decode at 1/2 or 1/4.
 libjpeg still entropy-decodes every block at any scale, so the saving is the inverse
-DCT, the colour conversion and the resize of fewer pixels (``benchmarks/bench_crop.py``
-measures it). Every batch then has one shape, decoded straight into the batch's
+DCT, the colour conversion and the resize of fewer pixels (docs/decisions.md, "Crops at
+decode time"). Every batch then has one shape, decoded straight into the batch's
 buffer (``shardio.torch.collate.ImageBatchDecoder``).
 
 The random draws of a sample are a pure function of ``(seed, epoch, __index__)``,

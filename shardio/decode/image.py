@@ -9,8 +9,8 @@ is doing the work. ``open_image`` splits a decode in two, the size from the
 header first and then the pixels written straight into memory the caller
 chose (a batch buffer): with ``simplejpeg`` installed (the ``jpeg`` extra)
 baseline JPEGs are decoded by it, into that memory, with the same pixels as
-Pillow's (both are libjpeg-turbo with the same settings; measured in
-``benchmarks/bench_decode.py``); everything else goes through Pillow. Every
+Pillow's (both are libjpeg-turbo with the same settings; docs/decisions.md, "JPEG
+decoding"); everything else goes through Pillow. Every
 header read on any path (Pillow's, simplejpeg's, the GPU's frame walk in
 ``shardio.torch.device_decode``) goes through ``check_pixels`` before a pixel is
 allocated, so one limit (``max_image_pixels``) holds everywhere. This module

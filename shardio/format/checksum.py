@@ -9,7 +9,7 @@ Both are 32-bit CRCs and both *continue*: ``compute(b, compute(a)) ==
 compute(a + b)``. A v2 ``.rec`` shard uses that to check any run of
 consecutive records with one call (``shardio.format.frames.check_run``).
 
-Why CRC-32C (``benchmarks/bench_checksum.py``, results in benchmarks/README.md):
+Why CRC-32C (docs/decisions.md, "Record checksums"):
 on this project's machine it runs at 15-18 GB/s from memory against 7 GB/s for
 zlib's CRC-32; xxh3-64 is faster still per byte (27-29 GB/s) but cannot be
 continued from a previous value, so a run would cost one call per record.

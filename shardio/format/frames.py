@@ -234,7 +234,7 @@ def check_frames(
     bad_header: list[int] = []
     if count < VECTOR_MIN_RECORDS:
         # a loop of struct reads: numpy costs about 13 us a run whatever its length, the
-        # loop about 0.1 us a record (benchmarks/README.md, "Record checksums")
+        # loop about 0.1 us a record (docs/decisions.md, "Record checksums")
         edges = bounds.tolist()
         unpack = _HEAD.unpack_from
         codecs = []

@@ -2,7 +2,7 @@
 
 Every ``get_object`` through aiobotocore builds, signs and parses a request in
 Python: several times the CPU of the same ranged GET as a plain aiohttp request
-(``benchmarks/bench_s3_request.py``; the figures are in ``docs/remote.md``). A
+(docs/decisions.md, "S3 ranged GETs by presigned URL"). A
 reader makes hundreds of GETs an epoch (shard tails, a first batch's records,
 ranges) on the one thread that also receives every byte. So an object's GET URL
 is presigned once (SigV4 query authentication: the range header is not signed,
