@@ -268,7 +268,7 @@ def manifest_path(path: str | os.PathLike[str]) -> Path:
     return p if p.name == MANIFEST_NAME and not p.is_dir() else p / MANIFEST_NAME
 
 
-def read_manifest(path: str | os.PathLike[str]) -> Manifest:
+def load_manifest(path: str | os.PathLike[str]) -> Manifest:
     """Read and validate the manifest of the dataset at ``path``.
 
     Raises:

@@ -35,7 +35,7 @@ from shardio.format.manifest import (
     ShardInfo,
     SkippedFile,
     fsync_dir,
-    read_manifest,
+    load_manifest,
     write_manifest,
 )
 from shardio.format.record import KEY_FIELD
@@ -115,7 +115,7 @@ def merge(
 def _merge(paths: Sequence[Path], dest: Path, *, prefix_keys: bool, link: bool,
            start: float) -> MergeSummary:
     """``merge`` into ``dest``, whose write lock is held."""
-    manifests = [read_manifest(p) for p in paths]
+    manifests = [load_manifest(p) for p in paths]
     _refuse_mismatch(paths, manifests)
     names = [p.resolve().name for p in paths]
     if prefix_keys and len(set(names)) < len(names):

@@ -42,7 +42,7 @@ from shardio.format.manifest import (
     MANIFEST_NAME,
     Manifest,
     fsync_dir,
-    read_manifest,
+    load_manifest,
     write_manifest,
 )
 from shardio.packing.journal import dataset_entries
@@ -131,7 +131,7 @@ class AppendJob:
         """
         staged = self.target.staged
         assert staged is not None, "publish before the staged pack finished"
-        if read_manifest(self.out) != self.base:  # the write lock keeps shardio's writers out
+        if load_manifest(self.out) != self.base:  # the write lock keeps shardio's writers out
             raise PackError(
                 f"{self.out}: {MANIFEST_NAME} changed while this append ran, by a writer that "
                 "does not take the dataset's write lock (an older shardio, a ShardWriter, a "
@@ -195,7 +195,7 @@ def pack_choices(target: PackTarget, *, append: bool, imagefolder: bool | None,
     out = dataset_folder(target) if append else None
     if out is None or not (out / MANIFEST_NAME).exists():
         return imagefolder, class_folders, bool(check_images), bool(skip_bad)
-    base = read_manifest(out)
+    base = load_manifest(out)
     if imagefolder is None and not class_folders:  # SRC read as the dataset's was
         imagefolder, class_folders = base.layout == IMAGEFOLDER, base.layout == CLASS_FOLDERS
     recorded = base.options
@@ -251,7 +251,7 @@ def prepare_append(
                 path=out)
         return None
     manifest_bytes = (out / MANIFEST_NAME).read_bytes()
-    base = read_manifest(out)
+    base = load_manifest(out)
     options = _write_options(out, base, options)
     classes, relabel = _joint_classes(out, base, source)
     samples, existing = _new_samples(out, base, source, skip_existing=skip_existing)
@@ -290,7 +290,7 @@ def appended_options(out: str | os.PathLike[str],
     """
     if is_url(out) or not (Path(out) / MANIFEST_NAME).is_file():
         return None
-    return dataclasses.replace(_dataset_options(read_manifest(out)), **given)
+    return dataclasses.replace(_dataset_options(load_manifest(out)), **given)
 
 
 def _dataset_options(base: Manifest) -> WriteOptions:

@@ -1,7 +1,7 @@
 """Where a dataset lives: a local folder, or a URL read through ``shardio.storage``.
 
 ``read_manifest`` is the one entry every reader goes through: a local path is
-read exactly as before (``shardio.format.manifest.read_manifest``); a ``scheme://``
+read exactly as before (``shardio.format.manifest.load_manifest``); a ``scheme://``
 URL (``s3://``, ``gs://``, ``az://``, ``http(s)://``, any fsspec protocol) is
 read with one GET of ``manifest.json`` through a ``Store``. What is not
 supported for URLs yet (a pack's SRC, unpack's DEST) keeps the refusal of
@@ -24,8 +24,13 @@ from pathlib import Path
 from typing import Final
 
 from shardio.errors import ManifestError, ManifestNotFoundError, StorageError
-from shardio.format.manifest import IMG_EXTENSIONS, JOURNAL_NAME, MANIFEST_NAME, Manifest
-from shardio.format.manifest import read_manifest as read_manifest_file
+from shardio.format.manifest import (
+    IMG_EXTENSIONS,
+    JOURNAL_NAME,
+    MANIFEST_NAME,
+    Manifest,
+    load_manifest,
+)
 from shardio.storage.options import RemoteOptions
 from shardio.storage.store import Store
 from shardio.storage.url import is_remote, open_store
@@ -127,7 +132,7 @@ def read_manifest(
 
 
 def read_local_manifest(path: str | os.PathLike[str]) -> Manifest:
-    """``shardio.format.manifest.read_manifest``, with a path that is no dataset told apart.
+    """``shardio.format.manifest.load_manifest``, with a path that is no dataset told apart.
 
     Raises:
         ManifestNotFoundError: ``path`` has no manifest.json (``not_a_dataset`` says why).
@@ -135,7 +140,7 @@ def read_local_manifest(path: str | os.PathLike[str]) -> Manifest:
         UnsupportedVersionError: it was written by an unknown format version.
     """
     try:
-        return read_manifest_file(path)
+        return load_manifest(path)
     except (ManifestNotFoundError, NotADirectoryError) as exc:  # a shard file given: the latter
         raise not_a_dataset(path) from exc
 

@@ -35,7 +35,7 @@ from shardio.backends.lmdbcheck import (
     check_lmdb_file,
 )
 from shardio.errors import ShardCorruptError, ShardioError
-from shardio.format.manifest import file_checksum, read_manifest, write_manifest
+from shardio.format.manifest import file_checksum, load_manifest, write_manifest
 from shardio.ops.verify import verify
 from shardio.packing.writer import ShardWriter, WriteOptions
 from shardio.reading.reader import DatasetReader
@@ -66,7 +66,7 @@ def clean(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def shard_of(dataset: Path) -> Path:
-    shards = read_manifest(dataset).shards
+    shards = load_manifest(dataset).shards
     assert len(shards) == 1
     return dataset / shards[0].name
 
@@ -147,7 +147,7 @@ def damaged_copy(clean: Path, dest: Path, damage: str, *, agree: bool = True) ->
     DAMAGE[damage](data)
     shard.write_bytes(bytes(data))
     if agree:
-        manifest = read_manifest(dest)
+        manifest = load_manifest(dest)
         info = dataclasses.replace(manifest.shards[0], checksum=file_checksum(shard))
         write_manifest(dest, dataclasses.replace(manifest, shards=(info,)))
     return dest

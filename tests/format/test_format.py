@@ -53,7 +53,7 @@ from shardio.format.frames import (
     unframe,
     unpack_footer,
 )
-from shardio.format.manifest import Manifest, ShardInfo, SkippedFile, read_manifest, write_manifest
+from shardio.format.manifest import Manifest, ShardInfo, SkippedFile, load_manifest, write_manifest
 from shardio.format.record import decode_frames, decode_record, encode_record, encode_sample
 from shardio.synth import make_photo
 
@@ -325,8 +325,8 @@ def test_manifest_json_round_trip(tmp_path: Path) -> None:
     manifest = make_manifest()
     assert Manifest.from_json(json.loads(json.dumps(manifest.to_json()))) == manifest
     write_manifest(tmp_path, manifest)
-    assert read_manifest(tmp_path) == manifest
-    assert read_manifest(tmp_path / "manifest.json") == manifest
+    assert load_manifest(tmp_path) == manifest
+    assert load_manifest(tmp_path / "manifest.json") == manifest
     on_disk = json.loads((tmp_path / "manifest.json").read_text(encoding="utf-8"))
     assert (on_disk["format"], on_disk["version"]) == ("shardio", 3)
     assert list(on_disk)[:2] == ["format", "version"]
@@ -336,7 +336,7 @@ def test_manifest_json_round_trip(tmp_path: Path) -> None:
 def test_unlabelled_manifest_round_trip(tmp_path: Path) -> None:
     manifest = replace(make_manifest(), classes=None, class_to_idx=None, skipped=())
     write_manifest(tmp_path, manifest)
-    got = read_manifest(tmp_path)
+    got = load_manifest(tmp_path)
     assert got == manifest
     assert not got.is_labelled
     assert got.shard_sizes == (3, 2)
@@ -356,7 +356,7 @@ def test_manifest_consistency_check(tmp_path: Path, change: dict[str, Any], word
     data = {**make_manifest().to_json(), **change}
     (tmp_path / "manifest.json").write_text(json.dumps(data), encoding="utf-8")
     with pytest.raises(ManifestError, match=re.escape(words)) as info:
-        read_manifest(tmp_path)
+        load_manifest(tmp_path)
     assert str(tmp_path / "manifest.json") in str(info.value)
 
 
@@ -378,7 +378,7 @@ def test_manifest_consistency_check(tmp_path: Path, change: dict[str, Any], word
 def test_manifest_errors(tmp_path: Path, text: str, error: type[Exception], words: str) -> None:
     (tmp_path / "manifest.json").write_text(text, encoding="utf-8")
     with pytest.raises(error, match=re.escape(words)) as info:
-        read_manifest(tmp_path)
+        load_manifest(tmp_path)
     assert str(tmp_path / "manifest.json") in str(info.value)
 
 
@@ -388,20 +388,20 @@ def test_members_a_later_writer_adds_are_ignored_missing_ones_are_not(tmp_path: 
     data["shards"] = [{**s, "added_later": [1, 2]} for s in data["shards"]]
     data["skipped"] = [{**s, "added_later": True} for s in data["skipped"]]
     (tmp_path / "manifest.json").write_text(json.dumps(data), encoding="utf-8")
-    assert read_manifest(tmp_path) == make_manifest()
+    assert load_manifest(tmp_path) == make_manifest()
     data["shards"] = [{k: v for k, v in s.items() if k != "first_index"} for s in data["shards"]]
     (tmp_path / "manifest.json").write_text(json.dumps(data), encoding="utf-8")
     with pytest.raises(ManifestError, match=r"malformed manifest.*first_index"):
-        read_manifest(tmp_path)
+        load_manifest(tmp_path)
     data["shards"] = ["shard-00000.rec"]
     (tmp_path / "manifest.json").write_text(json.dumps(data), encoding="utf-8")
     with pytest.raises(ManifestError, match="malformed manifest"):
-        read_manifest(tmp_path)
+        load_manifest(tmp_path)
 
 
 def test_missing_manifest(tmp_path: Path) -> None:
     with pytest.raises(ManifestNotFoundError, match=r"no manifest\.json") as info:
-        read_manifest(tmp_path)
+        load_manifest(tmp_path)
     assert isinstance(info.value, FileNotFoundError)
 
 

@@ -17,7 +17,7 @@ from click.testing import CliRunner
 import shardio
 from shardio.cli import main
 from shardio.errors import OutputExistsError, PackError
-from shardio.format.manifest import read_manifest
+from shardio.format.manifest import load_manifest
 from shardio.packing.writer import WriteOptions
 from shardio.synth import make_photo, make_tiny_tree
 
@@ -54,9 +54,9 @@ def test_merge_links_shards_and_streams_every_sample_once(
     a, b, files = two_packs
     summary = shardio.merge([a, b], tmp_path / "all")
     out = tmp_path / "all"
-    manifest = read_manifest(out)
-    inputs = [a / s.name for s in read_manifest(a).shards] + [
-        b / s.name for s in read_manifest(b).shards]
+    manifest = load_manifest(out)
+    inputs = [a / s.name for s in load_manifest(a).shards] + [
+        b / s.name for s in load_manifest(b).shards]
     assert (summary.samples, summary.shards, summary.linked) == (16, len(inputs), len(inputs))
     assert [s.name for s in manifest.shards] == [
         f"shard-{n:05d}{'.rec' if backend == 'records' else '.mdb'}" for n in range(len(inputs))]
@@ -87,7 +87,7 @@ def test_key_collisions_are_refused_and_prefix_keys_rewrites_the_keys(
         shardio.merge([a, b], tmp_path / "all")
     assert not (tmp_path / "all").exists()
     summary = shardio.merge([a, b], tmp_path / "all", prefix_keys=True)
-    assert summary.rewritten == summary.shards == 2 * len(read_manifest(a).shards)
+    assert summary.rewritten == summary.shards == 2 * len(load_manifest(a).shards)
     report = shardio.verify(tmp_path / "all")
     assert report.ok and report.num_records == 60, report.faults
     with shardio.open_dataset(a) as reader:
@@ -100,7 +100,7 @@ def test_key_collisions_are_refused_and_prefix_keys_rewrites_the_keys(
         prefix, _, old = key.partition("/")
         first = original[old]["__index__"] + (0 if prefix == "a" else 30)
         assert sample == {**original[old], "__index__": first}  # every field's bytes kept
-    assert read_manifest(tmp_path / "all").options["merge"]["prefix_keys"] is True
+    assert load_manifest(tmp_path / "all").options["merge"]["prefix_keys"] is True
 
 
 def test_prefixed_jpeg_records_keep_their_stored_bytes(two_packs: tuple, tmp_path: Path) -> None:
@@ -119,7 +119,7 @@ def test_prefixed_jpeg_records_keep_their_stored_bytes(two_packs: tuple, tmp_pat
 def test_merge_copies_when_it_cannot_link(two_packs: tuple, tmp_path: Path,
                                           monkeypatch: pytest.MonkeyPatch) -> None:
     a, b, _ = two_packs
-    shards = len(read_manifest(a).shards) + len(read_manifest(b).shards)
+    shards = len(load_manifest(a).shards) + len(load_manifest(b).shards)
     copied = shardio.merge([a, b], tmp_path / "copied", link=False)
     assert (copied.copied, copied.linked) == (shards, 0)
 
@@ -130,7 +130,7 @@ def test_merge_copies_when_it_cannot_link(two_packs: tuple, tmp_path: Path,
     fallback = shardio.merge([a, b], tmp_path / "fallback")
     assert (fallback.copied, fallback.linked) == (shards, 0)
     for out in (tmp_path / "copied", tmp_path / "fallback"):
-        assert all(os.stat(out / s.name).st_nlink == 1 for s in read_manifest(out).shards)
+        assert all(os.stat(out / s.name).st_nlink == 1 for s in load_manifest(out).shards)
         assert not any(n.startswith(".") for n in os.listdir(out))
         assert shardio.verify(out).ok
 

@@ -20,7 +20,7 @@ from click.testing import CliRunner
 import shardio
 from shardio.cli import main
 from shardio.errors import BadInputError, PackError, StorageError
-from shardio.format.manifest import MANIFEST_NAME, read_manifest
+from shardio.format.manifest import MANIFEST_NAME, load_manifest
 from shardio.packing.append import STAGING_NAME
 from shardio.packing.journal import LOCK_NAME
 from shardio.packing.writer import WriteOptions
@@ -67,7 +67,7 @@ def test_append_adds_shards_and_classes_and_streams_every_sample_once(grown: tup
     summary = shardio.pack(src, out, append=True, num_workers=1,
                            options=WriteOptions(max_shard_samples=3))
     assert (summary.samples, summary.existing_samples, summary.shards) == (7, 16, 3)
-    manifest = read_manifest(out)
+    manifest = load_manifest(out)
     assert [s.name for s in manifest.shards] == [f"shard-{n:05d}.rec" for n in range(7)]
     assert manifest.classes == ("class_00", "class_01", "class_02")
     assert manifest.class_to_idx == {"class_00": 0, "class_01": 1, "class_02": 2}
@@ -124,7 +124,7 @@ def test_append_killed_midway_leaves_the_old_dataset_and_a_retry_succeeds(
     with shardio.open_dataset(out) as reader:
         assert sorted(reader.keys()) == sorted(old)
         assert reader.get(0)["image"] == old[reader.get(0)["__key__"]]
-    leftovers = set(os.listdir(out)) - {MANIFEST_NAME, *(s.name for s in read_manifest(out).shards)}
+    leftovers = set(os.listdir(out)) - {MANIFEST_NAME, *(s.name for s in load_manifest(out).shards)}
     assert LOCK_NAME in leftovers  # unlocked: a killed writer's flock died with it
     if where == "shard":  # the staging folder holds the first new shard and the journal
         assert leftovers == {STAGING_NAME, LOCK_NAME}
@@ -144,7 +144,7 @@ def test_append_killed_midway_leaves_the_old_dataset_and_a_retry_succeeds(
                              options=WriteOptions(max_shard_samples=3))
         assert retry.samples == 4 and retry.resumed_samples == 0
         expected = {**old, **{k: v for k, v in new.items() if k.startswith("class_02")}}
-    manifest = read_manifest(out)
+    manifest = load_manifest(out)
     assert sorted(os.listdir(out)) == sorted([MANIFEST_NAME, *(s.name for s in manifest.shards)])
     report = shardio.verify(out)
     assert report.ok and report.num_records == len(expected), report.faults
@@ -202,7 +202,7 @@ def test_backend_and_codec_must_match(tmp_path: Path) -> None:
     with pytest.raises(PackError, match=r"backend 'lmdb'.*--backend lmdb"):
         shardio.pack(tmp_path / "b", out, append=True, options=WriteOptions())
     summary = shardio.pack(tmp_path / "b", out, append=True, num_workers=1)  # the dataset's
-    assert summary.samples == 4 and read_manifest(out).shards[-1].name == "shard-00001.mdb"
+    assert summary.samples == 4 and load_manifest(out).shards[-1].name == "shard-00001.mdb"
     assert shardio.verify(out).ok
     with shardio.open_dataset(out) as reader:
         assert len(reader) == 9 and reader.get(0)["image"] == files[reader.get(0)["__key__"]]
@@ -210,7 +210,7 @@ def test_backend_and_codec_must_match(tmp_path: Path) -> None:
     result = CliRunner().invoke(main, ["pack", str(tmp_path / "c"), str(out), "--append",
                                        "--max-shard-samples", "2", "--num-workers", "1"])
     assert result.exit_code == 0, result.output  # backend and codec: the dataset's
-    assert [(s.name, s.num_samples) for s in read_manifest(out).shards[-3:]] == [
+    assert [(s.name, s.num_samples) for s in load_manifest(out).shards[-3:]] == [
         ("shard-00002.mdb", 2), ("shard-00003.mdb", 2), ("shard-00004.mdb", 1)]
     with pytest.raises(StorageError, match="appending to a dataset at a URL is not supported"):
         shardio.pack(tmp_path / "b", "memory://bucket/ds", append=True)

@@ -21,7 +21,7 @@ import shardio
 from shardio.cli import main
 from shardio.errors import BadInputError, PackError
 from shardio.format.codecs import get_codec
-from shardio.format.manifest import CLASS_FOLDERS, read_manifest
+from shardio.format.manifest import CLASS_FOLDERS, load_manifest
 from shardio.format.record import encode_record
 from shardio.packing.sources.files import scan_source
 
@@ -68,7 +68,7 @@ def _label_of(key: str) -> int:
 
 
 def test_the_manifest_names_the_classes_and_the_fields(packed: Path) -> None:
-    manifest = read_manifest(packed)
+    manifest = load_manifest(packed)
     assert manifest.classes == CLASSES and manifest.class_to_idx == {"cat": 0, "dog": 1,
                                                                      "zebra": 2}
     assert manifest.layout == CLASS_FOLDERS and not manifest.is_imagefolder
@@ -175,7 +175,7 @@ def test_append_reads_src_as_class_folders_and_adds_a_class(tmp_path: Path) -> N
     shardio.pack(src, out, class_folders=True, progress=False)
     summary = shardio.pack(more, out, append=True, progress=False)  # the dataset's layout
     assert summary.class_folders and summary.samples == 6
-    manifest = read_manifest(out)
+    manifest = load_manifest(out)
     assert manifest.classes == ("a", "b", "c") and manifest.layout == CLASS_FOLDERS
     labels = {s["__key__"]: s["label"] for s in shardio.IndexedDataset(out)}
     assert labels and all(("a", "b", "c").index(k.split("/")[0]) == v for k, v in labels.items())
@@ -216,7 +216,7 @@ def test_verify_passes_a_class_folder_pack_and_names_a_label_not_its_folder(
     # copy with the wrong label, keeping every checksum valid, as a writer bug would
     # (the public ShardWriter writes ImageFolder records only when given classes)
     out = tmp_path / "wrong"
-    manifest = read_manifest(packed)
+    manifest = load_manifest(packed)
     codec = get_codec("zstd")
     # format v2: frames written as given (a v3 writer takes samples)
     with shardio.ShardWriter(out, shardio.WriteOptions(version=2),
@@ -246,7 +246,7 @@ def test_merged_class_folder_packs_verify_and_unpack_without_losing_labels(
     summary = shardio.merge([one / "one", two / "two"], tmp_path / "merged",
                             prefix_keys=True)
     assert summary.samples == 12
-    merged = read_manifest(tmp_path / "merged")
+    merged = load_manifest(tmp_path / "merged")
     assert merged.classes == CLASSES and "class_folders" not in merged.options
     assert shardio.verify(tmp_path / "merged").ok
     shardio.unpack(tmp_path / "merged", tmp_path / "back")

@@ -20,7 +20,7 @@ import pytest
 
 import shardio
 from shardio.errors import DatasetLockedError
-from shardio.format.manifest import read_manifest
+from shardio.format.manifest import load_manifest
 from shardio.packing import journal
 from shardio.reading.reader import DatasetReader
 from shardio.synth import make_photo
@@ -66,10 +66,10 @@ def test_two_appends_at_once_keep_every_sample_once(tmp_path: Path, trial: int) 
     assert [rc for rc, _, _ in results] == [0, 0], results
     expected = collections.Counter({**files, **news[0], **news[1]}.items())
     assert stored(out) == expected
-    assert read_manifest(out).num_samples == 640
+    assert load_manifest(out).num_samples == 640
     assert run_cli("verify", out).returncode == 0
     assert sorted(os.listdir(out)) == sorted(["manifest.json",
-                                              *(s.name for s in read_manifest(out).shards)])
+                                              *(s.name for s in load_manifest(out).shards)])
 
 
 HOLD = textwrap.dedent("""
@@ -152,13 +152,13 @@ def test_append_keeps_the_datasets_check_images_and_skip_bad(
     out = tmp_path / "ds"
     first = run_cli("pack", src, out, "--check-images", "--skip-bad", "--num-workers", "1")
     assert first.returncode == 0, first.stderr
-    skipped_before = read_manifest(out).skipped
+    skipped_before = load_manifest(out).skipped
     assert {s.path for s in skipped_before} == {"cat/broken.jpg", "cat/empty.jpg"}
     for n in range(4, 6):  # two new images in the same folder, appended by re-running on it
         (src / "cat" / f"ok{n}.jpg").write_bytes(make_photo(rng, 16, 12))
     again = run_cli("pack", src, out, "--append", "--skip-existing", "--num-workers", "1", *flags)
     assert again.returncode == 0, again.stderr
-    manifest = read_manifest(out)
+    manifest = load_manifest(out)
     with DatasetReader(out) as reader:
         keys = sorted(reader.keys())
     assert keys == [f"cat/ok{n}.jpg" for n in range(6)]  # broken.jpg is not let in
@@ -177,10 +177,10 @@ def test_append_never_packs_a_file_the_dataset_skipped_unless_asked(tmp_path: Pa
     summary = shardio.pack(src, out, append=True, skip_existing=True, num_workers=1)
     assert summary.samples == 0 and [p for p, _ in summary.skipped] == ["a/f0009.bin"]
     assert stored(out) == collections.Counter(files.items())
-    assert [s.path for s in read_manifest(out).skipped] == ["a/f0009.bin"]
+    assert [s.path for s in load_manifest(out).skipped] == ["a/f0009.bin"]
     summary = shardio.pack(src, out, append=True, skip_existing=True, num_workers=1,
                            retry_skipped=True)
     assert summary.samples == 1 and summary.skipped == ()
     assert stored(out) == collections.Counter({**files, "a/f0009": b"fixed"}.items())
-    assert read_manifest(out).skipped == ()  # packed now: no longer listed as skipped
+    assert load_manifest(out).skipped == ()  # packed now: no longer listed as skipped
     assert shardio.verify(out).ok

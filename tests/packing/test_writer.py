@@ -23,7 +23,7 @@ from shardio.backends import SHARD_SUFFIX
 from shardio.errors import OutputExistsError, PackError, RecordEncodeError
 from shardio.format.blockfile import record_bytes
 from shardio.format.codecs import get_codec
-from shardio.format.manifest import read_manifest
+from shardio.format.manifest import load_manifest
 from shardio.format.record import encode_record
 from shardio.ops.verify import verify
 from shardio.packing.writer import JOURNAL_NAME, ShardWriter, WriteOptions
@@ -83,7 +83,7 @@ def test_rolls_at_max_shard_samples(tmp_path: Path, backend: str, codec: str) ->
         writer.write(sample)
     assert writer.num_samples == 25
     manifest = writer.close()
-    assert read_manifest(tmp_path) == manifest
+    assert load_manifest(tmp_path) == manifest
     suffix = SHARD_SUFFIX[backend]
     assert manifest.shard_sizes == (10, 10, 5)
     assert [s.first_index for s in manifest.shards] == [0, 10, 20]
@@ -113,7 +113,7 @@ def test_rolls_at_max_shard_bytes(
     options = WriteOptions(backend=backend, codec=codec, max_shard_bytes=max_shard_bytes,
                            version=2)  # frames: v3 shards are bounded in test_v3_shards_...
     write_all(tmp_path, options)
-    manifest = read_manifest(tmp_path)
+    manifest = load_manifest(tmp_path)
     assert sum(manifest.shard_sizes) == len(SAMPLES)
     assert len(manifest.shards) > 2
     with open_dataset(tmp_path) as reader:
@@ -132,7 +132,7 @@ def test_v3_shards_roll_at_max_shard_bytes(tmp_path: Path, backend: str, codec: 
     max_shard_bytes = int(records_per_shard * sum(sizes) / len(sizes))
     write_all(tmp_path, WriteOptions(backend=backend, codec=codec,
                                      max_shard_bytes=max_shard_bytes))
-    manifest = read_manifest(tmp_path)
+    manifest = load_manifest(tmp_path)
     assert manifest.version == 3 and len(manifest.shards) > 2
     assert sum(manifest.shard_sizes) == len(SAMPLES)
     for shard in manifest.shards:  # the values counted: header, index and keys come on top
@@ -147,7 +147,7 @@ def test_a_record_over_the_limit_gets_a_shard_of_its_own(tmp_path: Path, backend
     big = {"__key__": "big", "bin": os.urandom(5000)}
     samples = [SAMPLES[0], big, SAMPLES[1]]
     write_all(tmp_path, WriteOptions(backend=backend, max_shard_bytes=2000), samples)
-    assert read_manifest(tmp_path).shard_sizes == (1, 1, 1)
+    assert load_manifest(tmp_path).shard_sizes == (1, 1, 1)
     with open_dataset(tmp_path) as reader:
         assert reader[1]["bin"] == big["bin"]
 
@@ -160,7 +160,7 @@ def labelled(i: int) -> dict[str, Any]:
 def test_labelled_dataset_records_classes_and_reads_back(tmp_path: Path) -> None:
     samples = [labelled(i) for i in range(6)]
     write_all(tmp_path, WriteOptions(), samples, classes=["dir_0", "dir_1", "dir_2"])
-    manifest = read_manifest(tmp_path)
+    manifest = load_manifest(tmp_path)
     assert manifest.classes == ("dir_0", "dir_1", "dir_2")
     assert manifest.class_to_idx == {"dir_0": 0, "dir_1": 1, "dir_2": 2}
     assert set(manifest.fields) == {"image", "label"}
@@ -231,13 +231,13 @@ def test_docstring_example_runs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch)
     monkeypatch.chdir(tmp_path)
     for block in blocks:
         exec(textwrap.dedent(block), {})  # our own docstring, run as a user would
-    assert read_manifest(tmp_path / "out").num_samples == 1
-    assert read_manifest(tmp_path / "labelled").classes == ("cat", "dog")
+    assert load_manifest(tmp_path / "out").num_samples == 1
+    assert load_manifest(tmp_path / "labelled").classes == ("cat", "dog")
 
 
 def test_empty_dataset(tmp_path: Path, backend: str) -> None:
     write_all(tmp_path, WriteOptions(backend=backend), [])
-    manifest = read_manifest(tmp_path)
+    manifest = load_manifest(tmp_path)
     assert (manifest.num_samples, manifest.shards, manifest.num_bytes) == (0, (), 0)
     with open_dataset(tmp_path) as reader:
         assert list(reader) == []
@@ -296,7 +296,7 @@ def test_non_empty_output_needs_overwrite(tmp_path: Path, existing: str) -> None
 def test_overwrite_replaces_a_dataset(tmp_path: Path, backend: str) -> None:
     write_all(tmp_path, WriteOptions(backend=backend, max_shard_samples=10), SAMPLES[:25])
     write_all(tmp_path, WriteOptions(backend=backend), SAMPLES[30:35], overwrite=True)
-    manifest = read_manifest(tmp_path)
+    manifest = load_manifest(tmp_path)
     assert manifest.shard_sizes == (5,)
     assert sorted(os.listdir(tmp_path)) == ["manifest.json", manifest.shards[0].name]
     with open_dataset(tmp_path) as reader:
@@ -412,4 +412,4 @@ def test_resume_into_an_empty_folder_starts_fresh(tmp_path: Path) -> None:
     assert writer.num_resumed == 0
     with writer:
         writer.write(SAMPLES[0])
-    assert read_manifest(tmp_path / "new").num_samples == 1
+    assert load_manifest(tmp_path / "new").num_samples == 1

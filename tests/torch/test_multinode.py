@@ -30,7 +30,7 @@ from benchmarks import storage_proxy
 from benchmarks.storage_proxy import FaultProxy
 from shardio import StreamingDataset
 from shardio.backends import open_shard
-from shardio.format.manifest import read_manifest
+from shardio.format.manifest import load_manifest
 from shardio.packing.pack import pack
 from shardio.packing.writer import WriteOptions
 from shardio.storage import open_store
@@ -208,7 +208,7 @@ def ranged_dataset(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def record_starts(dataset: Path) -> dict[int, tuple[str, int]]:
     """Sample index -> (shard name, byte offset of its record)."""
-    manifest = read_manifest(dataset)
+    manifest = load_manifest(dataset)
     starts = {}
     for shard in manifest.shards:
         reader = open_shard(manifest.backend, dataset / shard.name)
