@@ -328,7 +328,9 @@ def import_block() -> str:
                  f"{machine.get('cores', '?')} cores, load average {data['load_avg_1m']:.1f} "
                  f"at the end, {data['date']} (`python -m benchmarks.bench_import`, "
                  "`benchmarks/results/import.json`). "
-                 + (f"LitData: {lit['version']}, in its own venv." if "version" in lit else
+                 + (f"LitData: {lit['version']}, in its own venv, median of the first "
+                    f"{max(len(r['all_seconds']) for r in rows if r.get('system') == 'litdata')}"
+                    " rounds." if "version" in lit else
                     f"LitData not measured: {lit.get('missing', 'not run')}."))
     shardio_rows = [row for row in rows if row.get("system", "shardio") == "shardio"]
     missed = [row for row in shardio_rows
