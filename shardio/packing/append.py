@@ -46,7 +46,7 @@ from shardio.format.manifest import (
     write_manifest,
 )
 from shardio.packing.journal import dataset_entries
-from shardio.packing.sources.files import Bad, Source, SourceSample, display_path
+from shardio.packing.sources.files import Bad, PackSource, SourceSample, display_path
 from shardio.packing.target import LocalTarget, PackTarget
 from shardio.packing.writer import DEFAULT_MAX_SHARD_BYTES, WriteOptions
 from shardio.reading.reader import DatasetReader
@@ -111,7 +111,7 @@ class AppendJob:
     out: Path
     base: Manifest
     """The dataset as it was before this append."""
-    source: Source
+    source: PackSource
     """The samples to pack: keys not in the dataset yet, labels indexing the joint classes."""
     options: WriteOptions
     target: AppendTarget
@@ -226,7 +226,7 @@ def settle_interrupted_append(target: PackTarget, *, overwrite: bool, resume: bo
 
 
 def prepare_append(
-    target: PackTarget, source: Source, options: WriteOptions | None, *, skip_existing: bool,
+    target: PackTarget, source: PackSource, options: WriteOptions | None, *, skip_existing: bool,
     retry_skipped: bool = False,
 ) -> AppendJob | None:
     """Check that ``source`` may be appended to the dataset of ``target``; None if there is none.
@@ -318,7 +318,7 @@ def _write_options(out: Path, base: Manifest, options: WriteOptions | None) -> W
     return options
 
 
-def _joint_classes(out: Path, base: Manifest, source: Source
+def _joint_classes(out: Path, base: Manifest, source: PackSource
                    ) -> tuple[tuple[str, ...] | None, list[int] | None]:
     """The classes after the append, and each SRC class index's index among them."""
     layout = (IMAGEFOLDER if source.is_imagefolder else CLASS_FOLDERS if source.class_folders
@@ -351,7 +351,7 @@ def _joint_classes(out: Path, base: Manifest, source: Source
     return joint, [joint.index(c) for c in source.classes]
 
 
-def _new_samples(out: Path, base: Manifest, source: Source, *,
+def _new_samples(out: Path, base: Manifest, source: PackSource, *,
                  skip_existing: bool) -> tuple[list[SourceSample], int]:
     """SRC's samples whose keys the dataset does not hold yet (from its key blocks only)."""
     with DatasetReader(out) as reader:

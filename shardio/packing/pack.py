@@ -51,7 +51,7 @@ from shardio.packing.progress import journal_state, pack_manifest, resumable_sha
 from shardio.packing.sources.files import (
     IMAGEFOLDER_RULES,
     Bad,
-    Source,
+    PackSource,
     dataset_source,
     display_path,
 )
@@ -116,13 +116,13 @@ def _gc_paused() -> Iterator[None]:
             gc.enable()
 
 
-def _refuse_bad(source: Source, check_images: bool) -> None:
+def _refuse_bad(source: PackSource, check_images: bool) -> None:
     """Refuse the bad inputs the walk found, with every image a build would refuse."""
     if source.bad:
         raise _bad_inputs(source, check_images)
 
 
-def _bad_inputs(source: Source, check_images: bool, failed: Bad | None = None) -> BadInputError:
+def _bad_inputs(source: PackSource, check_images: bool, failed: Bad | None = None) -> BadInputError:
     """Every bad input of ``source`` at once: the walk's, and the images a build would refuse,
     read now (``failed``: the file a build stopped at), so that a source fixed once packs.
 
@@ -153,7 +153,7 @@ def _bad_inputs(source: Source, check_images: bool, failed: Bad | None = None) -
     )
 
 
-def _image_problems(source: Source, decode: bool) -> list[Bad]:
+def _image_problems(source: PackSource, decode: bool) -> list[Bad]:
     """The image files of ``source``'s samples that a shard build would refuse, read in
     threads (reads release the GIL); named relative to SRC, as the walk names its files."""
     paths = [path for sample in source.samples
@@ -165,7 +165,7 @@ def _image_problems(source: Source, decode: bool) -> list[Bad]:
             if reason is not None]
 
 
-def _relative(source: Source, path: str) -> str:
+def _relative(source: PackSource, path: str) -> str:
     """``path`` (a sample's file) relative to SRC, as the walk names bad files."""
     if is_locator(path):  # a member of a container: named as the source scan named it
         return locator_name(path)
@@ -460,7 +460,7 @@ def _refuse_nested(src: Path, out: Path) -> None:
 
 
 def _pack_or_append(
-    source: Source, target: PackTarget, options: WriteOptions | None,
+    source: PackSource, target: PackTarget, options: WriteOptions | None,
     pack_options: dict[str, Any], *, append: bool, skip_existing: bool, overwrite: bool,
     resume: bool, skip_bad: bool, start: float, retry_skipped: bool = False, **run: Any,
 ) -> PackSummary:
@@ -493,7 +493,7 @@ def _pack_or_append(
 
 
 def _pack_source(
-    source: Source, target: PackTarget, options: WriteOptions,
+    source: PackSource, target: PackTarget, options: WriteOptions,
     pack_options: dict[str, Any], *, seed: int, shuffle: bool, engine: PackEngine,
     skip_bad: bool, overwrite: bool, resume: bool, progress: bool | None, start: float,
 ) -> PackSummary:

@@ -18,7 +18,7 @@ from shardio.backends import shard_name
 from shardio.errors import EmptySourceError, PackError
 from shardio.format.manifest import JOURNAL_NAME, Manifest, ShardInfo, SkippedFile
 from shardio.packing.build import ShardJob, ShardResult
-from shardio.packing.sources.files import Bad, Source
+from shardio.packing.sources.files import Bad, PackSource
 from shardio.packing.target import PackTarget
 from shardio.packing.writer import WriteOptions
 from shardio.version import __version__
@@ -53,7 +53,7 @@ def resumable_shards(job: ShardJob, identity: Mapping[str, Any],
 
 
 def pack_manifest(
-    job: ShardJob, source: Source, options: WriteOptions, done: Mapping[int, ShardResult], *,
+    job: ShardJob, source: PackSource, options: WriteOptions, done: Mapping[int, ShardResult], *,
     input_bytes: int, pack_options: Mapping[str, Any], seed: int, shuffle: bool,
 ) -> Manifest:
     """The manifest of the finished shards: first indices and fields follow shard order.

@@ -27,7 +27,7 @@ from typing import Final, Protocol
 from shardio.errors import MissingDependencyError
 from shardio.packing.build import ShardJob, ShardOutcome
 from shardio.packing.pool import Progress
-from shardio.packing.sources.files import Source
+from shardio.packing.sources.files import PackSource
 from shardio.packing.target import PackTarget
 
 ENGINES: Final = ("local", "dask")
@@ -41,7 +41,7 @@ class PackEngine(Protocol):
     def scan(
         self, src: str | os.PathLike[str], *, imagefolder: bool | None, include: Sequence[str],
         exclude: Sequence[str], follow_symlinks: bool, class_folders: bool = False,
-    ) -> Source:
+    ) -> PackSource:
         """``shardio.packing.sources.files.scan_source`` of ``src``, its walk run by this engine."""
         ...
 

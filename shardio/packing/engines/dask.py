@@ -46,7 +46,7 @@ from shardio.packing.build import ShardJob, ShardOutcome
 from shardio.packing.engines.dasktasks import PROGRESS_TOPIC, build_task, walk_task_paused
 from shardio.packing.pool import Progress, default_workers
 from shardio.packing.scan import ScanPart, WalkSpec
-from shardio.packing.sources.files import Source, scan_source
+from shardio.packing.sources.files import PackSource, scan_source
 from shardio.packing.stems import pack_samples
 from shardio.packing.target import PackTarget
 from shardio.packing.walk import Folder
@@ -222,7 +222,7 @@ class DaskEngine:
     def scan(
         self, src: str | os.PathLike[str], *, imagefolder: bool | None, include: Sequence[str],
         exclude: Sequence[str], follow_symlinks: bool, class_folders: bool = False,
-    ) -> Source:
+    ) -> PackSource:
         """``scan_source`` with the walk in cluster tasks, at SRC's absolute path."""
         pool = DaskWalkPool(self.client, MAX_ENTRIES)
         self.src = os.path.abspath(src)

@@ -27,7 +27,7 @@ from typing import Final, Literal
 from shardio.packing.build import ShardJob, ShardOutcome, ShardResult
 from shardio.packing.pool import Progress, build_shards, default_workers
 from shardio.packing.scan import MAX_ENTRIES, ScanPart, WalkSpec, walk_part, walk_task
-from shardio.packing.sources.files import Source, scan_source
+from shardio.packing.sources.files import PackSource, scan_source
 from shardio.packing.target import PackTarget
 from shardio.packing.walk import Folder
 
@@ -101,7 +101,7 @@ class LocalEngine:
     def scan(
         self, src: str | os.PathLike[str], *, imagefolder: bool | None, include: Sequence[str],
         exclude: Sequence[str], follow_symlinks: bool, class_folders: bool = False,
-    ) -> Source:
+    ) -> PackSource:
         """``scan_source``, its walk split over ``num_workers`` processes or threads."""
         if self.num_workers <= 1 or self.scan_with == "serial":
             return scan_source(src, imagefolder=imagefolder, include=include, exclude=exclude,

@@ -27,12 +27,12 @@ from shardio.packing.scan import Listing, WalkPool, WalkSpec, walk_tree
 from shardio.packing.stems import RESERVED_FIELDS, SourceSample, row
 from shardio.packing.walk import Bad, Walker, display_path, is_utf8, selector
 
-__all__ = ["IMAGEFOLDER_RULES", "IMG_EXTENSIONS", "RESERVED_FIELDS", "Bad", "Source",
+__all__ = ["IMAGEFOLDER_RULES", "IMG_EXTENSIONS", "RESERVED_FIELDS", "Bad", "PackSource",
            "SourceSample", "dataset_source", "display_path", "imagefolder_order", "scan_source"]
 
 
 @dataclass(frozen=True)
-class Source:
+class PackSource:
     """A scanned source: samples in canonical (pre-shuffle) order and everything left out."""
 
     root: str
@@ -93,7 +93,7 @@ def scan_source(
     pool: WalkPool | None = None,
     walk_root: str | None = None,
     class_folders: bool = False,
-) -> Source:
+) -> PackSource:
     """Walk ``src`` and return its samples in canonical order with everything left out.
 
     Generic folders follow the WebDataset rule: files in one folder whose names
@@ -109,7 +109,7 @@ def scan_source(
 
     A file that is bad (empty, unreadable, a special file, a broken or looping
     link, a name that is not UTF-8, not an image inside an ImageFolder, …) takes
-    its whole sample with it: ``Source.bad`` lists it with its reason, and the
+    its whole sample with it: ``PackSource.bad`` lists it with its reason, and the
     sample's other files with a note saying why.
 
     Args:
@@ -161,7 +161,7 @@ def scan_source(
     rows += [row(rel, 0, 0, reason) for rel, reason in sorted(walker.bad_dirs)]
     kind = "classfolders" if class_folders else "imagefolder"
     head = "generic\n" if classes is None else f"{kind}\n" + "\0".join(classes) + "\n"
-    return Source(
+    return PackSource(
         root=root, samples=tuple(samples), classes=classes, hidden_ignored=walker.hidden,
         bad=tuple(sorted(bad)), digest=_hash(head, rows), excluded=walker.excluded,
         class_folders=class_folders,
@@ -256,7 +256,7 @@ def _imagefolder_samples(listing: Listing) -> _Built:
 
 def dataset_source(
     dataset: Any, *, include: Sequence[str] = (), exclude: Sequence[str] = ()
-) -> Source:
+) -> PackSource:
     """The source described by a torchvision ``ImageFolder``/``DatasetFolder``-like object.
 
     Anything with ``.samples`` (``[(path, class_index), …]``), ``.classes`` and
@@ -311,7 +311,7 @@ def dataset_source(
             samples.append(SourceSample(rel, ("image",), (path,), (size,), label, size))
         else:
             bad.append((display_path(rel), reason))
-    return Source(
+    return PackSource(
         root=root, samples=tuple(samples), classes=classes, hidden_ignored=0,
         bad=tuple(sorted(bad)), excluded=walker.excluded,
         digest=_hash("dataset\n" + "\0".join(classes) + "\n", rows),

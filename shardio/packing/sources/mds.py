@@ -34,7 +34,7 @@ from collections.abc import Callable
 from typing import IO, Any, Final, cast
 
 from shardio.errors import BadInputError
-from shardio.packing.sources.files import Source
+from shardio.packing.sources.files import PackSource
 from shardio.packing.sources.inputbytes import locator
 from shardio.packing.stems import RESERVED_FIELDS, SourceSample
 from shardio.packing.walk import Bad
@@ -92,7 +92,7 @@ def mds_index(src: str | os.PathLike[str]) -> dict[str, Any] | None:
 def scan_mds(
     folder: str | os.PathLike[str], index: dict[str, Any], *, spill_dir: str,
     num_workers: int = 1, key_column: str | None = None, label_field: str | None = None,
-) -> Source:
+) -> PackSource:
     """The samples of the MDS dataset in ``folder`` (``index`` its ``mds_index``), in order.
 
     Args:
@@ -151,7 +151,7 @@ def scan_mds(
         raise BadInputError(f"{root}: the key column {key_column!r} repeats values; keys must "
                             "be unique (leave --key-column out to key samples by position)",
                             path=root)
-    return Source(root=root, samples=tuple(samples), classes=None, hidden_ignored=0,
+    return PackSource(root=root, samples=tuple(samples), classes=None, hidden_ignored=0,
                   bad=tuple(sorted(bad)), digest=digest.hexdigest(), origin="mds")
 
 

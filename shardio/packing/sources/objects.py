@@ -36,7 +36,7 @@ from types import SimpleNamespace
 from typing import Any, Final
 
 from shardio.errors import BadInputError
-from shardio.packing.sources.files import Source, dataset_source
+from shardio.packing.sources.files import PackSource, dataset_source
 from shardio.packing.sources.inputbytes import locator
 from shardio.packing.sources.tables import is_hf_dataset, scan_hf_dataset
 from shardio.packing.stems import RESERVED_FIELDS, SourceSample
@@ -61,7 +61,7 @@ def is_python_source(obj: object) -> bool:
 
 
 def scan_objects(obj: Any, *, spill_dir: str, num_workers: int = 1,
-                 key_column: str | None = None) -> Source:
+                 key_column: str | None = None) -> PackSource:
     """The samples of the Python object ``obj``, their bytes spilled into ``spill_dir``.
 
     Args:
@@ -303,8 +303,8 @@ def _image_bytes(image: Any, name: str) -> tuple[bytes, bool]:
     return out.getvalue(), True
 
 
-def _source(name: str, chunks: list[Chunk], classes: Any) -> Source:
-    """The samples of every chunk, in index order, as a ``Source``."""
+def _source(name: str, chunks: list[Chunk], classes: Any) -> PackSource:
+    """The samples of every chunk, in index order, as a ``PackSource``."""
     digest = hashlib.sha256(b"python\n")
     samples: list[SourceSample] = []
     bad: list[Bad] = []
@@ -328,7 +328,7 @@ def _source(name: str, chunks: list[Chunk], classes: Any) -> Source:
         digest.update(item_digest.encode())
         samples.append(SourceSample(key, fields, locs, sizes, label, sum(sizes)))
     notes = (PNG_NOTE.format(count=len(png), field=png[0][1], first=png[0][0]),) if png else ()
-    return Source(root=name, samples=tuple(samples),
+    return PackSource(root=name, samples=tuple(samples),
                   classes=tuple(str(c) for c in classes) if labelled and classes else None,
                   hidden_ignored=0, bad=tuple(sorted(bad)), digest=digest.hexdigest(),
                   origin="python", notes=notes)

@@ -30,7 +30,7 @@ from typing import Any, BinaryIO, Final
 import numpy as np
 
 from shardio.errors import BadInputError, MissingDependencyError
-from shardio.packing.sources.files import Source
+from shardio.packing.sources.files import PackSource
 from shardio.packing.sources.inputbytes import locator
 from shardio.packing.stems import RESERVED_FIELDS, SourceSample
 from shardio.packing.walk import Bad
@@ -171,7 +171,7 @@ def _plan(columns: list[str], features: dict[str, Any], key_column: str | None,
 
 
 def scan_tables(files: list[str], *, spill_dir: str, key_column: str | None = None,
-                num_workers: int | None = None) -> Source:
+                num_workers: int | None = None) -> PackSource:
     """The rows of ``files`` as samples, their cells spilled into ``spill_dir``.
 
     Runs of row groups are spilled by parallel tasks in forked processes, each into a
@@ -228,7 +228,7 @@ def scan_tables(files: list[str], *, spill_dir: str, key_column: str | None = No
         samples += _samples(plan[0], rows)
         bad += task_bad
     _refuse_repeated_keys(samples, root, key_column)
-    return Source(root=root, samples=tuple(samples), classes=plan[2], hidden_ignored=0,
+    return PackSource(root=root, samples=tuple(samples), classes=plan[2], hidden_ignored=0,
                   bad=tuple(sorted(bad)), digest=digest.hexdigest(), origin="table")
 
 
@@ -256,7 +256,7 @@ def is_hf_dataset(obj: object) -> bool:
     return all(hasattr(obj, a) for a in ("features", "with_format", "column_names", "data"))
 
 
-def scan_hf_dataset(dataset: Any, *, spill_dir: str, key_column: str | None = None) -> Source:
+def scan_hf_dataset(dataset: Any, *, spill_dir: str, key_column: str | None = None) -> PackSource:
     """The rows of a ``datasets.Dataset`` (in its order, selections and shuffles included)
     as samples, read as Arrow batches (images never decoded) like a ``save_to_disk`` folder.
 
@@ -281,7 +281,7 @@ def scan_hf_dataset(dataset: Any, *, spill_dir: str, key_column: str | None = No
         raise BadInputError(f"{name}: its rows cannot be read ({exc})", path=name) from exc
     samples = _samples(fields, rows)
     _refuse_repeated_keys(samples, name, key_column)
-    return Source(root=name, samples=tuple(samples), classes=classes, hidden_ignored=0,
+    return PackSource(root=name, samples=tuple(samples), classes=classes, hidden_ignored=0,
                   bad=tuple(sorted(bad)), digest=digest.hexdigest(), origin="table")
 
 

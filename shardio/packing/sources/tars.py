@@ -33,7 +33,7 @@ from typing import Final
 from zlib import adler32
 
 from shardio.errors import BadInputError, PackError
-from shardio.packing.sources.files import Source
+from shardio.packing.sources.files import PackSource
 from shardio.packing.sources.inputbytes import locator
 from shardio.packing.stems import RESERVED_FIELDS, SourceSample
 from shardio.packing.walk import Bad, display_path, is_utf8
@@ -363,8 +363,8 @@ def _scan_task(args: tuple[str, str, str | None]) -> TarScan:
 def scan_tars(
     shards: Sequence[str], *, label_field: str | None = None, shuffle: bool = True,
     num_workers: int = 1,
-) -> Source:
-    """The samples of the tar ``shards``, in WebDataset's order, as a ``Source``.
+) -> PackSource:
+    """The samples of the tar ``shards``, in WebDataset's order, as a ``PackSource``.
 
     Args:
         shards: tar paths, in order (``tar_shards``).
@@ -417,7 +417,7 @@ def scan_tars(
     for (key, fields, locs, sizes, _), label in zip(found, labels, strict=True):
         if label_field is None or label is not None:
             out.append(SourceSample(key, fields, locs, sizes, label, sum(sizes)))
-    return Source(root=root, samples=tuple(out), classes=classes, hidden_ignored=ignored,
+    return PackSource(root=root, samples=tuple(out), classes=classes, hidden_ignored=ignored,
                   bad=tuple(sorted(bad)), digest=digest.hexdigest(),
                   origin="webdataset")
 
