@@ -4,7 +4,7 @@ A v3 run is whole blocks (``shardio.format.block``): each is checked once (its C
 unless the checker thread did it), its columns inflated where stored with zstd,
 and the wanted records' fields cut from them as slices computed from offsets, with
 no per-record parse: ``run_columns`` returns them field by field (what
-``runbatch.WindowColumns`` files), ``decode_run`` as sample dicts. A v1/v2 run is
+``gather.WindowColumns`` files), ``decode_run`` as sample dicts. A v1/v2 run is
 one frame a record, decoded record by record by ``record.decode_run``. Torch-free.
 """
 
@@ -154,7 +154,7 @@ def _file(out: Columns, column: Column, rows: IndexArray, whole: memoryview | No
                           if len(rows) < 4 else _strs(data, lo.tolist(), hi.tolist(), path,
                                                       block, column.name))
         return
-    out.values.append(None)  # cut a batch at a time (``runbatch._Column.take``)
+    out.values.append(None)  # cut a batch at a time (``gather._Column.take``)
     if whole is not None:  # raw: places in ``whole`` (and in the map, with a source)
         out.starts[-1] = lo + (end - len(column.data))
         out.views[-1] = whole

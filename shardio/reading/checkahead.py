@@ -6,11 +6,12 @@ memory bandwidth, not Python, so no encoding makes it much cheaper. It does not
 need the interpreter, though: the ``crc32c`` and ``zlib`` functions release the
 GIL on large buffers, and so does zstd. So the stream hands each window's runs, in
 the order their first samples are due, to one thread per process that checks them
-(v3: each block's; v1/v2: each record's) while the reader decodes and hands out
-earlier ones; the reader then takes a run's result before it decodes the run, and
-decodes only runs that passed. A run that failed is checked again where it is
-read, which names the record and raises. The thread touching a run's pages first
-also maps them into the process, so the reader does not stop on those page faults.
+(v3: each block's, then inflates and parses the blocks that passed; v1/v2: each
+record's) while the reader decodes and hands out earlier ones; the reader then takes
+a run's result before it decodes the run, and decodes only runs that passed. A run
+that failed is checked again where it is read, which names the record and raises.
+The thread touching a run's pages first also maps them into the process, so the
+reader does not stop on those page faults.
 A reader that needs a run the thread has not started runs its check itself.
 The stream queues a window's runs as the window before it opens, so the thread
 checks them while that one is handed out (a local window decodes all its runs on

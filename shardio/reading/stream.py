@@ -230,9 +230,8 @@ def iter_chunks(
 class _OpenWindow:
     """One window being read: its samples by rank, each run decoded when first due.
 
-    The runs of mapped local ``.rec`` shards are decoded all at once, shard by shard
-    (``format.runs``), when the window's first sample is due; other runs (remote, LMDB) one
-    at a time, as their first sample is due. Format v3 runs are filed field by field.
+    Each run is decoded when its first sample is due (``format.runs``; v3 runs filed field
+    by field), from the blocks the checker thread decoded where it got there first.
     """
 
     def __init__(self, reader: RunReader, plan: _Window, firsts: IndexArray,
