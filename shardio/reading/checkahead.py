@@ -11,11 +11,10 @@ record's) while the reader decodes and hands out earlier ones; the reader then t
 a run's result before it decodes the run, and decodes only runs that passed. A run
 that failed is checked again where it is read, which names the record and raises.
 The thread touching a run's pages first also maps them into the process, so the
-reader does not stop on those page faults.
-A reader that needs a run the thread has not started runs its check itself.
-The stream queues a window's runs as the window before it opens, so the thread
-checks them while that one is handed out (a local window decodes all its runs on
-its first sample: queued any later, they were all due at once).
+reader does not stop on those page faults. A reader that needs a run the thread
+has not started runs its check itself. The stream queues a window's runs once the
+window before it has handed out its first samples, so the thread checks them while
+that one is handed out.
 
 The thread pays only where a core is free for it (``StreamingDataset`` uses it
 while its reading processes are fewer than the CPUs). Only runs that are already
