@@ -20,7 +20,7 @@ import numpy.typing as npt
 
 from shardio.errors import ShardCorruptError
 from shardio.format import block, record
-from shardio.format.block import RAW, BlockHead, Column, decode_columns, read_head
+from shardio.format.block import RAW, BlockHead, Column, inflate_columns, parse_columns, read_head
 from shardio.format.frames import RunBytes, check_frames
 from shardio.format.record import INDEX_FIELD, KEY_FIELD
 
@@ -81,7 +81,8 @@ def run_columns(run: RunBytes, *, path: str, keys: Sequence[str], verify: bool =
         if len(rows) == 0:
             continue
         at = shift + int(run.bounds[k])
-        head, columns = blocks[k] if blocks is not None else decode_block_of(run, k, path)
+        head, raws = blocks[k] if blocks is not None else decode_block_of(run, k, path)
+        columns = parse_columns(head, raws, path=path, block=run.first_block + k)
         got = Columns([keys[i] for i in (rows + firsts[k]).tolist()])
         for entry, column in zip(head.columns, columns, strict=True):
             raw = entry.codec == RAW
@@ -93,30 +94,32 @@ def run_columns(run: RunBytes, *, path: str, keys: Sequence[str], verify: bool =
     return out
 
 
-DecodedBlock = tuple[BlockHead, list[Column]]
+DecodedBlock = tuple[BlockHead, list[memoryview]]
+"""A block's head, checked, and its columns' raw bytes (``block.inflate_columns``)."""
 
 
 def decode_blocks(run: RunBytes, *, path: str = "") -> list[DecodedBlock]:
     """Every block of a v3 run whose checksums passed: head checked, columns inflated.
 
     The checker thread (``shardio.reading.checkahead``) calls it after the run's checks, so
-    that zstd and the column parse run beside the reader: on the quick tiny tree (10,000
-    records), the reader's CPU through ``shardio.loader`` went from 5.8 to 4.0 us a sample
-    (``benchmarks/.env/bin/python -m benchmarks.run --quick --datasets tiny --systems
-    shardio-records,lmdb-file`` for the wall figure).
+    that zstd, which releases the GIL, runs beside the reader (the reader parses the
+    columns: on the thread, that Python work held the GIL the reader waited for): on the
+    quick tiny tree (10,000 records), the reader's CPU through ``shardio.loader`` went from
+    3.8 to 2.6 us a sample (``benchmarks/.env/bin/python -m benchmarks.run --quick
+    --datasets tiny --systems shardio-records,lmdb-file`` for the wall figure).
     """
     assert run.blocks is not None, "a v3 run"
     return [decode_block_of(run, k, path) for k in range(len(run.blocks) - 1)]
 
 
 def decode_block_of(run: RunBytes, k: int, path: str) -> DecodedBlock:
-    """Block ``k`` of a v3 run: its head checked against the run's index, its columns."""
+    """Block ``k`` of a v3 run: its head checked against the run's index, its raw columns."""
     assert run.blocks is not None, "a v3 run"
     buf = run.buffer[int(run.bounds[k]) : int(run.bounds[k + 1])]
     block, first = run.first_block + k, int(run.blocks[k])
     head = read_head(buf, path=path, block=block, first_record=first,
                      num_records=int(run.blocks[k + 1]) - first)
-    return head, decode_columns(buf, head, path=path, block=block)
+    return head, inflate_columns(buf, head, path=path, block=block)
 
 
 def _file(out: Columns, column: Column, rows: IndexArray, whole: memoryview | None, end: int,
