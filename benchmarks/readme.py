@@ -33,7 +33,7 @@ RESULTS = REPO / "benchmarks" / "results"
 
 DOCUMENTS = ("README.md", "benchmarks/README.md", "docs/remote.md", "docs/import.md",
              "docs/doctor.md", "docs/guarantees.md", "docs/performance.md",
-             "docs/decisions.md", "docs/format.md")
+             "docs/decisions.md", "docs/format.md", "docs/results.md")
 """Documents (relative to the repository) scanned for generated blocks."""
 
 BLOCKS: dict[str, str] = {
