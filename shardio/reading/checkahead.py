@@ -74,6 +74,11 @@ class Check:
                 pass
         return self._state == _DONE and self.error is None and self.failing is None
 
+    @property
+    def done(self) -> bool:
+        """Whether the result is in (``passed`` will not wait for it)."""
+        return self._finished
+
     def run_if_pending(self) -> None:
         """Run the check on this thread now unless it was started or cancelled elsewhere."""
         self._work()

@@ -407,11 +407,13 @@ class _OpenWindow:
         # the checker thread works through the checks in due order: the reader takes those it
         # has not started from the other end, so the two meet once, where taken one by one
         # the reader waited for each run the thread was in
-        for r in reversed(todo):
-            found = self._checks.get(self._runs[r])
+        checks = [self._checks.get(self._runs[r]) for r in todo]
+        for found in reversed(checks):
             if found is not None:
                 found[1].run_if_pending()
-        for r in todo:
+        # those the thread is still in last: filing the others first shortens the wait
+        for r, _found in sorted(zip(todo, checks, strict=True),
+                               key=lambda pair: pair[1] is not None and not pair[1][1].done):
             self.load(r)
         if self.after_first is not None:
             after_first, self.after_first = self.after_first, None
