@@ -103,10 +103,11 @@ def decode_blocks(run: RunBytes, *, path: str = "") -> list[DecodedBlock]:
 
     The checker thread (``shardio.reading.checkahead``) calls it after the run's checks, so
     that zstd, which releases the GIL, runs beside the reader (the reader parses the
-    columns: on the thread, that Python work held the GIL the reader waited for): on the
-    quick tiny tree (10,000 records), the reader's CPU through ``shardio.loader`` went from
-    3.8 to 2.6 us a sample (``benchmarks/.env/bin/python -m benchmarks.run --quick
-    --datasets tiny --systems shardio-records,lmdb-file`` for the wall figure).
+    columns: on the thread, that Python work held the GIL the reader waited for). Through
+    ``shardio.loader`` on 10,000 and 100,000 records of 1-4 KB, the reader's CPU went from
+    3.8-4.0 to 3.5 us a sample (a loaded 2-core machine, ``time.thread_time`` around warm
+    epochs); the wall figure: ``benchmarks/.env/bin/python -m benchmarks.run --quick
+    --datasets tiny --systems shardio-records,lmdb-file``.
     """
     assert run.blocks is not None, "a v3 run"
     return [decode_block_of(run, k, path) for k in range(len(run.blocks) - 1)]
