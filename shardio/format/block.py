@@ -313,24 +313,14 @@ def raw_minimum(kind: int, flags: int, width: int, count: int) -> int:
 def decode_columns(buf: bytes | memoryview, head: BlockHead, *, path: str, block: int
                    ) -> list[Column]:
     """Every column of a checked block, inflated where stored with zstd, offsets checked."""
-    return parse_columns(head, inflate_columns(buf, head, path=path, block=block), path=path,
-                         block=block)
-
-
-def inflate_columns(buf: bytes | memoryview, head: BlockHead, *, path: str, block: int
-                    ) -> list[memoryview]:
-    """Each column's raw bytes: as stored, or inflated from its zstd frame (which releases
-    the GIL: the part of decoding a thread does beside the reader)."""
     view = memoryview(buf)
-    return [view[e.at : e.at + e.stored] if e.codec == RAW
-            else _inflate(view[e.at : e.at + e.stored], e, path, block) for e in head.columns]
-
-
-def parse_columns(head: BlockHead, raws: list[memoryview], *, path: str, block: int
-                  ) -> list[Column]:
-    """The columns of ``head`` from their raw bytes (``inflate_columns``), structure checked."""
-    return [parse_column(raw, e.name, e.kind, e.flags, e.width, head.num_records, path=path,
-                         block=block) for e, raw in zip(head.columns, raws, strict=True)]
+    out = []
+    for entry in head.columns:
+        stored = view[entry.at : entry.at + entry.stored]
+        raw = stored if entry.codec == RAW else _inflate(stored, entry, path, block)
+        out.append(parse_column(raw, entry.name, entry.kind, entry.flags, entry.width,
+                                head.num_records, path=path, block=block))
+    return out
 
 
 def _inflate(stored: memoryview, entry: ColumnEntry, path: str, block: int) -> memoryview:

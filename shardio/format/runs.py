@@ -20,7 +20,7 @@ import numpy.typing as npt
 
 from shardio.errors import ShardCorruptError
 from shardio.format import block, record
-from shardio.format.block import RAW, BlockHead, Column, inflate_columns, parse_columns, read_head
+from shardio.format.block import RAW, Column, decode_columns, read_head
 from shardio.format.frames import RunBytes, check_frames
 from shardio.format.record import INDEX_FIELD, KEY_FIELD
 
@@ -54,14 +54,12 @@ class Columns:
 
 
 def run_columns(run: RunBytes, *, path: str, keys: Sequence[str], verify: bool = True,
-                only: Sequence[int] | None = None,
-                blocks: Sequence[DecodedBlock] | None = None) -> list[Columns]:
+                only: Sequence[int] | None = None) -> list[Columns]:
     """The wanted records of a v3 run, one ``Columns`` per block holding some.
 
     The run was read for records ``run.span`` = ``start..stop``; ``only``: ascending
     positions among them (None: all). ``keys``: the shard's key column. With
-    ``verify``, each block's checksum is checked first (``check_frames``). ``blocks``:
-    the run's blocks decoded already (``decode_blocks``, on the checker thread).
+    ``verify``, each block's checksum is checked first (``check_frames``).
     """
     assert run.blocks is not None, "a v3 run"
     check_frames(run, path=path, first_record=run.span[0], verify=verify)
@@ -81,46 +79,20 @@ def run_columns(run: RunBytes, *, path: str, keys: Sequence[str], verify: bool =
         if len(rows) == 0:
             continue
         at = shift + int(run.bounds[k])
-        head, raws = blocks[k] if blocks is not None else decode_block_of(run, k, path)
-        columns = parse_columns(head, raws, path=path, block=run.first_block + k)
+        buf = whole[at : shift + int(run.bounds[k + 1])]
+        block = run.first_block + k
+        head = read_head(buf, path=path, block=block, first_record=firsts[k],
+                         num_records=firsts[k + 1] - firsts[k])
         got = Columns([keys[i] for i in (rows + firsts[k]).tolist()])
-        for entry, column in zip(head.columns, columns, strict=True):
+        for entry, column in zip(head.columns, decode_columns(buf, head, path=path,
+                                                              block=block), strict=True):
             raw = entry.codec == RAW
             # a raw column's data ends where its stored bytes do
             end = at + entry.at + entry.stored
             _file(got, column, rows, whole if raw else None, end, source if raw else None,
-                  path, run.first_block + k)
+                  path, block)
         out.append(got)
     return out
-
-
-DecodedBlock = tuple[BlockHead, list[memoryview]]
-"""A block's head, checked, and its columns' raw bytes (``block.inflate_columns``)."""
-
-
-def decode_blocks(run: RunBytes, *, path: str = "") -> list[DecodedBlock]:
-    """Every block of a v3 run whose checksums passed: head checked, columns inflated.
-
-    The checker thread (``shardio.reading.checkahead``) calls it after the run's checks, so
-    that zstd, which releases the GIL, runs beside the reader (the reader parses the
-    columns: on the thread, that Python work held the GIL the reader waited for). Through
-    ``shardio.loader`` on 10,000 and 100,000 records of 1-4 KB, the reader's CPU went from
-    3.8-4.0 to 3.5 us a sample (a loaded 2-core machine, ``time.thread_time`` around warm
-    epochs); the wall figure: ``benchmarks/.env/bin/python -m benchmarks.run --quick
-    --datasets tiny --systems shardio-records,lmdb-file``.
-    """
-    assert run.blocks is not None, "a v3 run"
-    return [decode_block_of(run, k, path) for k in range(len(run.blocks) - 1)]
-
-
-def decode_block_of(run: RunBytes, k: int, path: str) -> DecodedBlock:
-    """Block ``k`` of a v3 run: its head checked against the run's index, its raw columns."""
-    assert run.blocks is not None, "a v3 run"
-    buf = run.buffer[int(run.bounds[k]) : int(run.bounds[k + 1])]
-    block, first = run.first_block + k, int(run.blocks[k])
-    head = read_head(buf, path=path, block=block, first_record=first,
-                     num_records=int(run.blocks[k + 1]) - first)
-    return head, inflate_columns(buf, head, path=path, block=block)
 
 
 def _file(out: Columns, column: Column, rows: IndexArray, whole: memoryview | None, end: int,

@@ -6,15 +6,14 @@ memory bandwidth, not Python, so no encoding makes it much cheaper. It does not
 need the interpreter, though: the ``crc32c`` and ``zlib`` functions release the
 GIL on large buffers, and so does zstd. So the stream hands each window's runs, in
 the order their first samples are due, to one thread per process that checks them
-(v3: each block's, then inflates and parses the blocks that passed; v1/v2: each
-record's) while the reader decodes and hands out earlier ones; the reader then takes
-a run's result before it decodes the run, and decodes only runs that passed. A run
-that failed is checked again where it is read, which names the record and raises.
-The thread touching a run's pages first also maps them into the process, so the
-reader does not stop on those page faults. A reader that needs a run the thread
-has not started runs its check itself. The stream queues a window's runs once the
-window before it has handed out its first samples, so the thread checks them while
-that one is handed out.
+(v3: each block's; v1/v2: each record's) while the reader decodes and hands out
+earlier ones; the reader then takes a run's result before it decodes the run, and
+decodes only runs that passed. A run that failed is checked again where it is
+read, which names the record and raises. The thread touching a run's pages first
+also maps them into the process, so the reader does not stop on those page faults.
+A reader that needs a run the thread has not started runs its check itself.
+The stream queues a window's runs once the window before it has handed out its
+first samples, so the thread checks them while that one is handed out.
 
 The thread pays only where a core is free for it (``StreamingDataset`` uses it
 while its reading processes are fewer than the CPUs). Only runs that are already
@@ -36,7 +35,6 @@ import threading
 from collections.abc import Callable
 
 from shardio.format.frames import RunBytes, first_failing
-from shardio.format.runs import DecodedBlock, decode_blocks
 
 _PENDING, _RUNNING, _DONE, _CANCELLED = 0, 1, 2, 3
 
@@ -46,8 +44,7 @@ class Check:
     there first: a reader waiting for a check not yet started runs it itself, so on two
     cores the two share the checking whichever is ahead)."""
 
-    __slots__ = ("_claim_lock", "_done", "_finished", "_state", "blocks", "error", "failing",
-                 "run")
+    __slots__ = ("_claim_lock", "_done", "_finished", "_state", "error", "failing", "run")
 
     def __init__(self, run: RunBytes | None, claim_lock: threading.Lock) -> None:
         self.run: RunBytes | None = run
@@ -56,8 +53,6 @@ class Check:
         self.failing: int | None = None
         """The first record (position in the run) whose checksum fails; None: all pass."""
         self.error: BaseException | None = None
-        self.blocks: list[DecodedBlock] | None = None
-        """A v3 run's blocks decoded once they passed (``runs.decode_blocks``)."""
         self._state = _PENDING
         # held until the result is in: a lock costs a tenth of an Event (a Condition and a
         # lock) to make, and a window makes one check a run
@@ -73,11 +68,6 @@ class Check:
             with self._done:  # until the thread that runs it is through
                 pass
         return self._state == _DONE and self.error is None and self.failing is None
-
-    @property
-    def done(self) -> bool:
-        """Whether the result is in (``passed`` will not wait for it)."""
-        return self._finished
 
     def run_if_pending(self) -> None:
         """Run the check on this thread now unless it was started or cancelled elsewhere."""
@@ -105,8 +95,6 @@ class Check:
             return False
         try:
             self.failing = first_failing(run)
-            if self.failing is None and run.blocks is not None:
-                self.blocks = decode_blocks(run)
         except BaseException as exc:  # the reader checks the run itself, which names it
             self.error = exc
         finally:

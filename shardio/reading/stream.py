@@ -232,7 +232,7 @@ class _OpenWindow:
     """One window being read: its samples by rank, each run decoded when first due.
 
     Each run is decoded when its first sample is due (``format.runs``; v3 runs filed field
-    by field), from the blocks the checker thread decoded where it got there first.
+    by field), its checksums taken from the checker thread where it got there first.
     """
 
     def __init__(self, reader: RunReader, plan: _Window, firsts: IndexArray,
@@ -318,7 +318,7 @@ class _OpenWindow:
         run_bytes = exact.read_run_exact(start, stop)
         at = int(np.searchsorted(self._unique, int(self._firsts[shard]) + start))
         if self._blocks:
-            end = self._put_blocks(at, self._reader.shard(shard), run_bytes, False, None, None)
+            end = self._put_blocks(at, self._reader.shard(shard), run_bytes, False, None)
         else:
             decoded = read_run(self._reader, run, self._firsts, True, ahead=run_bytes)
             self.samples[at : at + len(decoded)] = decoded
@@ -337,10 +337,9 @@ class _OpenWindow:
         if self._blocks:
             shard, start, stop = self._runs[r]
             shard_reader = self._reader.shard(shard)
-            checked = ahead is not None and ahead[1].passed()
             self._put_blocks(lo, shard_reader,
                              ahead[0] if ahead is not None else shard_reader.read_run(start, stop),
-                             checked, self._only(r), None if ahead is None else ahead[1].blocks)
+                             ahead is not None and ahead[1].passed(), self._only(r))
         else:
             decoded = read_run(self._reader, self._runs[r], self._firsts, True, self._only(r),
                                ahead=None if ahead is None else ahead[0],
@@ -354,14 +353,11 @@ class _OpenWindow:
             self._finish()
 
     def _put_blocks(self, lo: int, shard_reader: ShardFileReader, run: RunBytes, checked: bool,
-                    only: list[int] | None, blocks: list[rundecode.DecodedBlock] | None
-                    ) -> int:
-        """File a v3 run's wanted records field by field at ranks from ``lo``; how many
-        (``blocks``: the run's blocks, decoded on the checker thread)."""
+                    only: list[int] | None) -> int:
+        """File a v3 run's wanted records field by field at ranks from ``lo``; how many."""
         assert self.columns is not None
         for got in rundecode.run_columns(run, path=shard_reader.path, keys=shard_reader.keys(),
-                                         verify=self._reader.verify and not checked, only=only,
-                                         blocks=blocks):
+                                         verify=self._reader.verify and not checked, only=only):
             self.columns.put_columns(lo, got)
             lo += len(got.keys)
         return lo
@@ -408,13 +404,11 @@ class _OpenWindow:
         # the checker thread works through the checks in due order: the reader takes those it
         # has not started from the other end, so the two meet once, where taken one by one
         # the reader waited for each run the thread was in
-        checks = [self._checks.get(self._runs[r]) for r in todo]
-        for found in reversed(checks):
+        for r in reversed(todo):
+            found = self._checks.get(self._runs[r])
             if found is not None:
                 found[1].run_if_pending()
-        # those the thread is still in last: filing the others first shortens the wait
-        for r, _found in sorted(zip(todo, checks, strict=True),
-                               key=lambda pair: pair[1] is not None and not pair[1][1].done):
+        for r in todo:
             self.load(r)
         if self.after_first is not None:
             after_first, self.after_first = self.after_first, None
