@@ -144,10 +144,11 @@ def doctor(
 def _loader_for(source: Any, *, batch_size: int, num_workers: int | None,
                 decode: str) -> Iterable[Any]:
     if isinstance(source, (str, os.PathLike)):
-        import shardio
+        from shardio.torch.dataset import StreamingDataset
+        from shardio.torch.loader import loader
 
-        dataset = shardio.StreamingDataset(source, decode=decode)  # type: ignore[arg-type]
-        return shardio.loader(dataset, batch_size, num_workers=num_workers)
+        dataset = StreamingDataset(source, decode=decode)  # type: ignore[arg-type]
+        return loader(dataset, batch_size, num_workers=num_workers)
     return source  # type: ignore[no-any-return]
 
 
@@ -213,8 +214,7 @@ def _probe_decode(dataset: Any, image_size: int) -> dict[str, Any]:
 
     Empty where there is nothing to split or to draft, or the samples cannot be read
     here (the loader's own report stands, its ``decode`` seconds unsplit)."""
-    import shardio
-    from shardio.torch.dataset import SampleDecoder
+    from shardio.torch.dataset import SampleDecoder, StreamingDataset
 
     decoder = dataset.decoder
     transformed = decoder.transform is not None or getattr(
@@ -231,7 +231,7 @@ def _probe_decode(dataset: Any, image_size: int) -> dict[str, Any]:
     seconds = [0.0, 0.0, 0.0]  # without transforms, with them, at the model's size
     side, i = None, -1
     try:
-        raw = shardio.StreamingDataset(dataset.path, decode="raw", shuffle=False,
+        raw = StreamingDataset(dataset.path, decode="raw", shuffle=False,
                                        remote=getattr(dataset.reader, "remote", None))
         # the first sample warms up (imports, the decoder's first call) and is not counted
         for i, sample in enumerate(itertools.islice(raw, PROBE_SAMPLES + 1)):
@@ -492,8 +492,8 @@ def _rebuilt(loader: Any, change: dict[str, Any], cold: Path) -> Any:
     of its decoder. A remote dataset's copy reads through a reader of its own whose node
     cache is the empty ``cold``: the first run filled the real one, and a second run
     reading from it would credit the change with the cache."""
-    import shardio
     from shardio.reading.reader import DatasetReader
+    from shardio.torch.loader import loader as make_loader
 
     dataset = loader.dataset
     remote = dataset.reader.remote
@@ -513,7 +513,7 @@ def _rebuilt(loader: Any, change: dict[str, Any], cold: Path) -> Any:
                                      "multiprocessing_context")
             if k in settings and (loader.num_workers or k == "pin_memory")}
     # no log_every: the user's logger is handed the loader they made, not the doctor's
-    return shardio.loader(dataset, loader.batch_size, num_workers=workers,
+    return make_loader(dataset, loader.batch_size, num_workers=workers,
                           collate_fn=loader.collate_fn, prefetch_factor=loader.prefetch_factor,
                           drop_last=loader.drop_last, **kept)
 
