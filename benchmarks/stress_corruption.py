@@ -335,7 +335,7 @@ def check_dataset(root: Path, clean: list[dict[str, Any]], *, torch: bool, unpac
                 yield sample["__index__"], sample
 
     def by_indexed() -> Iterator[tuple[int, dict[str, Any] | None]]:
-        from shardio.torch.dataset import IndexedDataset
+        from shardio.torch.indexed import IndexedDataset
 
         dataset = IndexedDataset(root, decode="raw")
         try:

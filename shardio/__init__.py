@@ -55,9 +55,10 @@ if TYPE_CHECKING:
     from shardio.storage.location import read_manifest
     from shardio.storage.options import RemoteOptions
     from shardio.torch.badimage import BadImageWarning
-    from shardio.torch.dataset import IndexedDataset, StreamingDataset
+    from shardio.torch.dataset import StreamingDataset
     from shardio.torch.device_decode import DeviceDecoder
     from shardio.torch.doctor import doctor
+    from shardio.torch.indexed import IndexedDataset
     from shardio.torch.loader import loader
     from shardio.torch.prefetch import DevicePrefetcher
     from shardio.torch.state import merge_states
@@ -75,7 +76,7 @@ _LAZY = {
     "ShardWriter": "shardio.packing.writer",
     "WriteOptions": "shardio.packing.writer",
     "StreamingDataset": "shardio.torch.dataset",
-    "IndexedDataset": "shardio.torch.dataset",
+    "IndexedDataset": "shardio.torch.indexed",
     "merge_states": "shardio.torch.state",
     "RecordBatch": "shardio.reading.batch",
     "loader": "shardio.torch.loader",

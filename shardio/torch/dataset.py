@@ -1,4 +1,4 @@
-"""The torch datasets: ``StreamingDataset`` (iterable) and ``IndexedDataset`` (map-style).
+"""``StreamingDataset``: the iterable torch dataset, and the window and rank settings it resolves.
 
 Wiring only: the order comes from ``shardio.order.plan`` (pure), the I/O from
 ``shardio.reading.stream`` and ``shardio.reading.reader``, the decoding from
@@ -16,17 +16,15 @@ import sys
 import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
-import numpy as np
 import torch
-from torch.utils.data import Dataset, IterableDataset, get_worker_info
+from torch.utils.data import IterableDataset, get_worker_info
 
-from shardio.decode.crop import CenterCrop, Crop, Cropper
+from shardio.decode.crop import Crop
 from shardio.decode.fields import FieldDecoder, Fields
-from shardio.decode.image import open_image
 from shardio.errors import DecodeError, ResumeError
-from shardio.format.record import INDEX_FIELD, KEY_FIELD
+from shardio.format.record import KEY_FIELD
 from shardio.order.mix import Source
 from shardio.order.plan import PlanConfig, Split, batch_span, samples_per_rank, whole_blocks
 from shardio.order.resume import (
@@ -47,12 +45,11 @@ from shardio.reading.reader import DatasetReader
 from shardio.reading.stream import iter_chunks, iter_samples
 from shardio.storage.options import RemoteOptions
 from shardio.torch.badimage import OnBadImage, Skipped, SkippedImages, check_on_bad_image
-from shardio.torch.collate import decode_shared, field_decoder
+from shardio.torch.collate import field_decoder
+from shardio.torch.decoders import Decode, SampleDecoder, make_cropper, resolve_decode
 from shardio.torch.distributed import env_rank
-from shardio.torch.resize import resize_box
 from shardio.torch.state import SharedState, pass_state
 
-Decode = Literal["auto", "raw", "pil", "tensor"]
 DEFAULT_WINDOW_BYTES = 256 << 20
 MAX_WINDOW = 16384
 MIN_WINDOW = 256
@@ -145,103 +142,6 @@ def loader_batch_size(dataset: object, frame: Any) -> int | None:
         return None
     indices = frame.f_locals.get("possibly_batched_index")
     return len(indices) if hasattr(indices, "__len__") else None
-
-
-class SampleDecoder:
-    """Turns a raw sample dict into what the dataset yields, per ``decode`` mode.
-
-    ``raw``: the dict (``transform`` applied to it); ``pil``: ``(PIL RGB image,
-    label)`` like ``torchvision.datasets.ImageFolder``; ``tensor``: ``(uint8 CHW
-    tensor, label)``. ``pil`` and ``tensor`` need an ImageFolder pack.
-    """
-
-    def __init__(
-        self,
-        mode: str,
-        *,
-        transform: Callable[[Any], Any] | None = None,
-        target_transform: Callable[[Any], Any] | None = None,
-        draft_size: tuple[int, int] | None = None,
-        cropper: Cropper | None = None,
-    ) -> None:
-        self.mode = mode
-        self.transform = transform
-        self.target_transform = target_transform
-        self.draft_size = draft_size
-        self.cropper = cropper
-        """Every image cropped to one size (``crop=``), shared with the batch decoder."""
-
-    def __call__(self, sample: dict[str, Any]) -> Any:
-        if self.mode == "raw":
-            return self.transform(sample) if self.transform else sample
-        if self.cropper is not None:
-            pending = self.cropper.open(sample["image"], sample[INDEX_FIELD], sample[KEY_FIELD])
-            pixels = np.empty(pending.shape, np.uint8)
-            pending.decode_into(pixels)
-            if self.mode == "pil":
-                from PIL import Image
-
-                image: Any = Image.fromarray(pixels)
-            else:
-                image = torch.from_numpy(pixels).permute(2, 0, 1)
-        elif self.mode == "pil":
-            from shardio.decode.image import decode_image
-
-            image = decode_image(
-                sample["image"], draft_size=self.draft_size, key=sample[KEY_FIELD]
-            )
-        else:
-            from shardio.torch.collate import decode_tensor
-
-            image = decode_tensor(
-                sample["image"], draft_size=self.draft_size, key=sample[KEY_FIELD]
-            )
-        return self.finish(image, sample["label"])
-
-    def finish(self, image: Any, label: Any) -> Any:
-        """``(image, label)`` after ``transform`` and ``target_transform``."""
-        if self.transform is not None:
-            image = self.transform(image)
-        if self.target_transform is not None:
-            label = self.target_transform(label)
-        return image, label
-
-    @property
-    def shares_memory(self) -> bool:
-        """Whether a DataLoader worker's images are decoded a group at a time into
-        shared memory (``tensor`` mode: ``shardio.torch.collate.decode_shared``)."""
-        return self.mode == "tensor"
-
-    def complete(self, sample: Mapping[str, Any], image: Any) -> Any:
-        """``self(sample)`` for a sample whose image ``decode_group`` decoded."""
-        return self.finish(image, sample["label"])
-
-    def decode_group(self, samples: Sequence[Mapping[str, Any]]) -> list[Any]:
-        """The images of ``samples`` (before ``transform``) as views of one shared block.
-
-        Raises:
-            DecodeError: an image does not decode.
-        """
-        cropper = self.cropper
-        return decode_shared([
-            open_image(s["image"], draft_size=self.draft_size, key=s[KEY_FIELD])
-            if cropper is None else cropper.open(s["image"], s[INDEX_FIELD], s[KEY_FIELD])
-            for s in samples])
-
-
-def resolve_decode(decode: str, labelled: bool, path: str) -> str:
-    """The concrete decode mode: ``auto`` is ``pil`` on ImageFolder packs, else ``raw``."""
-    if decode == "auto":
-        return "pil" if labelled else "raw"
-    if decode not in ("raw", "pil", "tensor"):
-        raise ValueError(f"decode must be 'auto', 'raw', 'pil' or 'tensor', got {decode!r}")
-    if decode != "raw" and not labelled:
-        raise ValueError(
-            f"{path}: decode={decode!r} alone needs an ImageFolder pack (fields 'image' and "
-            "'label'); this dataset has none: name the fields to decode, e.g. "
-            "fields=('jpg', 'cls'), or use decode='raw'"
-        )
-    return decode
 
 
 class StreamingDataset(ClassAttributes, IterableDataset[Any]):
@@ -368,7 +268,7 @@ class StreamingDataset(ClassAttributes, IterableDataset[Any]):
         self.manifest = self.reader.manifest
         self._rank_arg, self._world_arg = rank, world_size
         mode = resolve_decode(decode, self.manifest.is_imagefolder or fields is not None, self.path)
-        cropper = _cropper(self.path, crop, seed, mode, draft_size)
+        cropper = make_cropper(self.path, crop, seed, mode, draft_size)
         self._cropper = cropper
         self.decoder: SampleDecoder | FieldDecoder = SampleDecoder(
             mode, transform=transform, target_transform=target_transform, draft_size=draft_size,
@@ -785,121 +685,3 @@ class StreamingDataset(ClassAttributes, IterableDataset[Any]):
                 "every rank's state_dict() and load shardio.merge_states(states) on every rank"
             )
         self._shared.write({"epoch": progress.epoch, "resume": progress_to_state(progress)})
-
-
-def _cropper(path: str, crop: Crop | None, seed: int, mode: str,
-             draft_size: tuple[int, int] | None) -> Cropper | None:
-    """The ``Cropper`` of ``crop=``, or None; refused where it cannot apply."""
-    if crop is None:
-        return None
-    if mode not in ("pil", "tensor"):
-        raise ValueError(
-            f"{path}: crop= crops decoded images, but decode={mode!r} yields their bytes: "
-            "pass decode='pil' or 'tensor' (on a pack that is no ImageFolder, with fields= "
-            "naming its image fields, e.g. fields=('jpg', 'cls'))")
-    if draft_size is not None:
-        raise ValueError(f"{path}: crop= picks each JPEG's decode scale itself; pass crop= "
-                         "or draft_size=, not both")
-    return Cropper(crop, seed, resize=resize_box)
-
-
-class IndexedDataset(ClassAttributes, Dataset[Any]):
-    """Map-style access: ``ds[i]`` in O(1) through the shard index, any Sampler works."""
-
-    def __init__(
-        self,
-        path: str | os.PathLike[str],
-        *,
-        decode: Decode = "auto",
-        fields: Fields | Sequence[str] | None = None,
-        transform: Callable[[Any], Any] | None = None,
-        target_transform: Callable[[Any], Any] | None = None,
-        draft_size: tuple[int, int] | None = None,
-        crop: CenterCrop | None = None,
-        verify: bool = True,
-        remote: RemoteOptions | None = None,
-    ) -> None:
-        """Open the dataset at ``path`` (a folder or a URL); see ``StreamingDataset`` for the
-        decode, ``fields``, ``crop`` and ``remote`` options.
-
-        ``crop`` takes ``shardio.CenterCrop`` (evaluation): the same box every time a
-        sample is read. A random crop drawn per epoch needs the epoch in every worker,
-        which a map-style dataset does not get: ``StreamingDataset(crop=...)`` has it.
-        """
-        self.path = str(path)
-        self.verify = verify
-        self._reader = DatasetReader(path, verify=verify, remote=remote)
-        self._pid = os.getpid()
-        self.manifest = self._reader.manifest
-        mode = resolve_decode(decode, self.manifest.is_imagefolder or fields is not None, self.path)
-        if crop is not None and not isinstance(crop, CenterCrop):
-            raise ValueError(
-                f"{self.path}: IndexedDataset takes crop=shardio.CenterCrop only, got {crop!r}: "
-                "a random crop drawn per epoch needs the epoch in every DataLoader worker; "
-                "use StreamingDataset(crop=...), which has it")
-        cropper = _cropper(self.path, crop, 0, mode, draft_size)
-        self.decoder: SampleDecoder | FieldDecoder = SampleDecoder(
-            mode, transform=transform, target_transform=target_transform, draft_size=draft_size,
-            cropper=cropper,
-        ) if fields is None else field_decoder(
-            fields, mode=mode, manifest=self.manifest, path=self.path, transform=transform,
-            target_transform=target_transform, draft_size=draft_size, cropper=cropper,
-        )
-
-    def _reader_here(self) -> DatasetReader:
-        # A forked DataLoader worker inherits the parent's open maps and LMDB
-        # environments, which must not be shared: it opens its own.
-        if self._pid != os.getpid():
-            self._reader = self._reader.reopened()
-            self._pid = os.getpid()
-        return self._reader
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        """Unpickled in a ``spawn``/``forkserver`` worker: the reader arrives closed."""
-        self.__dict__.update(state)
-        self._pid = os.getpid()
-
-    def __len__(self) -> int:
-        return self.manifest.num_samples
-
-    def _normalise(self, index: int) -> int:
-        """``index`` counted from the end when negative, like a list.
-
-        Raises:
-            IndexError: ``index`` is outside ``-len(self)..len(self) - 1``.
-        """
-        size = len(self)
-        if not -size <= index < size:
-            raise IndexError(
-                f"{self.path}: sample {index} out of range for a dataset of {size} samples"
-            )
-        return index + size if index < 0 else index
-
-    def __getitem__(self, index: int) -> Any:
-        return self.decoder(self._reader_here().get(self._normalise(index)))
-
-    def __getitems__(self, indices: Sequence[int]) -> list[Any]:
-        """Batched fetch for the DataLoader: read in storage order, returned in the order asked.
-
-        Raises:
-            IndexError: an index is out of range (negative ones count from the end).
-        """
-        reader = self._reader_here()
-        wanted = [self._normalise(i) for i in indices]
-        fetched = {i: reader.get(i) for i in sorted(set(wanted))}
-        samples = [dict(fetched[i]) for i in wanted]
-        decoder = self.decoder
-        if decoder.shares_memory and samples and (
-                get_worker_info() is not None):  # the batch's images in one shared block
-            try:
-                parts = decoder.decode_group(samples)
-            except DecodeError:
-                pass  # one by one below, so that the error is the first bad sample's
-            else:
-                return [decoder.complete(s, part)
-                        for s, part in zip(samples, parts, strict=True)]
-        return [decoder(s) for s in samples]
-
-    def close(self) -> None:
-        """Release the open shard files."""
-        self._reader.close()

@@ -214,7 +214,8 @@ def _probe_decode(dataset: Any, image_size: int) -> dict[str, Any]:
 
     Empty where there is nothing to split or to draft, or the samples cannot be read
     here (the loader's own report stands, its ``decode`` seconds unsplit)."""
-    from shardio.torch.dataset import SampleDecoder, StreamingDataset
+    from shardio.torch.dataset import StreamingDataset
+    from shardio.torch.decoders import SampleDecoder
 
     decoder = dataset.decoder
     transformed = decoder.transform is not None or getattr(

@@ -32,7 +32,8 @@ from torch.utils.data import DataLoader, IterableDataset, default_collate, defau
 from shardio.decode.fields import FieldDecoder
 from shardio.reading import telemetry
 from shardio.reading.batch import RecordBatch
-from shardio.torch.dataset import SampleDecoder, StreamingDataset, check_batch_size, local_roots
+from shardio.torch.dataset import StreamingDataset, check_batch_size, local_roots
+from shardio.torch.decoders import SampleDecoder
 from shardio.torch.handover import pinned
 from shardio.torch.handover import ring as shmring
 from shardio.torch.handover import views as shmview

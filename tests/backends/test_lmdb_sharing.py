@@ -26,7 +26,8 @@ from shardio.backends.lmdb import LmdbShardReader
 from shardio.errors import ShardCorruptError, ShardioError
 from shardio.reading.batch import RecordBatch
 from shardio.reading.reader import DatasetReader
-from shardio.torch.dataset import IndexedDataset, StreamingDataset
+from shardio.torch.dataset import StreamingDataset
+from shardio.torch.indexed import IndexedDataset
 
 NUM_SAMPLES = 40
 SHARD_SAMPLES = 16

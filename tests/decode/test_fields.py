@@ -20,7 +20,8 @@ from shardio.decode.fields import Fields, field_kind, is_image_field
 from shardio.errors import DecodeError
 from shardio.synth import make_photo
 from shardio.torch.collate import collate_fields
-from shardio.torch.dataset import IndexedDataset, StreamingDataset
+from shardio.torch.dataset import StreamingDataset
+from shardio.torch.indexed import IndexedDataset
 
 NUM = 24
 WIDTH, HEIGHT = 40, 30

@@ -16,7 +16,8 @@ import shardio
 from shardio import ShardWriter, WriteOptions, read_manifest
 from shardio.errors import ChecksumError, ManifestNotFoundError, ResumeError, ShardMissingError
 from shardio.reading.batch import RecordBatch
-from shardio.torch.dataset import IndexedDataset, StreamingDataset
+from shardio.torch.dataset import StreamingDataset
+from shardio.torch.indexed import IndexedDataset
 from shardio.torch.loader import loader
 from shardio.torch.state import merge_states
 

@@ -17,7 +17,8 @@ from torch.utils.data import DataLoader
 
 import shardio
 from shardio import WriteOptions
-from shardio.torch.dataset import IndexedDataset, StreamingDataset
+from shardio.torch.dataset import StreamingDataset
+from shardio.torch.indexed import IndexedDataset
 from tools.check_imagefolder import make_awkward_tree
 
 TORCHVISION_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff",

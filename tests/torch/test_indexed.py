@@ -8,7 +8,7 @@ import pytest
 from torch.utils.data import DataLoader
 
 from shardio import ShardWriter, WriteOptions
-from shardio.torch.dataset import IndexedDataset
+from shardio.torch.indexed import IndexedDataset
 
 NUM_SAMPLES = 30
 

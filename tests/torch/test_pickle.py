@@ -16,7 +16,8 @@ from torch.utils.data import ChainDataset, ConcatDataset, DataLoader
 
 from shardio import ShardWriter, WriteOptions
 from shardio.reading.batch import RecordBatch
-from shardio.torch.dataset import IndexedDataset, StreamingDataset
+from shardio.torch.dataset import StreamingDataset
+from shardio.torch.indexed import IndexedDataset
 
 BACKENDS = ("records", "lmdb")
 NUM_SAMPLES = 45

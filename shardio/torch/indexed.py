@@ -1,0 +1,120 @@
+"""``IndexedDataset``: map-style access, ``ds[i]`` through the shard index, for any Sampler."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from torch.utils.data import Dataset, get_worker_info
+
+from shardio.decode.crop import CenterCrop
+from shardio.decode.fields import FieldDecoder, Fields
+from shardio.errors import DecodeError
+from shardio.reading.classes import ClassAttributes
+from shardio.reading.reader import DatasetReader
+from shardio.storage.options import RemoteOptions
+from shardio.torch.collate import field_decoder
+from shardio.torch.decoders import Decode, SampleDecoder, make_cropper, resolve_decode
+
+
+class IndexedDataset(ClassAttributes, Dataset[Any]):
+    """Map-style access: ``ds[i]`` in O(1) through the shard index, any Sampler works."""
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        decode: Decode = "auto",
+        fields: Fields | Sequence[str] | None = None,
+        transform: Callable[[Any], Any] | None = None,
+        target_transform: Callable[[Any], Any] | None = None,
+        draft_size: tuple[int, int] | None = None,
+        crop: CenterCrop | None = None,
+        verify: bool = True,
+        remote: RemoteOptions | None = None,
+    ) -> None:
+        """Open the dataset at ``path`` (a folder or a URL); see ``StreamingDataset`` for the
+        decode, ``fields``, ``crop`` and ``remote`` options.
+
+        ``crop`` takes ``shardio.CenterCrop`` (evaluation): the same box every time a
+        sample is read. A random crop drawn per epoch needs the epoch in every worker,
+        which a map-style dataset does not get: ``StreamingDataset(crop=...)`` has it.
+        """
+        self.path = str(path)
+        self.verify = verify
+        self._reader = DatasetReader(path, verify=verify, remote=remote)
+        self._pid = os.getpid()
+        self.manifest = self._reader.manifest
+        mode = resolve_decode(decode, self.manifest.is_imagefolder or fields is not None, self.path)
+        if crop is not None and not isinstance(crop, CenterCrop):
+            raise ValueError(
+                f"{self.path}: IndexedDataset takes crop=shardio.CenterCrop only, got {crop!r}: "
+                "a random crop drawn per epoch needs the epoch in every DataLoader worker; "
+                "use StreamingDataset(crop=...), which has it")
+        cropper = make_cropper(self.path, crop, 0, mode, draft_size)
+        self.decoder: SampleDecoder | FieldDecoder = SampleDecoder(
+            mode, transform=transform, target_transform=target_transform, draft_size=draft_size,
+            cropper=cropper,
+        ) if fields is None else field_decoder(
+            fields, mode=mode, manifest=self.manifest, path=self.path, transform=transform,
+            target_transform=target_transform, draft_size=draft_size, cropper=cropper,
+        )
+
+    def _reader_here(self) -> DatasetReader:
+        # A forked DataLoader worker inherits the parent's open maps and LMDB
+        # environments, which must not be shared: it opens its own.
+        if self._pid != os.getpid():
+            self._reader = self._reader.reopened()
+            self._pid = os.getpid()
+        return self._reader
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        """Unpickled in a ``spawn``/``forkserver`` worker: the reader arrives closed."""
+        self.__dict__.update(state)
+        self._pid = os.getpid()
+
+    def __len__(self) -> int:
+        return self.manifest.num_samples
+
+    def _normalise(self, index: int) -> int:
+        """``index`` counted from the end when negative, like a list.
+
+        Raises:
+            IndexError: ``index`` is outside ``-len(self)..len(self) - 1``.
+        """
+        size = len(self)
+        if not -size <= index < size:
+            raise IndexError(
+                f"{self.path}: sample {index} out of range for a dataset of {size} samples"
+            )
+        return index + size if index < 0 else index
+
+    def __getitem__(self, index: int) -> Any:
+        return self.decoder(self._reader_here().get(self._normalise(index)))
+
+    def __getitems__(self, indices: Sequence[int]) -> list[Any]:
+        """Batched fetch for the DataLoader: read in storage order, returned in the order asked.
+
+        Raises:
+            IndexError: an index is out of range (negative ones count from the end).
+        """
+        reader = self._reader_here()
+        wanted = [self._normalise(i) for i in indices]
+        fetched = {i: reader.get(i) for i in sorted(set(wanted))}
+        samples = [dict(fetched[i]) for i in wanted]
+        decoder = self.decoder
+        if decoder.shares_memory and samples and (
+                get_worker_info() is not None):  # the batch's images in one shared block
+            try:
+                parts = decoder.decode_group(samples)
+            except DecodeError:
+                pass  # one by one below, so that the error is the first bad sample's
+            else:
+                return [decoder.complete(s, part)
+                        for s, part in zip(samples, parts, strict=True)]
+        return [decoder(s) for s in samples]
+
+    def close(self) -> None:
+        """Release the open shard files."""
+        self._reader.close()
