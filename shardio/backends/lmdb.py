@@ -280,7 +280,7 @@ class LmdbShardReader:
     def __init__(self, path: str | Path) -> None:
         self.path = str(path)
         self._closed = False
-        self._keys: list[str] | None = None
+        self._keys: Sequence[str] | None = None
         self._fd = -1
         self._pid = os.getpid()
         # liblmdb follows page numbers and value sizes unchecked, so a damaged page can make

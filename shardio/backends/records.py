@@ -268,7 +268,7 @@ class RecordsShardReader:
         """Check header, footer and index, and keep what reading records needs of them."""
         self.block_index: BlockIndex | None = None
         self._offsets_list: list[int] = []
-        self._keys: list[str] | None = None
+        self._keys: Sequence[str] | None = None
         if size >= 12 and int.from_bytes(view[8:12], "little") == VERSION3:
             index3 = parse_rec(view[: HEADER3.size], view, size, path=self.path)
             self.block_index = BlockIndex(index3)

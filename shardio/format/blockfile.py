@@ -20,11 +20,12 @@ Imports from shardio only ``errors``, ``checksum``, ``format`` and ``block``.
 from __future__ import annotations
 
 import bisect
+import itertools
 import struct
 import zlib
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, BinaryIO, Final
+from typing import Any, BinaryIO, Final, overload
 
 import msgpack
 import numpy as np
@@ -82,7 +83,7 @@ class ShardIndex3:
     """``B + 1`` entries: block ``b`` holds records ``first_records[b]:first_records[b+1]``."""
     block_offsets: Int64Array | None
     """``.rec``: block ``b`` is bytes ``block_offsets[b]:block_offsets[b+1]``; LMDB: None."""
-    keys: list[str]
+    keys: Sequence[str]
     keys_crc32: int
     """zlib CRC-32 of the key section as stored: the manifest's ``keys_crc32``."""
 
@@ -237,7 +238,7 @@ def inflate_key_data(section: bytes | memoryview, *, path: str) -> bytes:
                                 "re-pack the shard", path=path) from exc
 
 
-def decode_keys(section: bytes | memoryview, num_records: int, *, path: str) -> list[str]:
+def decode_keys(section: bytes | memoryview, num_records: int, *, path: str) -> Sequence[str]:
     """The keys of a key section that must hold ``num_records``; its sizes checked first."""
     view = memoryview(section)
     _need(len(view) >= KEYS_HEAD.size, path, "the key section is shorter than its head")
@@ -259,11 +260,60 @@ def decode_keys(section: bytes | memoryview, num_records: int, *, path: str) -> 
                           KEY_FIELD, STR, 0, width, num_records, path=path, block=-1)
     assert column.offsets is not None and column.data is not None
     ends, keys = column.offsets.tolist(), column.data
+    whole = bytes(keys)
+    if whole.isascii():  # every slice decodes: each key is decoded when first asked for
+        return KeyColumn(whole, ends)
     try:
         return [str(keys[ends[i] : ends[i + 1]], "utf-8") for i in range(num_records)]
     except UnicodeDecodeError as exc:
         raise ShardCorruptError(f"{path}: a key is not UTF-8; re-pack the shard",
                                 path=path) from exc
+
+
+class KeyColumn(Sequence[str]):
+    """A shard's ASCII keys, each decoded from the key column when asked for.
+
+    Decoding all of them when a shard opens was the largest cost of the first batch on a
+    dataset of 10^5 samples (35 of 127 ms), and recurred at every open; a sample's key is
+    now decoded when it is read (``python -m benchmarks.first_sample --samples 100000
+    --workers 0`` measures the first batch).
+    """
+
+    __slots__ = ("_data", "_ends")
+
+    def __init__(self, data: bytes, ends: list[int]) -> None:
+        self._data, self._ends = data, ends
+
+    def __len__(self) -> int:
+        return len(self._ends) - 1
+
+    @overload
+    def __getitem__(self, i: int) -> str: ...
+
+    @overload
+    def __getitem__(self, i: slice) -> list[str]: ...
+
+    def __getitem__(self, i: int | slice) -> str | list[str]:
+        if isinstance(i, slice):
+            return [self[j] for j in range(*i.indices(len(self)))]
+        n = len(self._ends) - 1
+        if i < 0:
+            i += n
+        if not 0 <= i < n:
+            raise IndexError(f"key {i} out of range for {n} keys")
+        return self._data[self._ends[i] : self._ends[i + 1]].decode("ascii")
+
+    def __iter__(self) -> Iterator[str]:
+        data, ends = self._data, self._ends
+        return (data[a:b].decode("ascii") for a, b in itertools.pairwise(ends))
+
+    def __eq__(self, other: object) -> bool:
+        return list(self) == list(other) if isinstance(other, Sequence) else NotImplemented
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return f"KeyColumn({len(self)} keys)"
 
 
 class RecFileWriter3:

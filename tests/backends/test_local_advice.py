@@ -121,9 +121,9 @@ def test_the_next_window_is_hinted_once_this_one_is_decoded(
         real_hint(self, start, stop)
 
     def load(window: Any, r: int) -> Any:
-        # each run as it is decoded (a local window decodes all of its runs at once)
+        # each run as it is decoded (when its first sample is due)
         shard, start, stop = window._runs[r]
-        if not window._loaded[r] and not window._local:
+        if not window._loaded[r]:
             events.append(("decode", Path(window._reader.shard(shard).path).name, start, stop))
         return real_load(window, r)
 
