@@ -32,6 +32,8 @@ from shardio.format.blockfile import (
     FOOTER,
     RecFileWriter3,
     ShardIndex3,
+    decode_keys,
+    encode_keys,
     lmdb_entries,
     parse_lmdb,
     parse_rec,
@@ -274,3 +276,14 @@ def test_locate_finds_each_records_block() -> None:
         block, pos = index.locate(record)
         assert int(index.first_records[block]) + pos == record
         assert pos < int(index.first_records[block + 1] - index.first_records[block])
+
+
+@given(st.lists(st.text(max_size=12), max_size=40), st.booleans())
+def test_a_key_section_decodes_to_its_keys_by_index_slice_and_iteration(
+        keys: list[str], compressed: bool) -> None:
+    got = decode_keys(encode_keys(keys, 3 if compressed else None), len(keys), path="s.rec")
+    assert got == keys and list(got) == keys and len(got) == len(keys)
+    assert [got[i] for i in range(-len(keys), len(keys))] == keys + keys
+    assert got[1:-1] == keys[1:-1] and got[::2] == keys[::2]
+    with pytest.raises(IndexError):
+        got[len(keys)]
