@@ -169,6 +169,11 @@ def collect() -> list[Example]:
 EXAMPLES = collect()
 
 
+SLOW = {"docs/packing.md:7"}
+"""Examples that take half a minute (the whole command tour: ``shardio bench`` and ``shardio
+doctor`` measure): in CI's slow step, not the default run."""
+
+
 def _params() -> list[Any]:
     out = []
     for example in EXAMPLES:
@@ -177,6 +182,8 @@ def _params() -> list[Any]:
             marks.append(pytest.mark.xfail(strict=True, reason=BROKEN[example.id]))
         if example.id in CANNOT_RUN:
             marks.append(pytest.mark.skip(reason=CANNOT_RUN[example.id]))
+        if example.id in SLOW:
+            marks.append(pytest.mark.slow)
         if example.kind == "bash" and example.section in BASH_NOT_RUN:
             marks.append(pytest.mark.skip(
                 reason=f"{example.section}: {BASH_NOT_RUN[example.section]}"))
