@@ -20,8 +20,7 @@ from __future__ import annotations
 
 import struct
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
-from typing import Any, Final
+from typing import Any, Final, NamedTuple
 
 import msgpack
 import numpy as np
@@ -54,12 +53,13 @@ raw any column that would compress further (zstd itself allows about 32,768)."""
 OFFSET_WIDTHS: Final = (4, 8)
 INT_WIDTHS: Final = (1, 2, 4, 8)
 
+_INT_TYPES: Final = {w: np.dtype(f"<i{w}") for w in INT_WIDTHS}
+_OFFSET_TYPES: Final = {w: np.dtype(f"<u{w}") for w in OFFSET_WIDTHS}
 Int64Array = npt.NDArray[np.int64]
 BoolArray = npt.NDArray[np.bool_]
 
 
-@dataclass(frozen=True)
-class ColumnEntry:
+class ColumnEntry(NamedTuple):
     """One column as its block's field table describes it."""
 
     name: str
@@ -73,8 +73,7 @@ class ColumnEntry:
     """Where its stored bytes start in the block."""
 
 
-@dataclass(frozen=True)
-class BlockHead:
+class BlockHead(NamedTuple):
     """A block's head and field table, checked against the block's size."""
 
     checksum: int
@@ -84,8 +83,7 @@ class BlockHead:
     size: int
 
 
-@dataclass(frozen=True)
-class Column:
+class Column(NamedTuple):
     """One decoded column: value ``i`` of the block is ``data[offsets[i]:offsets[i+1]]``
     (bytes, str, msgpack) or ``ints[i]`` (int); absent where ``present`` is False."""
 
@@ -238,7 +236,7 @@ def check_block(buf: bytes | memoryview, *, path: str, block: int) -> None:
         ChecksumError: naming the file and block.
     """
     view = memoryview(buf)
-    _need(len(view) >= HEAD.size, path, block, f"{len(view)} bytes is shorter than a block head")
+    _need(len(view) >= HEAD.size, path, block, "{} bytes is shorter than a block head", len(view))
     stored = struct.unpack_from("<I", view)[0]
     actual = checksum_function(CRC32C)(view[4:], 0)
     if stored != actual:
@@ -261,16 +259,16 @@ def read_head(buf: bytes | memoryview, *, path: str, block: int,
     """
     view = memoryview(buf)
     size = len(view)
-    _need(size >= HEAD.size, path, block, f"{size} bytes is shorter than a block head")
+    _need(size >= HEAD.size, path, block, "{} bytes is shorter than a block head", size)
     crc, count, first, num_columns, table_bytes, stated = HEAD.unpack_from(view)
-    _need(stated == size, path, block, f"the block says it is {stated} bytes, its place {size}")
+    _need(stated == size, path, block, "the block says it is {} bytes, its place {}", stated, size)
     _need(count >= 1, path, block, "the block holds no record")
     _need(num_records is None or count == num_records, path, block,
-          f"the block holds {count} records, the shard's index says {num_records}")
+          "the block holds {} records, the shard's index says {}", count, num_records)
     _need(first_record is None or first == first_record, path, block,
-          f"the block starts at record {first}, the shard's index says {first_record}")
+          "the block starts at record {}, the shard's index says {}", first, first_record)
     _need(table_bytes <= size - HEAD.size and num_columns <= table_bytes // ENTRY.size, path,
-          block, f"a field table of {num_columns} columns in {table_bytes} bytes does not fit")
+          block, "a field table of {} columns in {} bytes does not fit", num_columns, table_bytes)
     columns: list[ColumnEntry] = []
     at, end = HEAD.size, HEAD.size + table_bytes
     data_at = end
@@ -286,17 +284,18 @@ def read_head(buf: bytes | memoryview, *, path: str, block: int,
         at += name_len
         _need(name is not None and name not in (KEY_FIELD, INDEX_FIELD)
               and all(c.name != name for c in columns), path, block,
-              f"field name {name!r} is not UTF-8, reserved or repeated")
+              "field name {!r} is not UTF-8, reserved or repeated", name)
         assert name is not None
         _need(kind <= MSGPACK and codec <= ZSTD and flags <= HAS_PRESENCE
               and width in (INT_WIDTHS if kind == INT else OFFSET_WIDTHS), path, block,
-              f"column {name!r}: kind {kind}, codec {codec}, flags {flags}, width {width}")
+              "column {!r}: kind {}, codec {}, flags {}, width {}", name, kind, codec, flags,
+              width)
         _need(stored <= size - data_at, path, block,
-              f"column {name!r} claims {stored} bytes, the block has {size - data_at} left")
+              "column {!r} claims {} bytes, the block has {} left", name, stored, size - data_at)
         _need(raw == stored if codec == RAW else stored > 0 and raw <= stored * MAX_INFLATE_RATIO,
-              path, block, f"column {name!r} claims {raw} raw bytes from {stored} stored")
+              path, block, "column {!r} claims {} raw bytes from {} stored", name, raw, stored)
         _need(raw >= raw_minimum(kind, flags, width, count), path, block,
-              f"column {name!r} of {raw} bytes is too short for {count} records")
+              "column {!r} of {} bytes is too short for {} records", name, raw, count)
         columns.append(ColumnEntry(name, kind, codec, flags, width, stored, raw, data_at))
         data_at += stored
     _need(at == end and data_at == size, path, block,
@@ -328,15 +327,16 @@ def _inflate(stored: memoryview, entry: ColumnEntry, path: str, block: int) -> m
     try:
         claimed = zstandard.frame_content_size(stored)
         _need(claimed == entry.raw, path, block,
-              f"column {entry.name!r}: its zstd frame holds {claimed} bytes, the table {entry.raw}")
+              "column {!r}: its zstd frame holds {} bytes, the table {}", entry.name, claimed,
+              entry.raw)
         raw = decompressor().decompress(stored, max_output_size=entry.raw)
     except zstandard.ZstdError as exc:
         raise ShardCorruptError(
             f"{path}: block {block}, column {entry.name!r} passed its checksum but does not "
             f"inflate ({exc}); the shard was written by a broken writer: re-pack it", path=path,
         ) from exc
-    _need(len(raw) == entry.raw, path, block, f"column {entry.name!r} inflates to {len(raw)} "
-          f"bytes, the table says {entry.raw}")
+    _need(len(raw) == entry.raw, path, block, "column {!r} inflates to {} bytes, the table says {}",
+          entry.name, len(raw), entry.raw)
     return memoryview(raw)
 
 
@@ -346,29 +346,30 @@ def parse_column(raw: memoryview, name: str, kind: int, flags: int, width: int, 
     at = 0
     present: BoolArray | None = None
     _need(len(raw) >= raw_minimum(kind, flags, width, count), path, block,
-          f"column {name!r} of {len(raw)} bytes is too short for {count} records")
+          "column {!r} of {} bytes is too short for {} records", name, len(raw), count)
     if flags & HAS_PRESENCE:
         nbytes = (count + 7) // 8
         bits = np.unpackbits(np.frombuffer(raw, np.uint8, nbytes), bitorder="little")
         present = bits[:count].astype(np.bool_)
         _need(not bits[count:].any() and bool(present.any()) and not bool(present.all()), path,
-              block, f"column {name!r}: its presence bitmap is not canonical")
+              block, "column {!r}: its presence bitmap is not canonical", name)
         at = nbytes
     if kind == INT:
         _need(len(raw) == at + width * count, path, block,
-              f"int column {name!r} is {len(raw)} bytes, {count} records of {width} need "
-              f"{at + width * count}")
-        ints = np.frombuffer(raw, f"<i{width}", count, at).astype(np.int64)
+              "int column {!r} is {} bytes, {} records of {} need {}", name, len(raw), count,
+              width, at + width * count)
+        ints = np.frombuffer(raw, _INT_TYPES[width], count, at).astype(np.int64)
         _need(present is None or not ints[~present].any(), path, block,
-              f"int column {name!r} holds a value for a record without the field")
+              "int column {!r} holds a value for a record without the field", name)
         return Column(name, kind, present, None, None, ints)
-    offsets = np.frombuffer(raw, f"<u{width}", count + 1, at).astype(np.int64)
+    offsets = np.frombuffer(raw, _OFFSET_TYPES[width], count + 1, at).astype(np.int64)
     data = raw[at + width * (count + 1) :]
+    steps = np.diff(offsets)
     _need(int(offsets[0]) == 0 and int(offsets[-1]) == len(data)
-          and not bool((np.diff(offsets) < 0).any()), path, block,
-          f"column {name!r}: offsets do not span its {len(data)} data bytes in order")
-    _need(present is None or not np.diff(offsets)[~present].any(), path, block,
-          f"column {name!r} holds bytes for a record without the field")
+          and (count == 0 or int(steps.min()) >= 0), path, block,
+          "column {!r}: offsets do not span its {} data bytes in order", name, len(data))
+    _need(present is None or not steps[~present].any(), path, block,
+          "column {!r} holds bytes for a record without the field", name)
     return Column(name, kind, present, offsets, data, None)
 
 
@@ -390,10 +391,11 @@ def decode_block(buf: bytes | memoryview, *, path: str, block: int, verify: bool
     return samples
 
 
-def _need(ok: bool, path: str, block: int, what: str) -> None:
-    """Raise the ``ShardCorruptError`` for block ``block`` unless ``ok``."""
+def _need(ok: bool, path: str, block: int, what: str, *values: object) -> None:
+    """Raise the ``ShardCorruptError`` for block ``block`` unless ``ok``: ``what`` filled
+    with ``values`` (``str.format``), formatted only then, as a block is checked often."""
     if not ok:
         raise ShardCorruptError(
-            f"{path}: block {block} is malformed: {what}; the shard is corrupt: restore it "
-            "from a copy or re-pack", path=path,
+            f"{path}: block {block} is malformed: {what.format(*values)}; the shard is "
+            "corrupt: restore it from a copy or re-pack", path=path,
         )

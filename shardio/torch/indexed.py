@@ -11,6 +11,7 @@ from torch.utils.data import Dataset, get_worker_info
 from shardio.decode.crop import CenterCrop
 from shardio.decode.fields import FieldDecoder, Fields
 from shardio.errors import DecodeError
+from shardio.reading.blockcache import DEFAULT_CACHE_BYTES
 from shardio.reading.classes import ClassAttributes
 from shardio.reading.reader import DatasetReader
 from shardio.storage.options import RemoteOptions
@@ -33,6 +34,7 @@ class IndexedDataset(ClassAttributes, Dataset[Any]):
         crop: CenterCrop | None = None,
         verify: bool = True,
         remote: RemoteOptions | None = None,
+        block_cache_bytes: int = DEFAULT_CACHE_BYTES,
     ) -> None:
         """Open the dataset at ``path`` (a folder or a URL); see ``StreamingDataset`` for the
         decode, ``fields``, ``crop`` and ``remote`` options.
@@ -40,10 +42,15 @@ class IndexedDataset(ClassAttributes, Dataset[Any]):
         ``crop`` takes ``shardio.CenterCrop`` (evaluation): the same box every time a
         sample is read. A random crop drawn per epoch needs the epoch in every worker,
         which a map-style dataset does not get: ``StreamingDataset(crop=...)`` has it.
+
+        ``block_cache_bytes``: decoded blocks each process keeps (format v3), so that a
+        sampler coming back to a block reads, checks and inflates it once; a block is
+        checked when it enters the cache. 0 keeps none.
         """
         self.path = str(path)
         self.verify = verify
-        self._reader = DatasetReader(path, verify=verify, remote=remote)
+        self._reader = DatasetReader(path, verify=verify, remote=remote,
+                                     block_cache_bytes=block_cache_bytes)
         self._pid = os.getpid()
         self.manifest = self._reader.manifest
         mode = resolve_decode(decode, self.manifest.is_imagefolder or fields is not None, self.path)
@@ -101,7 +108,8 @@ class IndexedDataset(ClassAttributes, Dataset[Any]):
         """
         reader = self._reader_here()
         wanted = [self._normalise(i) for i in indices]
-        fetched = {i: reader.get(i) for i in sorted(set(wanted))}
+        order = sorted(set(wanted))
+        fetched = dict(zip(order, reader.get_many(order), strict=True))
         samples = [dict(fetched[i]) for i in wanted]
         decoder = self.decoder
         if decoder.shares_memory and samples and (
