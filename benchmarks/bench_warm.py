@@ -12,8 +12,17 @@ defaults. Two ways of reading the same pack:
   batch_size=64)`` whose collate keeps the list of sample dicts, what a user's own collate
   starts from.
 
-Each with ``verify=True`` (the default) and ``verify=False``, the four alternated within
-each round in a rotated order, each epoch timed from building its dataset and loader (the
+and random access, what a map-style user reads through:
+
+* ``IndexedDataset``: a ``DataLoader(IndexedDataset(decode="raw"), batch_size=64,
+  shuffle=True)``, a fresh dataset each epoch (its block cache empty); ``IndexedDataset,
+  2nd epoch`` times the second epoch of one dataset (every block already decoded);
+* the single LMDB file of the harness (``benchmarks/adapters/lmdb_file.py``) written from
+  the same tree, one ``txn.get`` a sample under the same random sampler: the baseline the
+  random reads are given as a ratio to.
+
+Each shardio way with ``verify=True`` (the default) and ``verify=False``, all alternated
+within each round in a rotated order, each epoch timed from building its dataset and loader (the
 first round only warms the process). Per tree and way: microseconds per sample (median
 over rounds) with and without the checks, the checks' share, ``1 - off / on``, and the
 wait for the first batch, which the epoch includes (its window is read before it). Writes
@@ -42,23 +51,53 @@ from benchmarks.resultsfile import load_results, write_results
 
 WORK = Path(__file__).resolve().parent / "work" / "warm"
 BATCH = 64
-WAYS = ("shardio.loader", "DataLoader")
+INDEXED, AGAIN, LMDB_FILE = "IndexedDataset", "IndexedDataset, 2nd epoch", "single LMDB file"
+WAYS = ("shardio.loader", "DataLoader", INDEXED, AGAIN)
+RANDOM = (INDEXED, AGAIN)
 
 
 def _batches(way: str, pack: Path, verify: bool, seed: int) -> Iterable[Any]:
     import shardio
+    import torch
+    from torch.utils.data import DataLoader
 
+    if way in (*RANDOM, LMDB_FILE):
+        dataset: Any = (shardio.IndexedDataset(pack, decode="raw", verify=verify)
+                        if way in RANDOM else _lmdb_file(pack))
+        return DataLoader(dataset, batch_size=BATCH, shuffle=True, collate_fn=list,
+                          generator=torch.Generator().manual_seed(seed))
     dataset = shardio.StreamingDataset(pack, decode="raw", seed=seed, verify=verify)
     if way == "shardio.loader":
         return shardio.loader(dataset, batch_size=BATCH, num_workers=0)
-    from torch.utils.data import DataLoader
-
     return DataLoader(dataset, batch_size=BATCH, num_workers=0, collate_fn=list)
+
+
+def _lmdb_file(pack: Path) -> Any:
+    from benchmarks.adapters.lmdb_file import LmdbFileDataset
+
+    return LmdbFileDataset(_lmdb_path(pack), decode=False, fields=("payload",))
+
+
+def _lmdb_path(pack: Path) -> Path:
+    return pack.parent / f"{pack.name}.lmdb-file"
+
+
+def write_lmdb_file(pack: Path) -> None:
+    """The harness's single LMDB file of ``pack``'s samples, beside it: one value a sample,
+    its label and its one payload field (``pack`` holds one field besides its label)."""
+    import shardio
+    from benchmarks.adapters.lmdb_file import write_labelled
+
+    with shardio.DatasetReader(pack) as reader:
+        samples = (reader.get(i) for i in range(len(reader)))
+        write_labelled(_lmdb_path(pack), ((int(s.get("label", 0)), next(
+            v for v in s.values() if isinstance(v, bytes))) for s in samples))
 
 
 def measure_pack(pack: Path, rounds: int) -> dict[str, dict[str, list[float]]]:
     """Seconds per warm epoch of ``pack`` (``seconds``) and to its first batch
-    (``first_batch_s``), per way and ``verify``, one figure a round.
+    (``first_batch_s``), per way and ``verify``, one figure a round; the single LMDB
+    file's random epoch too where ``write_lmdb_file`` wrote it.
 
     Raises:
         RuntimeError: an epoch delivered another number of samples than the pack holds.
@@ -69,13 +108,20 @@ def measure_pack(pack: Path, rounds: int) -> dict[str, dict[str, list[float]]]:
     for path in pack.iterdir():
         path.read_bytes()
     settings = [(way, verify) for way in WAYS for verify in (True, False)]
+    if _lmdb_path(pack).exists():
+        settings.append((LMDB_FILE, True))
     seconds: dict[str, list[float]] = {f"{w} verify={v}": [] for w, v in settings}
     first: dict[str, list[float]] = {name: [] for name in seconds}
     for r in range(rounds + 1):
         for way, verify in settings[r % len(settings):] + settings[:r % len(settings)]:
             start = time.perf_counter()
+            batches = _batches(way, pack, verify, seed=r)
+            if way == AGAIN:  # the first epoch fills the block cache; the second is timed
+                for _ in batches:
+                    pass
+                start = time.perf_counter()
             first_batch, samples = 0.0, 0
-            for batch in _batches(way, pack, verify, seed=r):
+            for batch in batches:
                 first_batch = first_batch or time.perf_counter() - start
                 samples += len(batch)
             took = time.perf_counter() - start
@@ -95,6 +141,8 @@ def measure(kind: str, num_files: int, rounds: int) -> dict[str, Any]:
     pack = WORK / tree.root.name
     if not (pack / "manifest.json").exists():
         shardio.pack(tree.root, pack, seed=0, overwrite=True, progress=False)
+    if not _lmdb_path(pack).exists():
+        write_lmdb_file(pack)
     return {"kind": kind, "num_files": tree.num_files, "bytes": tree.num_bytes,
             "pack_bytes": sum(p.stat().st_size for p in pack.iterdir()),
             **measure_pack(pack, rounds)}
@@ -135,16 +183,24 @@ def warm_block(path: Path | None = None) -> str:
              f"after; one process, warm, raw samples, batches of {results['batch_size']}, "
              f"medians of {results['rounds']} rounds:", "",
              "| tree | read through | µs a sample | samples/s | first batch, ms | without the "
-             "checks, µs a sample | checks' share |", "|---|---|---|---|---|---|---|"]
+             "checks, µs a sample | checks' share | random reads: the LMDB file's time over "
+             "this |", "|---|---|---|---|---|---|---|---|"]
     for tree in results["trees"]:
-        n = tree["num_files"]
-        for way in WAYS:
-            on = statistics.median(tree["seconds"][f"{way} verify=True"])
-            off = statistics.median(tree["seconds"][f"{way} verify=False"])
+        n, times = tree["num_files"], tree["seconds"]
+        base = times.get(f"{LMDB_FILE} verify=True")
+        for way in (*WAYS, LMDB_FILE):
+            if f"{way} verify=True" not in times:
+                continue
+            on = statistics.median(times[f"{way} verify=True"])
             wait = statistics.median(tree["first_batch_s"][f"{way} verify=True"])
+            off = times.get(f"{way} verify=False")
+            unchecked = ("no checks | —" if off is None else
+                         f"{1e6 * statistics.median(off) / n:.2f} | "
+                         f"{100 * (1 - statistics.median(off) / on):.1f}%")
+            ratio = (f"{statistics.median(base) / on:.2f}×"
+                     if base and way in (*RANDOM, LMDB_FILE) else "")
             lines.append(f"| {tree['kind']} ({n:,}) | `{way}` | {1e6 * on / n:.2f} | "
-                         f"{n / on:,.0f} | {1e3 * wait:.0f} | {1e6 * off / n:.2f} | "
-                         f"{100 * (1 - off / on):.1f}% |")
+                         f"{n / on:,.0f} | {1e3 * wait:.0f} | {unchecked} | {ratio} |")
     return "\n".join(lines) + "\n"
 
 

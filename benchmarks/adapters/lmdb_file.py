@@ -9,6 +9,7 @@ settings such loaders use for random access.
 
 from __future__ import annotations
 
+import itertools
 import os
 import pickle
 import struct
@@ -76,6 +77,31 @@ class LmdbFileDataset:
         return (decode_image(data) if self.decode else data), label
 
 
+def write_values(work: Path, values: Iterable[bytes], map_size: int = 1 << 36) -> None:
+    """The single file at ``work``: value ``i`` under key ``i``, then the count."""
+    import lmdb
+
+    work.mkdir(parents=True, exist_ok=True)
+    env = lmdb.open(str(work), subdir=True, map_size=map_size, sync=True)
+    count, pending, full = 0, iter(values), True
+    while full:
+        with env.begin(write=True) as txn:
+            before = count
+            for value in itertools.islice(pending, _TXN_SAMPLES):
+                txn.put(_key(count), value, append=True)
+                count += 1
+            full = count - before == _TXN_SAMPLES
+            if not full:
+                txn.put(_COUNT_KEY, str(count).encode())
+    env.sync(True)
+    env.close()
+
+
+def write_labelled(work: Path, samples: Iterable[tuple[int, bytes]]) -> None:
+    """``write_values`` of ``(label, payload)`` pairs, as the adapter stores one field."""
+    write_values(work, (_LABEL.pack(label) + payload for label, payload in samples))
+
+
 class LmdbFileAdapter:
     """Single ``data.mdb`` holding every sample, written in source order."""
 
@@ -88,24 +114,15 @@ class LmdbFileAdapter:
         return module_missing("lmdb", "lmdb")
 
     def pack(self, tree: Tree, work: Path, *, seed: int, num_workers: int) -> None:
-        import lmdb
-
-        work.mkdir(parents=True, exist_ok=True)
-        map_size = 2 * tree.num_bytes + 4096 * tree.num_files + (1 << 26)
-        env = lmdb.open(str(work), subdir=True, map_size=map_size, sync=True)
         items = source_samples(tree)
-        for start in range(0, len(items), _TXN_SAMPLES):
-            with env.begin(write=True) as txn:
-                for index in range(start, min(start + _TXN_SAMPLES, len(items))):
-                    paths, _, label = items[index]
-                    payload = read_payload(paths)
-                    value = (_LABEL.pack(label) + payload if len(paths) == 1 else pickle.dumps(
-                        {**dict(zip(tree.fields, payload, strict=True)), "label": label}))
-                    txn.put(_key(index), value, append=True)
-        with env.begin(write=True) as txn:
-            txn.put(_COUNT_KEY, str(len(items)).encode())
-        env.sync(True)
-        env.close()
+
+        def values() -> Iterator[bytes]:
+            for paths, _, label in items:
+                payload = read_payload(paths)
+                yield (_LABEL.pack(label) + payload if len(paths) == 1 else pickle.dumps(
+                    {**dict(zip(tree.fields, payload, strict=True)), "label": label}))
+
+        write_values(work, values(), 2 * tree.num_bytes + 4096 * tree.num_files + (1 << 26))
 
     def data_files(self, tree: Tree, work: Path) -> list[Path]:
         return files_under(work)

@@ -1,5 +1,6 @@
-"""``benchmarks/bench_warm.py`` on a small pack: every way it times delivers every sample in
-every round, and its README table renders from what it measured (no duration asserted)."""
+"""``benchmarks/bench_warm.py`` on a small pack: every way it times (random access and the
+single LMDB file written from the pack too) delivers every sample in every round, and its
+README table renders from what it measured (no duration asserted)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from pathlib import Path
 import pytest
 
 import shardio
-from benchmarks.bench_warm import WAYS, measure_pack, warm_block
+from benchmarks.bench_warm import LMDB_FILE, WAYS, measure_pack, warm_block, write_lmdb_file
 from benchmarks.resultsfile import write_results
 from shardio.synth import make_tiny_tree
 
@@ -20,12 +21,14 @@ def packed(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("packed") / "ds"
     shardio.pack(src, out, options=shardio.WriteOptions(max_shard_samples=64), seed=1,
                  progress=False)
+    write_lmdb_file(out)
     return out
 
 
 def test_each_way_and_verify_setting_is_timed_once_a_round(packed: Path) -> None:
     times = measure_pack(packed, rounds=2)
     names = {f"{way} verify={verify}" for way in WAYS for verify in (True, False)}
+    names.add(f"{LMDB_FILE} verify=True")  # it has no checks to turn off
     assert set(times["seconds"]) == set(times["first_batch_s"]) == names
     assert all(len(v) == 2 for v in times["seconds"].values())
     assert all(len(v) == 2 for v in times["first_batch_s"].values())
@@ -48,4 +51,5 @@ def test_the_table_renders_one_row_a_tree_and_way(packed: Path, tmp_path: Path) 
         "rounds": 1, "batch_size": 64, "load_avg_1min": [0.5, 0.6], "trees": [tree]})
     block = warm_block(path)
     rows = [line for line in block.splitlines() if line.startswith("| tiny (300) |")]
-    assert [row.split(" | ")[1] for row in rows] == [f"`{way}`" for way in WAYS]
+    assert [row.split(" | ")[1] for row in rows] == [f"`{way}`" for way in (*WAYS, LMDB_FILE)]
+    assert rows[-1].endswith("| 1.00× |")  # the baseline against itself

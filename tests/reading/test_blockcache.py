@@ -12,7 +12,6 @@ from hypothesis import strategies as st
 
 from shardio import DatasetReader, ShardWriter, WriteOptions
 from shardio.errors import ChecksumError, ShardCorruptError
-from shardio.format.blockfile import DEFAULT_MAX_BLOCK_BYTES
 
 NUM_SAMPLES = 300
 
@@ -94,8 +93,3 @@ def test_a_damaged_block_is_refused_on_every_read(tmp_path: Path) -> None:
         with pytest.raises((ChecksumError, ShardCorruptError)):
             reader.get_many([i for i in range(NUM_SAMPLES)])
 
-
-def test_the_default_block_fits_the_default_cache() -> None:
-    from shardio.reading.blockcache import DEFAULT_CACHE_BYTES
-
-    assert DEFAULT_MAX_BLOCK_BYTES * 64 <= DEFAULT_CACHE_BYTES
