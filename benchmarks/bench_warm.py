@@ -57,9 +57,10 @@ RANDOM = (INDEXED, AGAIN)
 
 
 def _batches(way: str, pack: Path, verify: bool, seed: int) -> Iterable[Any]:
-    import shardio
     import torch
     from torch.utils.data import DataLoader
+
+    import shardio
 
     if way in (*RANDOM, LMDB_FILE):
         dataset: Any = (shardio.IndexedDataset(pack, decode="raw", verify=verify)

@@ -15,8 +15,8 @@ import atexit
 import bisect
 import os
 import weakref
-from functools import partial
 from collections.abc import Iterable, Iterator, Sequence
+from functools import partial
 from pathlib import Path
 from types import TracebackType
 from typing import Any
