@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import math
+import statistics
 from pathlib import Path
 from typing import Any
 
@@ -249,6 +250,27 @@ def block_size_block() -> str:
         if bound == DEFAULT_MAX_BLOCK_BYTES:
             cells = [f"**{c}**" for c in cells]
         lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def block_bound_warm_block() -> str:
+    """bench_warm before (128 KiB blocks) and after (512 KiB): µs a sample each way."""
+    before, after = _load("warm-block-128k.json"), _load("warm.json")
+    lines = [f"Before: {before['date']}, `{before['command']}`, shardio at git "
+             f"{before['shardio_source']['git_head']}; after: {after['date']}, "
+             f"`{after['command']}`, shardio at git {after['shardio_source']['git_head']}; "
+             "medians, checks on:", "",
+             "| tree | read through | 128 KiB: µs a sample | 512 KiB: µs a sample | after / "
+             "before |", "|---|---|---|---|---|"]
+    for old, new in zip(before["trees"], after["trees"], strict=True):
+        for name, times in old["seconds"].items():
+            if not name.endswith("verify=True") or name not in new["seconds"]:
+                continue
+            a = statistics.median(times) / old["num_files"]
+            b = statistics.median(new["seconds"][name]) / new["num_files"]
+            lines.append(f"| {old['kind']} ({old['num_files']:,}) | "
+                         f"`{name.removesuffix(' verify=True')}` | {1e6 * a:.2f} | "
+                         f"{1e6 * b:.2f} | {b / a:.2f} |")
     return "\n".join(lines) + "\n"
 
 

@@ -51,6 +51,7 @@ BLOCKS: dict[str, str] = {
     "bench-checksum": "benchmarks.decisions:checksum_block",
     "bench-cold": "benchmarks.bench_cold:cold_block",
     "block-size": "benchmarks.decisions:block_size_block",
+    "block-bound-warm": "benchmarks.decisions:block_bound_warm_block",
     "warm-v2": "benchmarks.decisions:warm_block",
     "bench-warm": "benchmarks.bench_warm:warm_block",
     "bench-dataloader-workers": "benchmarks.decisions:dataloader_block",

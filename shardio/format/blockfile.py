@@ -62,9 +62,10 @@ FOOTER = struct.Struct("<QQQQII8s")
 """Index offset, keys offset, records, blocks, CRC-32C of index and keys, version, magic."""
 KEYS_HEAD = struct.Struct("<BB6xQQ")
 """Key section head: codec of the key data, offset width, key data stored and raw bytes."""
-DEFAULT_MAX_BLOCK_BYTES: Final = 128 << 10
+DEFAULT_MAX_BLOCK_BYTES: Final = 512 << 10
 """Raw value bytes a block of several records holds at most: benchmarks/results/block_size.json
-(docs/format.md, §8.3)."""
+and, once readers keep decoded blocks, benchmarks/results/warm.json against
+warm-block-128k.json (docs/format.md, §8.3; docs/decisions.md)."""
 MIN_RECORD_BYTES: Final = 4
 """Bytes a v3 record takes in its shard at least: its key's offset in the key section."""
 FIELD_OVERHEAD: Final = 8
