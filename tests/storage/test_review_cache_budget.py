@@ -73,7 +73,9 @@ sys.stdin.read()
 
 def _pack(out: Path, seed: int, *, num: int = NUM, record: int = RECORD) -> Path:
     rng = np.random.default_rng(seed)
-    options = shardio.WriteOptions(codec="none", max_shard_samples=SHARD)
+    # several blocks a shard (the default bound would make each shard one block): the
+    # ranges a budget must hold are then a block or a few, not a whole shard
+    options = shardio.WriteOptions(codec="none", max_shard_samples=SHARD, block_records=125)
     with shardio.ShardWriter(out, options) as writer:
         for i in range(num):
             writer.write({"__key__": f"s{i:04d}", "bin": rng.bytes(record + i % 50)})
