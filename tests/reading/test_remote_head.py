@@ -191,7 +191,7 @@ def test_under_half_a_budget_only_the_first_batches_records_are_downloaded_twice
     record = dataset_bytes / NUM
     # with 2 workers, ranges a worker took were seen downloaded again (1 run in ~5 of the
     # full suite: 943,980 bytes against a bound of 887,668, once 1,064,110 against
-    # 1,004,... with one range a worker allowed): ranges evicted under this budget between
+    # 1,018,740 with one range a worker allowed): ranges evicted under this budget between
     # a worker's windows, as the two workers' windows interleave; what this test holds is
     # that no more than two ranges a worker go twice
     again = 0 if workers == 0 else 2 * workers * (64 << 10)
