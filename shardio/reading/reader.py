@@ -13,9 +13,11 @@ from __future__ import annotations
 
 import atexit
 import bisect
+import mmap
 import os
 import weakref
 from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import replace
 from functools import partial
 from pathlib import Path
 from types import TracebackType
@@ -320,8 +322,13 @@ class DatasetReader:
         return out
 
     def _decode_block(self, reader: ShardFileReader, start: int, stop: int) -> DecodedBlock:
-        return DecodedBlock(reader.read_run(start, stop), reader.keys()[start:stop],
-                            path=reader.path, verify=self.verify)
+        run = reader.read_run(start, stop)
+        if not isinstance(reader, RecordsShardReader) and isinstance(run.buffer.obj, mmap.mmap):
+            # a view of a node-cache range: kept, it would pin the range's file past its
+            # eviction, beyond the cache's budget; a copy is counted in this cache's
+            run = replace(run, buffer=memoryview(bytes(run.buffer)))
+        return DecodedBlock(run, reader.keys()[start:stop], path=reader.path,
+                            verify=self.verify)
 
     def decode_run(self, shard: int, start: int, stop: int, *, verify: bool = True
                    ) -> list[dict[str, Any]]:

@@ -12,6 +12,7 @@ spawn / forkserver workers, and the CLI with ``AWS_ENDPOINT_URL`` only.
 from __future__ import annotations
 
 import contextlib
+import mmap
 import os
 import random
 import shutil
@@ -163,17 +164,43 @@ def _cache_high_water(url: str, opts: RemoteOptions, source: Path, cache: Path) 
     return high
 
 
-def test_a_budget_smaller_than_the_dataset_holds_and_the_epoch_completes(
-        source: Path, packed: Path, s3: S3Endpoint, tmp_path: Path) -> None:
+def _uploaded_rec(packed: Path, s3: S3Endpoint, budget: int) -> str:
+    """``packed`` uploaded, if it is a ``.rec`` dataset larger than ``budget``."""
     if packed.joinpath("shard-00000.mdb").exists():
         pytest.skip("LMDB shards are cached whole: the budget must hold every shard in use")
-    url = upload(packed, s3.url)
-    dataset_bytes = sum(p.stat().st_size for p in packed.glob("*.rec"))
+    assert budget < sum(p.stat().st_size for p in packed.glob("*.rec"))
+    return upload(packed, s3.url)
+
+
+def test_a_budget_smaller_than_the_dataset_holds_and_the_epoch_completes(
+        source: Path, packed: Path, s3: S3Endpoint, tmp_path: Path) -> None:
     budget = 3 * (2 + 1) * (RANGE + (24 << 10))  # 3 processes x (2 ahead + 1), a range + a record
-    assert budget < dataset_bytes
+    url = _uploaded_rec(packed, s3, budget)
     s3.plan.reset(**FAULTS)
     opts = options(tmp_path, max_cache_bytes=budget, max_in_flight=2)
     assert 0 < _cache_high_water(url, opts, source, tmp_path / "cache") <= budget
+
+
+def test_random_reads_under_a_budget_pin_no_evicted_range(
+        source: Path, packed: Path, s3: S3Endpoint, tmp_path: Path) -> None:
+    # the reader's block cache keeps blocks decoded: a block kept as a view of a node-cache
+    # range would hold the range's file (mapped, unlinked) past its eviction, beyond the
+    # budget; kept blocks are private copies, and the folder stays within the budget
+    budget = 3 * (RANGE + (24 << 10))
+    url = _uploaded_rec(packed, s3, budget)
+    indexed = IndexedDataset(url, decode="raw", remote=options(tmp_path, max_cache_bytes=budget,
+                                                                max_in_flight=1))
+    order = list(range(120))
+    random.Random(1).shuffle(order)
+    for i in order:
+        sample = indexed[i]
+        assert bytes(sample["image"]) == (source / sample["__key__"]).read_bytes()
+        assert _folder_bytes(tmp_path / "cache") <= budget
+    kept = indexed._reader._blocks._blocks.values()
+    assert kept and all(not isinstance(column.data.obj, mmap.mmap)
+                        for block in kept for *_, column in block.columns
+                        if column.data is not None)
+    indexed.close()
 
 
 def test_read_ahead_shrinks_to_fit_a_budget_below_its_default_limits(
