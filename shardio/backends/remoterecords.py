@@ -377,6 +377,15 @@ class RemoteRecordsReader:
                 return False
         return True
 
+    def exact_bytes(self, start: int, stop: int) -> int:
+        """Bytes that reading records ``start..stop`` on their own downloads (v3: their whole
+        blocks), besides their ranges, which are downloaded whole later anyway."""
+        total = 0
+        for request in self._exact_requests(start, stop):
+            if not self._ahead.cached(request):
+                total += request.stop - request.start
+        return total
+
     def _exact_requests(self, start: int, stop: int) -> list[RangeRequest]:
         """Records ``start..stop`` on their own, one request per range holding some, or that
         whole range where it is in the cache already (reading it costs no download)."""

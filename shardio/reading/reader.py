@@ -146,6 +146,11 @@ class DatasetReader:
         return clone
 
     @property
+    def num_processes(self) -> int:
+        """Processes of this node reading the dataset at once (its DataLoader workers)."""
+        return self._source.num_processes
+
+    @property
     def is_remote(self) -> bool:
         """Whether the dataset is read from a URL (through the node cache)."""
         return self._source.is_remote

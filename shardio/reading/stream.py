@@ -25,7 +25,7 @@ import weakref
 from collections.abc import Callable, Generator, Iterable, Iterator
 from dataclasses import dataclass
 from functools import partial
-from typing import Any, Protocol, cast
+from typing import Any, Final, Protocol, cast
 
 import numpy as np
 
@@ -65,6 +65,8 @@ class ExactReads(Protocol):
     ``.rec`` shard, ``backends.remoterecords``)."""
 
     def can_read_exact(self, start: int, stop: int) -> bool: ...
+
+    def exact_bytes(self, start: int, stop: int) -> int: ...
 
     def will_need_exact(self, start: int, stop: int) -> None: ...
 
@@ -687,12 +689,16 @@ def advise_first(reader: RunReader, plan: _Window, firsts: IndexArray, head: int
     heads = head_runs(plan, firsts, head)
     reader.prefetch(dict.fromkeys(shard for shard, _start, _stop in heads))
     exact: list[Run] = []
+    extra = 0
     for shard, start, stop in heads:
         reads = _exact_reads(reader.shard(shard))
         if reads is None or not reads.can_read_exact(start, stop):
             exact = []
             break
         exact.append((shard, start, stop))
+        extra += reads.exact_bytes(start, stop)
+    if exact and extra * HEAD_SHARE > _share_bytes(reader):
+        exact = []  # the head would download too much of this process's share twice
     for shard, start, stop in exact:
         reads = _exact_reads(reader.shard(shard))
         assert reads is not None
@@ -701,6 +707,21 @@ def advise_first(reader: RunReader, plan: _Window, firsts: IndexArray, head: int
     number = {run: r for r, run in enumerate(plan.runs)}
     advise(reader, [run for run in plan.due if number[run] not in served])
     return exact
+
+
+HEAD_SHARE: Final = 32
+"""A first window's head runs are read on their own only where what they download besides
+their ranges is at most 1/32 of the dataset's bytes a reading process reads: a head run of
+v3 records is their whole blocks, and the 64 blocks of 512 KiB a first batch of images
+wants were a fifth of bench_remote's quick dataset more (downloaded / stored 1.18 with 0
+workers, 1.34 with 2, ``python -m benchmarks.bench_remote --quick``), against its target of
+1.05. Where they would be more, the first batch waits for its ranges."""
+
+
+def _share_bytes(reader: RunReader) -> int:
+    """The stored bytes of the dataset one of its reading processes on this node reads."""
+    total = sum(shard.num_bytes for shard in reader.manifest.shards)
+    return total // max(1, getattr(reader, "num_processes", 1))
 
 
 def _served_runs(plan: _Window, firsts: IndexArray, exact: list[Run]) -> set[int]:
