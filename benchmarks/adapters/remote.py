@@ -196,10 +196,6 @@ class LitDataReader:
             yield loader
 
 
-def _identity(value: Any) -> Any:
-    return value
-
-
 class WebDatasetReader:
     """WebDataset tar shards streamed over HTTP (``gopen`` runs ``curl`` per shard)."""
 
@@ -216,7 +212,7 @@ class WebDatasetReader:
     def epochs(self, tree: Tree, remote: RemoteSpec, spec: EpochSpec) -> Iterator[Iterable[Batch]]:
         import webdataset as wds
 
-        from benchmarks.adapters.wds import SHUFFLE_BUFFER, _field
+        from benchmarks.adapters.wds import SHUFFLE_BUFFER, _raw
 
         urls = [f"{remote.http_url}/{name}" for name in remote.files if name.endswith(".tar")]
         dataset = wds.WebDataset(
@@ -226,7 +222,7 @@ class WebDatasetReader:
         )
         if spec.shuffle:
             dataset = dataset.shuffle(SHUFFLE_BUFFER)
-        dataset = dataset.to_tuple(_field(tree), "cls").map_tuple(_identity, int)
+        dataset = dataset.to_tuple(*tree.fields, "cls").map(_raw)
         dataset = dataset.batched(spec.batch_size, collation_fn=collate_pairs, partial=True)
         loader = wds.WebLoader(dataset, batch_size=None, num_workers=spec.num_workers)
         for _ in range(spec.num_epochs):
