@@ -709,13 +709,17 @@ def advise_first(reader: RunReader, plan: _Window, firsts: IndexArray, head: int
     return exact
 
 
-HEAD_SHARE: Final = 32
+HEAD_SHARE: Final = 20
 """A first window's head runs are read on their own only where what they download besides
-their ranges is at most 1/32 of the dataset's bytes a reading process reads: a head run of
+their ranges is at most 1/20 of the dataset's bytes a reading process reads (what a target
+of 1.05 times the stored bytes leaves for bytes downloaded twice): a head run of
 v3 records is their whole blocks, and the 64 blocks of 512 KiB a first batch of images
 wants were a fifth of bench_remote's quick dataset more (downloaded / stored 1.18 with 0
-workers, 1.34 with 2, ``python -m benchmarks.bench_remote --quick``), against its target of
-1.05. Where they would be more, the first batch waits for its ranges."""
+workers, 1.34 with 2: ``benchmarks/results/remote-quick-before-head-cap.json``), against
+its target of 1.05. Where they would be more, the first batch waits for its ranges:
+there 1.00 and 1.00, the first epoch 12% and 18% faster, the first batch 2.1 s instead
+of 0.8 with 0 workers (``python -m benchmarks.bench_remote --quick``,
+``benchmarks/results/remote-quick.json``)."""
 
 
 def _share_bytes(reader: RunReader) -> int:
