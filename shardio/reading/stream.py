@@ -717,7 +717,7 @@ v3 records is their whole blocks, and the 64 blocks of 512 KiB a first batch of 
 wants were a fifth of bench_remote's quick dataset more (downloaded / stored 1.18 with 0
 workers, 1.34 with 2: ``benchmarks/results/remote-quick-before-head-cap.json``), against
 its target of 1.05. Where they would be more, the first batch waits for its ranges:
-there 1.00 and 1.00, the first epoch 12% and 18% faster, the first batch 2.1 s instead
+there 1.00 and 1.00, the first epoch 9% and 20% faster, the first batch 2.2 s instead
 of 0.8 with 0 workers (``python -m benchmarks.bench_remote --quick``,
 ``benchmarks/results/remote-quick.json``)."""
 
