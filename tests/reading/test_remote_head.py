@@ -106,6 +106,34 @@ def test_the_first_batch_is_read_record_by_record_and_each_range_once_after(
     local.close()
 
 
+def test_v3_blocks_too_large_to_read_twice_are_taken_with_their_ranges(
+        s3: S3Endpoint, tmp_path: Path) -> None:
+    # a v3 record read on its own is its whole block: here 4 blocks of 60 KB for a first
+    # batch of 4, each a small part of its range (one shard of 1.4 MB), but together a
+    # sixth of the dataset downloaded twice; the first batch waits for its range and
+    # every byte is downloaded once (besides the shard's tail)
+    out = tmp_path / "v3"
+    rng = np.random.default_rng(5)
+    options = shardio.WriteOptions(codec="none", max_shard_samples=2 * NUM, block_records=20)
+    with shardio.ShardWriter(out, options) as writer:
+        for i in range(2 * NUM):
+            writer.write({"__key__": f"s{i:03d}", "bin": rng.bytes(3000)})
+    manifest = shardio.read_manifest(out)
+    assert manifest.version == 3 and len(manifest.shards) == 1
+    _upload(out, s3.url)
+    s3.plan.reset()
+    remote = RemoteOptions(cache_dir=tmp_path / "cache", max_cache_bytes=64 << 20,
+                           range_bytes=16 << 20, retry=FAST_RETRY)
+    ds = shardio.StreamingDataset(s3.url, decode="raw", shuffle_buffer=2 * NUM, block_size=20,
+                                  seed=3, remote=remote)
+    keys = Counter(key for batch in shardio.loader(ds, batch_size=BATCH, num_workers=0)
+                   for key in batch.keys)
+    assert len(keys) == 2 * NUM and set(keys.values()) == {1}
+    stored = sum(shard.num_bytes for shard in manifest.shards)
+    tails = sum(tail_guess(shard.num_bytes, shard.num_samples) for shard in manifest.shards)
+    assert s3.plan.body_bytes <= stored + tails
+
+
 def test_a_cached_dataset_downloads_nothing_for_its_first_batch(
         packed: Path, s3: S3Endpoint, tmp_path: Path) -> None:
     _upload(packed, s3.url)
