@@ -45,8 +45,13 @@ from shardio.reading.reader import DatasetReader
 from shardio.reading.stream import iter_chunks, iter_samples
 from shardio.storage.options import RemoteOptions
 from shardio.torch.badimage import OnBadImage, Skipped, SkippedImages, check_on_bad_image
-from shardio.torch.collate import field_decoder
-from shardio.torch.decoders import Decode, SampleDecoder, make_cropper, resolve_decode
+from shardio.torch.decoders import (
+    Decode,
+    SampleDecoder,
+    make_cropper,
+    make_decoder,
+    resolve_decode,
+)
 from shardio.torch.distributed import env_rank
 from shardio.torch.state import SharedState, pass_state
 
@@ -270,13 +275,9 @@ class StreamingDataset(ClassAttributes, IterableDataset[Any]):
         mode = resolve_decode(decode, self.manifest.is_imagefolder or fields is not None, self.path)
         cropper = make_cropper(self.path, crop, seed, mode, draft_size)
         self._cropper = cropper
-        self.decoder: SampleDecoder | FieldDecoder = SampleDecoder(
-            mode, transform=transform, target_transform=target_transform, draft_size=draft_size,
-            cropper=cropper,
-        ) if fields is None else field_decoder(
-            fields, mode=mode, manifest=self.manifest, path=self.path, transform=transform,
-            target_transform=target_transform, draft_size=draft_size, cropper=cropper,
-        )
+        self.decoder: SampleDecoder | FieldDecoder = make_decoder(
+            mode, fields, manifest=self.manifest, path=self.path, transform=transform,
+            target_transform=target_transform, draft_size=draft_size, cropper=cropper)
         mean = self.manifest.num_bytes / max(self.manifest.num_samples, 1)
         window = shuffle_buffer if shuffle_buffer is not None else default_window(mean)
         self.config = PlanConfig(

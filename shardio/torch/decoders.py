@@ -11,9 +11,11 @@ import numpy as np
 import torch
 
 from shardio.decode.crop import Crop, Cropper
+from shardio.decode.fields import FieldDecoder, Fields
 from shardio.decode.image import open_image
+from shardio.format.manifest import Manifest
 from shardio.format.record import INDEX_FIELD, KEY_FIELD
-from shardio.torch.collate import decode_shared
+from shardio.torch.collate import decode_shared, field_decoder
 from shardio.torch.resize import resize_box
 
 Decode = Literal["auto", "raw", "pil", "tensor"]
@@ -130,3 +132,18 @@ def make_cropper(path: str, crop: Crop | None, seed: int, mode: str,
         raise ValueError(f"{path}: crop= picks each JPEG's decode scale itself; pass crop= "
                          "or draft_size=, not both")
     return Cropper(crop, seed, resize=resize_box)
+
+
+def make_decoder(mode: str, fields: Fields | Sequence[str] | None, *, manifest: Manifest,
+                 path: str, transform: Callable[[Any], Any] | None,
+                 target_transform: Callable[[Any], Any] | None,
+                 draft_size: tuple[int, int] | None, cropper: Cropper | None,
+                 ) -> SampleDecoder | FieldDecoder:
+    """What a dataset hands each sample out through: the ``decode=`` mode's, or with
+    ``fields=`` one decoder a field (``collate.field_decoder``)."""
+    if fields is None:
+        return SampleDecoder(mode, transform=transform, target_transform=target_transform,
+                             draft_size=draft_size, cropper=cropper)
+    return field_decoder(fields, mode=mode, manifest=manifest, path=path, transform=transform,
+                         target_transform=target_transform, draft_size=draft_size,
+                         cropper=cropper)

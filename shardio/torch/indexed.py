@@ -15,8 +15,13 @@ from shardio.reading.blockcache import DEFAULT_CACHE_BYTES
 from shardio.reading.classes import ClassAttributes
 from shardio.reading.reader import DatasetReader
 from shardio.storage.options import RemoteOptions
-from shardio.torch.collate import field_decoder
-from shardio.torch.decoders import Decode, SampleDecoder, make_cropper, resolve_decode
+from shardio.torch.decoders import (
+    Decode,
+    SampleDecoder,
+    make_cropper,
+    make_decoder,
+    resolve_decode,
+)
 
 
 class IndexedDataset(ClassAttributes, Dataset[Any]):
@@ -60,13 +65,9 @@ class IndexedDataset(ClassAttributes, Dataset[Any]):
                 "a random crop drawn per epoch needs the epoch in every DataLoader worker; "
                 "use StreamingDataset(crop=...), which has it")
         cropper = make_cropper(self.path, crop, 0, mode, draft_size)
-        self.decoder: SampleDecoder | FieldDecoder = SampleDecoder(
-            mode, transform=transform, target_transform=target_transform, draft_size=draft_size,
-            cropper=cropper,
-        ) if fields is None else field_decoder(
-            fields, mode=mode, manifest=self.manifest, path=self.path, transform=transform,
-            target_transform=target_transform, draft_size=draft_size, cropper=cropper,
-        )
+        self.decoder: SampleDecoder | FieldDecoder = make_decoder(
+            mode, fields, manifest=self.manifest, path=self.path, transform=transform,
+            target_transform=target_transform, draft_size=draft_size, cropper=cropper)
 
     def _reader_here(self) -> DatasetReader:
         # A forked DataLoader worker inherits the parent's open maps and LMDB
