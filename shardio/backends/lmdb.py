@@ -13,29 +13,27 @@ sample keys as a msgpack array of str (``B`` bytes with CRC-32 ``C``).
 The writer appends in large write transactions (``append=True``) straight into
 the file it is given and fsyncs once. LMDB is deterministic and zero-fills the
 pages it allocates (``meminit``), so identical input gives an identical file.
-LMDB checks no checksums of its own and trusts every page number it reads, so
-the reader first proves the file's B-tree structure sound
-(``shardio.backends.lmdbcheck``: no page reference or value leaves the file),
-then checks every value's length against its frame header; LMDB errors are
-translated into shardio errors here.
 
-py-lmdb refuses to open one file twice in a process, so the readers of a file
-share one environment (``shardio.backends.lmdbenv``, which also runs the
-structure check and translates errors at open); each reader keeps its own read
-transaction. A reader a forked child inherited is never used there: it lets go
-of the parent's transaction and says to open the shard again. This module
-imports only ``errors``, ``format``, ``backends.lmdbcheck`` and
-``backends.lmdbenv`` from shardio.
+Reading needs no liblmdb: LMDB checks no checksums of its own and trusts every
+page number it reads (one flipped bit can send it past the end of the file), so
+the reader first proves the file's B-tree structure sound and finds where every
+value lies (``shardio.backends.lmdbcheck``: no page reference or value leaves
+the file), then cuts values from its own read-only map of the file. A v3 block
+is then a view, checked by its CRC-32C like a ``.rec`` shard's, never a copy
+(a copy per block, and one more to join a run's, made LMDB shards 3x slower than
+``.rec`` ones on a warm image epoch: ``benchmarks.run --quick``, ``shardio-lmdb``).
+This module imports only ``errors``, ``format``, ``backends`` and
+``backends.lmdbcheck`` from shardio.
 """
 
 from __future__ import annotations
 
+import mmap
 import os
-import weakref
 import zlib
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any, Final, NoReturn
+from typing import Any, Final
 
 import lmdb
 import msgpack
@@ -43,15 +41,11 @@ import numpy as np
 
 from shardio.backends import ShardFileEncoder
 from shardio.backends.lmdbcheck import check_lmdb_file
-from shardio.backends.lmdbenv import REPACK as _REPACK
-from shardio.backends.lmdbenv import SharedEnv, acquire_env, release_env
-from shardio.backends.lmdbenv import translate_error as _translate
 from shardio.errors import (
     ChecksumError,
     PackError,
     ShardCorruptError,
-    ShardioError,
-    TruncatedShardError,
+    ShardMissingError,
     UnsupportedVersionError,
 )
 from shardio.format.blockfile import INDEX_KEY as INDEX_KEY
@@ -76,6 +70,7 @@ KEYS_KEY: Final = b"__shardio_keys__"
 NUM_META_ENTRIES: Final = 2
 MAX_META_BYTES: Final = 1024
 
+_REPACK: Final = "the shard is damaged: restore it from a copy or re-pack"
 INITIAL_MAP_BYTES: Final = 1 << 30
 """Address space the writer reserves at first; it doubles whenever a batch does not fit."""
 BATCH_BYTES: Final = 32 << 20
@@ -226,112 +221,61 @@ class LmdbShardWriter:
         self.path.unlink(missing_ok=True)
 
 
-_LIVE: weakref.WeakSet[LmdbShardReader] = weakref.WeakSet()
-"""Every open reader of this process, so that a forked child can let go of their transactions."""
-
-
-def _forget_inherited_readers() -> None:
-    """In a forked child: every reader lets go of its parent's transaction and environment."""
-    for reader in list(_LIVE):
-        reader._txn = _InheritedTxn(reader.path)
-        reader._shared = None
-
-
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_forget_inherited_readers)
-
-
-class _InheritedTxn:
-    """Stands in, in a forked child, for the read transaction a reader had in its parent."""
-
-    def __init__(self, path: str) -> None:
-        self.path = path
-
-    def _refuse(self) -> NoReturn:
-        raise ShardioError(
-            f"{self.path}: this LMDB shard reader was opened before the process forked, and "
-            "liblmdb forbids using its environment in the child; open the shard again here "
-            "(shardio's datasets and DatasetReader do so by themselves)",
-            path=self.path,
-        )
-
-    def get(self, key: bytes) -> NoReturn:
-        self._refuse()
-
-    def cursor(self) -> NoReturn:
-        self._refuse()
-
-    def abort(self) -> None:
-        """Nothing to end: the transaction is the parent's."""
-
-
 class LmdbShardReader:
-    """Opens one LMDB shard read-only, without a lock file, and serves its frames.
+    """Maps one LMDB shard, proved sound first, and serves its values as views of the map.
 
-    Frames are returned as copies (``memoryview`` over ``bytes``), never as views
-    into LMDB's map: such a view would dangle, and crash the process when read,
-    once the shard is closed. ``offset(i)`` returns ``i``: LMDB places values on
-    pages as it sees fit, so a record has no stable byte offset to report. One
-    reader holds one LMDB read transaction: use it from one thread at a time.
-    Readers of one file in one process share its environment (``lmdbenv``), so
-    any number of them may be open at once.
+    liblmdb is not used to read: ``check_lmdb_file`` walks every page a read could
+    reach and returns where each value lies, so values are cut from this reader's
+    own map of the file, and they stay valid while a caller holds them, after
+    ``close`` and in a forked child too. ``offset(i)`` returns ``i``: LMDB places
+    values on pages as it sees fit, so a record has no stable byte offset to report.
     """
 
     def __init__(self, path: str | Path) -> None:
         self.path = str(path)
-        self._closed = False
         self._keys: Sequence[str] | None = None
-        self._fd = -1
-        self._pid = os.getpid()
-        # liblmdb follows page numbers and value sizes unchecked, so a damaged page can make
-        # it read past the end of the file (SIGBUS): the file is proved sound before this
-        # process first maps it (looked up here at each open, so that tests and benchmarks
-        # can stand in for it)
-        shared, self._size = acquire_env(self.path, check=check_lmdb_file)
-        self._shared: SharedEnv | None = shared
-        txn: lmdb.Transaction[memoryview] | None = None
         try:
-            try:
-                stat, info = shared.env.stat(), shared.env.info()
-                txn = shared.env.begin(buffers=True)
-            except lmdb.Error as exc:
-                raise _translate(exc, self.path, "opening the shard") from exc
-            self._txn: lmdb.Transaction[memoryview] | _InheritedTxn = txn
-            needed = (info["last_pgno"] + 1) * stat["psize"]
-            if self._size < needed:  # shrunk since the check: refuse before any page is read
-                raise TruncatedShardError(
-                    f"{self.path}: shard is {self._size} bytes but its LMDB header says "
-                    f"{needed}; it is truncated: restore it from a copy or re-pack",
-                    path=self.path, offset=self._size,
-                )
-            self.block_index: BlockIndex | None = None
-            self._meta = self._read_meta(stat["entries"] - NUM_META_ENTRIES)
-            if self._meta.get("version") == VERSION3:
-                self.block_index = BlockIndex(parse_lmdb(
-                    self._value(META_KEY), self._value(INDEX_KEY), self._value(KEYS_KEY),
-                    stat["entries"] - NUM_META_ENTRIES - 1, path=self.path))
-                self._keys = self.block_index.index.keys
-        except BaseException:
-            if txn is not None:
-                txn.abort()
-            release_env(shared)
-            raise
+            fd = os.open(self.path, os.O_RDONLY)
+        except FileNotFoundError as exc:
+            raise ShardMissingError(
+                f"{self.path}: shard file is missing; the dataset is incomplete. Restore the "
+                "file, or re-pack the dataset",
+                path=self.path,
+            ) from exc
+        try:
+            # the check and the map read one open file: a path replaced meanwhile is not mixed
+            layout = check_lmdb_file(self.path, fd=fd)
+            self._size = os.fstat(fd).st_size
+            self._mmap: mmap.mmap | None = mmap.mmap(fd, self._size, access=mmap.ACCESS_READ)
+        finally:
+            os.close(fd)
+        self._view = memoryview(self._mmap)
+        numbered = layout.numbered
+        self._named = layout.named
+        self._starts = numbered[:, 1].copy()
+        self._stops = numbered[:, 1] + numbered[:, 2]
+        keys = numbered[:, 0]
+        missing = np.flatnonzero(keys != np.arange(len(keys)))
+        if len(missing):
+            raise ShardCorruptError(
+                f"{self.path}: record (v3: block) {int(missing[0])} is missing from the LMDB "
+                f"file, key {int(keys[missing[0]])} is in its place; {_REPACK}",
+                path=self.path, record=int(missing[0]))
+        self.block_index: BlockIndex | None = None
+        self._meta = self._read_meta(len(keys))
+        if self._meta.get("version") == VERSION3:
+            self.block_index = BlockIndex(parse_lmdb(
+                self._value(META_KEY), self._value(INDEX_KEY), self._value(KEYS_KEY),
+                len(keys), path=self.path))
+            self._keys = self.block_index.index.keys
         self.num_records: int = self._meta["num_records"]
         self.checksum: str = self._meta.get("checksum", CHECKSUM_OF_VERSION[1])
-        _LIVE.add(self)
 
-    def _get(self, key: bytes, doing: str, record: int | None = None) -> memoryview | None:
-        try:
-            return self._txn.get(key)
-        except lmdb.Error as exc:
-            self._check_open()
-            raise _translate(exc, self.path, doing, record) from exc
-
-    def _read_meta(self, num_entries: int) -> dict[str, Any]:
-        """The checked metadata entry; ``num_entries`` is how many records the file holds."""
-        view = self._get(META_KEY, "reading the shard metadata")
+    def _read_meta(self, num_values: int) -> dict[str, Any]:
+        """The checked metadata entry; ``num_values``: how many numbered values the file holds."""
+        view = self._value(META_KEY)
         meta: Any = None
-        if view is not None and len(view) <= MAX_META_BYTES:
+        if 0 < len(view) <= MAX_META_BYTES:
             try:
                 meta = msgpack.unpackb(view, raw=False)
             except Exception:  # msgpack raises several unrelated types on bad input
@@ -358,18 +302,23 @@ class LmdbShardReader:
             raise ShardCorruptError(
                 f"{self.path}: the metadata names checksum {checksum!r}; known: "
                 f"{', '.join(NAMES)}. {_REPACK}, or upgrade shardio", path=self.path)
-        if not all(type(meta.get(f)) is int for f in fields) or meta["num_records"] != num_entries:
+        if not all(type(meta.get(f)) is int for f in fields) or meta["num_records"] != num_values:
             raise ShardCorruptError(
-                f"{self.path}: metadata {meta} does not match the {num_entries} records the "
+                f"{self.path}: metadata {meta} does not match the {num_values} records the "
                 f"file holds; {_REPACK}",
                 path=self.path,
             )
         return meta
 
-    def _value(self, key: bytes) -> bytes:
-        """A copy of entry ``key`` (empty where it is missing: the caller's check refuses it)."""
-        view = self._get(key, f"reading the entry {key!r}")
-        return b"" if view is None else bytes(view)
+    def _value(self, key: bytes) -> memoryview:
+        """Entry ``key`` (empty where it is missing: the caller's check refuses it)."""
+        at, size = self._named.get(key, (0, 0))
+        return self._open_view()[at : at + size]
+
+    def _open_view(self) -> memoryview:
+        if self._mmap is None:
+            raise ValueError(f"{self.path}: the shard reader is closed")
+        return self._view
 
     def _check_framed(self) -> None:
         if self.block_index is not None:
@@ -377,35 +326,28 @@ class LmdbShardReader:
                             "record: read records with read_run and shardio.format.runs")
 
     def _read_blocks(self, start: int, stop: int) -> RunBytes:
-        """Records ``start..stop`` of a v3 shard as copies of their blocks, one cursor pass."""
+        """Records ``start..stop`` of a v3 shard: one view from their first block's start to
+        their last one's end; LMDB's page headers lie between blocks (``RunBytes.ends``)."""
         assert self.block_index is not None
         b0, b1 = self.block_index.blocks(start, stop)
-        values: list[bytes] = []
-        try:
-            with self._txn.cursor() as cursor:
-                if b1 > b0 and cursor.set_key(block_key(b0)):
-                    for key, value in cursor.iternext():
-                        if key != block_key(b0 + len(values)):
-                            break
-                        values.append(bytes(value))
-                        if len(values) == b1 - b0:
-                            break
-        except lmdb.Error as exc:
-            self._check_open()
-            raise _translate(exc, self.path, "reading blocks", start) from exc
-        if len(values) != b1 - b0:
-            raise ShardCorruptError(
-                f"{self.path}: block {b0 + len(values)} (records from "
-                f"{self.block_index.firsts[b0 + len(values)]}) is missing from the LMDB file; "
-                f"{_REPACK}", path=self.path, record=self.block_index.firsts[b0 + len(values)])
-        bounds = np.zeros(len(values) + 1, np.int64)
-        np.cumsum(np.fromiter(map(len, values), np.int64, len(values)), out=bounds[1:])
-        return RunBytes(memoryview(b"".join(values)), bounds, CRC32C, None, -1,
+        view = self._open_view()
+        if b1 == b0:
+            return RunBytes(view[:0], np.zeros(1, np.int64), CRC32C, None, -1,
+                            np.asarray(self.block_index.firsts[b0 : b0 + 1], np.int64),
+                            (start, stop), b0, np.zeros(0, np.int64))
+        starts, stops = self._starts[b0:b1], self._stops[b0:b1]
+        lo, hi = int(starts.min()), int(stops.max())
+        bounds = np.append(starts, stops[-1]) - lo
+        return RunBytes(view[lo:hi], bounds, CRC32C, None, -1,
                         np.asarray(self.block_index.firsts[b0 : b1 + 1], np.int64),
-                        (start, stop), b0)
+                        (start, stop), b0, stops - lo)
 
-    def _copy_frame(self, view: memoryview, index: int) -> memoryview:
-        """A private copy of record ``index``'s value, once its length agrees with its frame."""
+    def frame(self, index: int) -> memoryview:
+        """Framed bytes of record ``index`` (a view of the map)."""
+        self._check_framed()
+        if not 0 <= index < self.num_records:
+            raise IndexError(f"{self.path}: record {index} out of range 0..{self.num_records - 1}")
+        view = self._open_view()[int(self._starts[index]) : int(self._stops[index])]
         if len(view) >= FRAME_SIZE:
             length = FRAME_SIZE + FRAME.unpack_from(view)[0]
             if length != len(view):
@@ -414,64 +356,30 @@ class LmdbShardReader:
                     f"frame says {length}; {_REPACK}",
                     path=self.path, record=index,
                 )
-        return memoryview(bytes(view))
-
-    def frame(self, index: int) -> memoryview:
-        """Framed bytes of record ``index`` (a copy)."""
-        self._check_framed()
-        if not 0 <= index < self.num_records:
-            raise IndexError(f"{self.path}: record {index} out of range 0..{self.num_records - 1}")
-        view = self._get(record_key(index), "reading the record", index)
-        if view is None:
-            raise ShardCorruptError(
-                f"{self.path}: record {index} is missing from the LMDB file; {_REPACK}",
-                path=self.path, record=index,
-            )
-        return self._copy_frame(view, index)
+        return view
 
     def offset(self, index: int) -> int:
         """Record ``index`` itself: LMDB has no stable byte offset for a record."""
         return index
 
     def scan(self, start: int = 0, stop: int | None = None) -> Iterator[tuple[int, memoryview]]:
-        """Yield ``(index, framed bytes)`` for records ``start..stop`` with one cursor."""
+        """Yield ``(index, framed bytes)`` for records ``start..stop``."""
         self._check_framed()
         stop = self.num_records if stop is None else stop
         if not 0 <= start <= stop <= self.num_records:
             raise IndexError(f"{self.path}: records {start}..{stop} out of range "
                              f"0..{self.num_records}")
-        expected = start
-        try:
-            with self._txn.cursor() as cursor:
-                if start == stop or not cursor.set_key(record_key(start)):
-                    items: Iterator[tuple[memoryview, memoryview]] = iter(())
-                else:
-                    items = cursor.iternext()
-                for key, value in items:
-                    if key != record_key(expected):
-                        break
-                    yield expected, self._copy_frame(value, expected)
-                    expected += 1
-                    if expected == stop:
-                        break
-        except lmdb.Error as exc:
-            self._check_open()
-            raise _translate(exc, self.path, "scanning the shard", expected) from exc
-        if expected != stop:
-            raise ShardCorruptError(
-                f"{self.path}: record {expected} is missing from the LMDB file; {_REPACK}",
-                path=self.path, record=expected,
-            )
+        for index in range(start, stop):
+            yield index, self.frame(index)
 
     def read_frames(self, start: int, stop: int) -> list[memoryview]:
-        """Records ``start..stop`` as private copies, read with one cursor pass."""
+        """Records ``start..stop`` as views of the map."""
         return [framed for _index, framed in self.scan(start, stop)]
 
     def read_run(self, start: int, stop: int) -> RunBytes:
-        """Records ``start..stop`` copied into one private buffer with one cursor pass.
-
-        ``check_frames`` then checks each value's length against its frame header
-        and each frame's own checksum (LMDB records have no chain).
+        """Records ``start..stop``: a v3 shard's blocks as one view, a v1/v2 shard's frames
+        copied into one private buffer (``check_frames`` then checks each value's length
+        against its frame header and each frame's own checksum: LMDB records have no chain).
         """
         if self.block_index is not None:
             return self._read_blocks(start, stop)
@@ -481,30 +389,26 @@ class LmdbShardReader:
         return RunBytes(memoryview(b"".join(frames)), bounds, self.checksum, None, -1)
 
     def will_need(self, start: int, stop: int) -> None:
-        """Hint the kernel to read the share of the file records ``start..stop`` likely use.
-
-        LMDB allocates pages in write order, so record ``i`` lies near ``i / num_records``
-        of the file; a wrong guess only costs readahead.
-        """
-        self._check_open()
-        if self.num_records == 0 or not hasattr(os, "posix_fadvise"):
+        """Hint the kernel to read the values records ``start..stop`` use."""
+        view = self._open_view()
+        if self.num_records == 0 or stop <= start or not hasattr(mmap, "MADV_WILLNEED"):
             return
-        if self._fd < 0:
-            self._fd = os.open(self.path, os.O_RDONLY)
-        lo = self._size * start // self.num_records
-        hi = -(-self._size * stop // self.num_records)
-        os.posix_fadvise(self._fd, lo, hi - lo, os.POSIX_FADV_WILLNEED)
+        b0, b1 = (self.block_index.blocks(start, stop) if self.block_index is not None
+                  else (start, stop))
+        if b1 <= b0:
+            return
+        lo = int(self._starts[b0:b1].min()) // mmap.PAGESIZE * mmap.PAGESIZE
+        hi = int(self._stops[b0:b1].max())
+        assert self._mmap is not None and len(view) >= hi
+        self._mmap.madvise(mmap.MADV_WILLNEED, lo, hi - lo)
 
     def keys(self) -> Sequence[str]:
         """Every record's ``__key__``, read and checked on first use."""
         if self._keys is None:
-            view = self._get(KEYS_KEY, "reading the key list")
+            view = self._value(KEYS_KEY)
             keys: Any = None
-            if (
-                view is not None
-                and len(view) == self._meta["keys_bytes"]
-                and zlib.crc32(view) == self._meta["keys_crc32"]
-            ):
+            if len(view) == self._meta["keys_bytes"] and zlib.crc32(view) == self._meta[
+                    "keys_crc32"]:
                 keys = msgpack.unpackb(view, raw=False)
             if not isinstance(keys, list) or len(keys) != self.num_records:
                 raise ChecksumError(
@@ -515,28 +419,13 @@ class LmdbShardReader:
             self._keys = keys
         return self._keys
 
-    def _check_open(self) -> None:
-        if self._closed:
-            raise ValueError(f"{self.path}: the shard reader is closed")
-
     def close(self) -> None:
-        """End the read transaction and let go of the file; frames handed out stay valid.
-
-        The environment closes with the last reader of the file in this process.
-        In a forked child a reader opened in the parent touches nothing of LMDB's.
-        """
-        if self._closed:
-            return
-        self._closed = True
-        _LIVE.discard(self)
-        if self._fd >= 0:
-            os.close(self._fd)
-            self._fd = -1
-        shared, self._shared = self._shared, None
-        if shared is None or self._pid != os.getpid():  # inherited: py-lmdb's to finalize
-            self._txn = _InheritedTxn(self.path)
+        """Let go of the map (unmapped when the last value a caller holds is dropped)."""
+        mapped, self._mmap = self._mmap, None
+        if mapped is None:
             return
         try:
-            self._txn.abort()
-        finally:
-            release_env(shared)
+            self._view.release()
+            mapped.close()
+        except BufferError:
+            pass

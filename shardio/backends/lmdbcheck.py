@@ -21,6 +21,10 @@ reach lies inside the file, once, before ``shardio.backends.lmdb`` opens it:
   too: liblmdb's read path never uses it, and cold it costs a random read);
 * the page, entry and depth counts the meta page holds match the tree.
 
+Walking every leaf, the check also finds where each value lies in the file
+(``LmdbLayout.numbered`` and ``named``): ``shardio.backends.lmdb`` reads values
+from its own map of the file at those places, so liblmdb only ever writes shards.
+
 The free-page database is only read by write transactions, which shardio never
 starts on a shard, so only its root number is checked. The layout is liblmdb's
 (``mdb.c``, data version 1) on 64-bit platforms: 16-byte page headers, 8-byte
@@ -31,8 +35,11 @@ from __future__ import annotations
 
 import os
 import struct
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Final
+
+import numpy as np
+import numpy.typing as npt
 
 from shardio.errors import ShardCorruptError, TruncatedShardError, UnsupportedVersionError
 
@@ -78,6 +85,11 @@ class LmdbLayout:
     depth: int
     num_pages_read: int
     """Branch, leaf and overflow-header pages read by the check."""
+    numbered: npt.NDArray[np.int64] = field(default_factory=lambda: np.zeros((0, 3), np.int64))
+    """One row ``(key, offset, size)`` per entry whose key is 8 bytes (a record or block
+    number, big-endian), in key order: its value is ``size`` bytes at ``offset``."""
+    named: dict[bytes, tuple[int, int]] = field(default_factory=dict)
+    """``(offset, size)`` of each value whose key is not 8 bytes long (shard metadata)."""
 
 
 @dataclass(frozen=True)
@@ -101,11 +113,14 @@ class _Meta:
     txnid: int
 
 
-def check_lmdb_file(path: str, *, overflow_headers: bool = False) -> LmdbLayout:
-    """Prove that liblmdb reading ``path`` stays inside the file.
+def check_lmdb_file(path: str, *, overflow_headers: bool = False,
+                    fd: int | None = None) -> LmdbLayout:
+    """Prove that liblmdb reading ``path`` stays inside the file, and find its values.
 
     Args:
         path: an LMDB file (``subdir=False``) with one unnamed database.
+        fd: the file already open (read at its size now; left open): a reader maps the
+            very file it checked, even if the path is replaced meanwhile.
         overflow_headers: also read the first page of every overflow run and check
             its header. liblmdb's read path never uses those headers, and on a cold
             file each is a random read (one per big value; docs/decisions.md, "LMDB shards"),
@@ -121,13 +136,14 @@ def check_lmdb_file(path: str, *, overflow_headers: bool = False) -> LmdbLayout:
         TruncatedShardError: the file is shorter than its meta page says.
         UnsupportedVersionError: the file is an LMDB of another data version.
     """
-    fd = os.open(path, os.O_RDONLY)
+    own = os.open(path, os.O_RDONLY) if fd is None else fd
     try:
-        size = os.fstat(fd).st_size
-        meta = _pick_meta(fd, path, size)
-        return _TreeCheck(fd, path, meta, overflow_headers=overflow_headers).run()
+        size = os.fstat(own).st_size
+        meta = _pick_meta(own, path, size)
+        return _TreeCheck(own, path, meta, overflow_headers=overflow_headers).run()
     finally:
-        os.close(fd)
+        if fd is None:
+            os.close(own)
 
 
 def _corrupt(path: str, where: str, what: str) -> ShardCorruptError:
@@ -214,6 +230,9 @@ class _TreeCheck:
         self.entries = 0
         self.reads = 0
         self.last_key: bytes | None = None
+        self.numbered: list[int] = []
+        """key, offset, size of each value with an 8-byte key, flat."""
+        self.named: dict[bytes, tuple[int, int]] = {}
 
     def run(self) -> LmdbLayout:
         main = self.meta.main
@@ -230,8 +249,9 @@ class _TreeCheck:
             raise _corrupt(self.path, f"meta page {self.meta.page}",
                            "(branch, leaf, overflow pages, entries) of the main database are "
                            f"{stated}, but its tree holds {found}")
+        numbered = np.array(self.numbered, np.int64).reshape(-1, 3)
         return LmdbLayout(self.psize, self.meta.last_pgno, self.meta.txnid, main.entries,
-                          main.depth, self.reads)
+                          main.depth, self.reads, numbered, self.named)
 
     def _claim(self, pgno: int, count: int, where: str) -> None:
         """Mark pages ``pgno..pgno+count-1`` as used; each may be used once."""
@@ -266,7 +286,7 @@ class _TreeCheck:
                            f"{self.psize}-byte page with enough nodes")
         ptrs = struct.unpack_from(f"={num}H", page, PAGE_HEADER_BYTES)
         if flags == P_LEAF:
-            self._leaf_nodes(page, where, ptrs, upper, low, high)
+            self._leaf_nodes(page, pgno * self.psize, where, ptrs, upper, low, high)
             return []
         pgnos: list[int] = []
         bounds: list[bytes | None] = [low]  # bounds[i]..bounds[i + 1] is child i's key range
@@ -295,11 +315,12 @@ class _TreeCheck:
         return lo, hi, nflags, page[ptr + NODE_HEADER_BYTES:ptr + NODE_HEADER_BYTES + ksize]
 
     def _leaf_nodes(
-        self, page: bytes, where: str, ptrs: tuple[int, ...], upper: int,
+        self, page: bytes, at: int, where: str, ptrs: tuple[int, ...], upper: int,
         low: bytes | None, high: bytes | None,
     ) -> None:
-        """Keys in order and in range, values inside the page or the file (the hot loop)."""
-        psize, node = self.psize, self._node
+        """Keys in order and in range, values inside the page or the file, and where each
+        value lies (``at``: the page's place in the file; the hot loop)."""
+        psize, node, numbered = self.psize, self._node, self.numbered
         prev = self.last_key
         for i, ptr in enumerate(ptrs):
             lo, hi, nflags, key = node(page, where, i, ptr, upper)
@@ -308,8 +329,13 @@ class _TreeCheck:
             prev = key
             start = ptr + NODE_HEADER_BYTES + len(key)
             size = lo | hi << 16
+            offset = at + start
             if nflags or start + size > psize:
-                self._value(page, where, i, start, size, nflags)
+                offset = self._value(page, where, i, start, size, nflags)
+            if len(key) == 8:
+                numbered += (int.from_bytes(key, "big", signed=True), offset, size)
+            else:
+                self.named[key] = (offset, size)
         first = node(page, where, 0, ptrs[0], upper)[3]
         if low is not None and first < low:
             raise self._disorder(where, 0, first, low, high)
@@ -329,23 +355,22 @@ class _TreeCheck:
                         "must strictly increase within the range its parent branch routes "
                         f"here ({show(after)} .. {show(before)})")
 
-    def _value(self, page: bytes, where: str, i: int, start: int, size: int, flags: int) -> None:
-        """A leaf node's value lies inside its page, or in an overflow run inside the file."""
+    def _value(self, page: bytes, where: str, i: int, start: int, size: int, flags: int) -> int:
+        """Where a leaf node's big value lies in the file, once proved inside an overflow run
+        inside the file (an inline value: refused, it runs past its page)."""
         if flags == 0:
-            if start + size > self.psize:
-                raise _corrupt(self.path, where, f"node {i}'s {size}-byte value runs past the "
-                               "end of the page")
-            return
+            raise _corrupt(self.path, where, f"node {i}'s {size}-byte value runs past the "
+                           "end of the page")
         if flags != F_BIGDATA or start + 8 > self.psize:
             raise _corrupt(self.path, where, f"node {i} has flags {flags:#x}; a shardio shard's "
                            f"leaf nodes have 0 or {F_BIGDATA:#x} (a big value)")
-        (first,) = struct.unpack_from("=Q", page, start)
+        first: int = struct.unpack_from("=Q", page, start)[0]
         count = (PAGE_HEADER_BYTES - 1 + size) // self.psize + 1
         run = f"{where} node {i}: overflow pages {first}..{first + count - 1}"
         self._claim(first, count, run)
         self.counts[P_OVERFLOW] += count
         if not self.overflow_headers:
-            return
+            return first * self.psize + PAGE_HEADER_BYTES
         raw = _read(self.fd, self.path, OVERFLOW_HEADER.size, first * self.psize, run)
         self.reads += 1
         header_pgno, _pad, oflags, pages = OVERFLOW_HEADER.unpack(raw)
@@ -355,3 +380,4 @@ class _TreeCheck:
             raise _corrupt(self.path, run, f"the overflow header says page {header_pgno}, flags "
                            f"{oflags:#x}, {pages} pages; expected page {first}, flags "
                            f"{P_OVERFLOW:#x} (P_OVERFLOW), {count} pages for {size} bytes")
+        return first * self.psize + PAGE_HEADER_BYTES

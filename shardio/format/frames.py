@@ -139,6 +139,14 @@ class RunBytes:
     """Format v3: the records ``start..stop`` the run was read for (its blocks hold more)."""
     first_block: int = 0
     """Format v3: the shard's number of the run's first block (for messages)."""
+    ends: Bounds | None = None
+    """Format v3 where blocks do not lie back to back (LMDB values, between page headers):
+    block ``k`` is ``buffer[bounds[k]:ends[k]]``; None: ``ends[k]`` is ``bounds[k+1]``."""
+
+    def block_ends(self) -> list[int]:
+        """Where each block of a v3 run ends in ``buffer``."""
+        ends: list[int] = (self.bounds[1:] if self.ends is None else self.ends).tolist()
+        return ends
 
 
 def frame(payload: bytes | memoryview, codec: int, checksum: str = DEFAULT) -> bytes:
@@ -329,9 +337,9 @@ def first_failing(run: RunBytes) -> int | None:
     compute = checksum_function(run.checksum)
     buf, bounds, chain = run.buffer, run.bounds.tolist(), run.chain
     if run.blocks is not None:
-        for k in range(len(bounds) - 1):
-            if bounds[k + 1] - bounds[k] < 4 or compute(buf[bounds[k] + 4 : bounds[k + 1]], 0
-                                                        ) != _U32.unpack_from(buf, bounds[k])[0]:
+        for k, end in enumerate(run.block_ends()):
+            if end - bounds[k] < 4 or compute(buf[bounds[k] + 4 : end], 0
+                                              ) != _U32.unpack_from(buf, bounds[k])[0]:
                 return k
         return None
     if chain is not None:

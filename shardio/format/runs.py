@@ -72,6 +72,7 @@ def run_columns(run: RunBytes, *, path: str, keys: Sequence[str], verify: bool =
     else:
         whole, shift, source = run.buffer, 0, None
     firsts = run.blocks.tolist()
+    ends = run.block_ends()
     cuts = np.searchsorted(wanted, run.blocks).tolist()
     out = []
     for k in range(len(firsts) - 1):
@@ -79,7 +80,7 @@ def run_columns(run: RunBytes, *, path: str, keys: Sequence[str], verify: bool =
         if len(rows) == 0:
             continue
         at = shift + int(run.bounds[k])
-        buf = whole[at : shift + int(run.bounds[k + 1])]
+        buf = whole[at : shift + ends[k]]
         block = run.first_block + k
         head = read_head(buf, path=path, block=block, first_record=firsts[k],
                          num_records=firsts[k + 1] - firsts[k])

@@ -328,9 +328,9 @@ class DatasetReader:
 
     def _decode_block(self, reader: ShardFileReader, start: int, stop: int) -> DecodedBlock:
         run = reader.read_run(start, stop)
-        if not isinstance(reader, RecordsShardReader) and isinstance(run.buffer.obj, mmap.mmap):
-            # a view of a node-cache range: kept, it would pin the range's file past its
-            # eviction, beyond the cache's budget; a copy is counted in this cache's
+        if self.is_remote and isinstance(run.buffer.obj, mmap.mmap):
+            # a view of a node-cache file: kept, it would pin the file past its eviction,
+            # beyond the cache's budget; a copy is counted in this cache's
             run = replace(run, buffer=memoryview(bytes(run.buffer)))
         return DecodedBlock(run, reader.keys()[start:stop], path=reader.path,
                             verify=self.verify)

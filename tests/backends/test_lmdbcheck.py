@@ -24,6 +24,8 @@ from typing import Any
 
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from shardio.backends.lmdbcheck import (
     F_BIGDATA,
@@ -169,24 +171,11 @@ with env.begin() as txn:
         bytes(value)
 """
 
-OLD_SHARDIO_READ = """
-import sys
-import shardio.backends.lmdb as backend
-from shardio.reading.reader import DatasetReader
-backend.check_lmdb_file = lambda path: None  # the reader as it was before the check
-with DatasetReader(sys.argv[1]) as reader:
-    for index in range(len(reader)):
-        reader.get(index)
-"""
-
-
 @pytest.mark.parametrize("damage", ["big value size", "overflow page number"])
 def test_unchecked_read_dies_by_sigbus(clean: Path, tmp_path: Path, damage: str) -> None:
     """The damage is real: liblmdb reading the file unchecked is killed by SIGBUS."""
     dataset = damaged_copy(clean, tmp_path / "ds", damage)
     assert run_child(str(shard_of(dataset)), code=UNCHECKED_READ).returncode == -signal.SIGBUS
-    if damage == "overflow page number":  # shardio's reader without the check, too
-        assert run_child(str(dataset), code=OLD_SHARDIO_READ).returncode == -signal.SIGBUS
 
 
 def test_every_entry_point_refuses_damaged_shard(clean: Path, tmp_path: Path) -> None:
@@ -395,3 +384,32 @@ if __name__ == "__main__":
         _entry_points(Path(where), rest)
     else:
         _flips(Path(where), [int(b) for b in rest])
+
+
+@settings(max_examples=25, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(sizes=st.lists(st.integers(0, 20_000), min_size=0, max_size=60),
+       big_named=st.booleans())
+def test_the_check_finds_every_value_where_liblmdb_does(
+    tmp_path_factory: pytest.TempPathFactory, sizes: list[int], big_named: bool
+) -> None:
+    """The places the check reports are where liblmdb reads each value (inline values and
+    overflow runs, numbered and named keys): the reader reads LMDB files only through them."""
+    import lmdb
+
+    path = tmp_path_factory.mktemp("lmdb") / "values.mdb"
+    rng = np.random.default_rng(len(sizes))
+    entries = {i.to_bytes(8, "big"): rng.bytes(n) for i, n in enumerate(sizes)}
+    entries[b"__shardio__"] = b"meta"
+    entries[b"__shardio_keys__"] = rng.bytes(5000 if big_named else 3)
+    env = lmdb.open(str(path), subdir=False, lock=False, map_size=1 << 28, meminit=True)
+    with env.begin(write=True) as txn:
+        for key, value in entries.items():
+            txn.put(key, value)
+    env.close()
+    layout = check_lmdb_file(str(path))
+    data = path.read_bytes()
+    located = {key: data[at : at + size] for key, (at, size) in layout.named.items()}
+    for key, at, size in layout.numbered.tolist():
+        located[key.to_bytes(8, "big")] = data[at : at + size]
+    assert located == entries
