@@ -296,7 +296,9 @@ class KeyColumn(Sequence[str]):
 
     def __getitem__(self, i: int | slice) -> str | list[str]:
         if isinstance(i, slice):
-            return [self[j] for j in range(*i.indices(len(self)))]
+            start, stop, step = i.indices(len(self))
+            data, ends = self._data, self._ends
+            return [data[ends[j] : ends[j + 1]].decode("ascii") for j in range(start, stop, step)]
         n = len(self._ends) - 1
         if i < 0:
             i += n
