@@ -11,6 +11,7 @@ hand a run of records to ``shardio.format.frames.check_frames`` as one ``RunByte
 
 from __future__ import annotations
 
+import os
 import zlib
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
@@ -18,6 +19,7 @@ from typing import Any, Protocol
 
 import msgpack
 
+from shardio.errors import ShardMissingError
 from shardio.format.codecs import get_codec
 from shardio.format.frames import CHECKSUM_OF_VERSION, FORMAT_VERSION, RunBytes
 from shardio.format.record import encode_record
@@ -101,6 +103,22 @@ def stored_keys_crc32(reader: ShardFileReader) -> int:
     stored, else that of the key block its keys make."""
     index = getattr(reader, "block_index", None)
     return index.index.keys_crc32 if index is not None else keys_crc32(reader.keys())
+
+
+def open_shard_file(path: str) -> int:
+    """A read-only descriptor of the shard file at ``path``.
+
+    Raises:
+        ShardMissingError: there is no file at ``path``.
+    """
+    try:
+        return os.open(path, os.O_RDONLY)
+    except FileNotFoundError as exc:
+        raise ShardMissingError(
+            f"{path}: shard file is missing; the dataset is incomplete. Restore the file, or "
+            "re-pack the dataset",
+            path=path,
+        ) from exc
 
 
 def shard_name(backend: str, number: int) -> str:

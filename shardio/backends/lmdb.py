@@ -39,13 +39,12 @@ import lmdb
 import msgpack
 import numpy as np
 
-from shardio.backends import ShardFileEncoder
+from shardio.backends import ShardFileEncoder, open_shard_file
 from shardio.backends.lmdbcheck import check_lmdb_file
 from shardio.errors import (
     ChecksumError,
     PackError,
     ShardCorruptError,
-    ShardMissingError,
     UnsupportedVersionError,
 )
 from shardio.format.blockfile import INDEX_KEY as INDEX_KEY
@@ -234,14 +233,7 @@ class LmdbShardReader:
     def __init__(self, path: str | Path) -> None:
         self.path = str(path)
         self._keys: Sequence[str] | None = None
-        try:
-            fd = os.open(self.path, os.O_RDONLY)
-        except FileNotFoundError as exc:
-            raise ShardMissingError(
-                f"{self.path}: shard file is missing; the dataset is incomplete. Restore the "
-                "file, or re-pack the dataset",
-                path=self.path,
-            ) from exc
+        fd = open_shard_file(self.path)
         try:
             # the check and the map read one open file: a path replaced meanwhile is not mixed
             layout = check_lmdb_file(self.path, fd=fd)

@@ -23,8 +23,8 @@ from typing import Any, BinaryIO
 import msgpack
 import numpy as np
 
-from shardio.backends import ShardFileEncoder, keys_crc32, pack_keys
-from shardio.errors import ShardCorruptError, ShardMissingError
+from shardio.backends import ShardFileEncoder, keys_crc32, open_shard_file, pack_keys
+from shardio.errors import ShardCorruptError
 from shardio.format.blockfile import HEADER as HEADER3
 from shardio.format.blockfile import VERSION as VERSION3
 from shardio.format.blockfile import BlockIndex, RecFileWriter3, parse_rec
@@ -234,15 +234,8 @@ class RecordsShardReader:
         """Map shard ``path`` and check its header, footer and index; ``fd``: the file,
         already open (``advise_open``), which the reader then owns."""
         self.path = str(path)
-        try:
-            if fd is None:
-                fd = os.open(self.path, os.O_RDONLY)
-        except FileNotFoundError as exc:
-            raise ShardMissingError(
-                f"{self.path}: shard file is missing; the dataset is incomplete. Restore the "
-                "file, or re-pack the dataset",
-                path=self.path,
-            ) from exc
+        if fd is None:
+            fd = open_shard_file(self.path)
         try:
             size = os.fstat(fd).st_size
             if size < HEADER_SIZES[1] + FOOTER_SIZE:

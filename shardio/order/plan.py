@@ -18,7 +18,10 @@ The plan for an epoch:
 3. A part is cut into *windows* of ``window`` samples (the shuffle buffer);
    each window is permuted with ``(seed, epoch, rank, worker, n)``. A window
    holds about ``window / block_size`` blocks from random places in the
-   dataset, which is what mixes classes within a batch.
+   dataset, which is what mixes classes within a batch. The first window
+   yields its first ``block_size`` samples (one block) first, shuffled among
+   themselves, then the rest of it shuffled (``head_first``): the first batch
+   then waits for one or two blocks' reads, not one of every block of the window.
 4. The rank's samples go to its ``num_workers`` DataLoader workers in one of
    two ways. *By batches* (``interleave_batches``): the rank's order is planned
    as one worker's, and worker ``k`` takes its batches ``k, k + W, k + 2W, …``;
@@ -204,15 +207,35 @@ def shuffle_windows(
     for n, lo in enumerate(range(0, len(order), config.window)):
         rng = seeded_rng(config.seed, epoch, _WINDOWS, split.rank, split.worker, n, salt)
         window = out[lo : lo + config.window]
+        head = config.block_size if n == 0 else 0
         if split.lanes > 1:
-            out[lo : lo + config.window] = arrange_lanes(window, lo, split.lanes, split.batch, rng)
+            out[lo : lo + config.window] = arrange_lanes(window, lo, split.lanes, split.batch, rng,
+                                                         head)
         else:
-            out[lo : lo + config.window] = window[rng.permutation(len(window))]
+            out[lo : lo + config.window] = window[head_first(len(window), head, rng)]
     return out
 
 
+def head_first(count: int, head: int, rng: np.random.Generator) -> IndexArray:
+    """A permutation of ``range(count)`` that puts ``range(head)``, shuffled, before the rest,
+    shuffled: a window's first ``head`` samples then need one block read (two where the
+    window starts inside one), not one of every block of the window.
+
+    What it buys: the first batch of an epoch read from object storage waits for one range,
+    not for a range of every block of the first window (``python -m benchmarks.bench_remote
+    --quick``, first batch); its cost, on a class-ordered pack whose every sample is in the
+    first window, is per-batch class entropy 0.99 of a full shuffle's (``shuffle quality``,
+    ``shardio-records-unshuffled``, ``python -m benchmarks.run --quick``).
+    """
+    head = min(head, count)
+    if head in (0, count):
+        return rng.permutation(count)
+    return np.concatenate([rng.permutation(head), head + rng.permutation(count - head)])
+
+
 def arrange_lanes(
-    window: IndexArray, first: int, lanes: int, batch: int, rng: np.random.Generator
+    window: IndexArray, first: int, lanes: int, batch: int, rng: np.random.Generator,
+    head: int = 0,
 ) -> IndexArray:
     """``window`` (order positions ``first, …``) shuffled so batch ``k`` draws from lane k % lanes.
 
@@ -220,13 +243,14 @@ def arrange_lanes(
     into ``lanes`` contiguous parts, one per lane, each as large as that lane's
     slots in the window; each part is permuted and fills its lane's slots. The
     worker that takes batches ``k ≡ j (mod lanes)`` so reads whole blocks of
-    ``1/lanes`` of the window instead of a scattered share of all of them.
+    ``1/lanes`` of the window instead of a scattered share of all of them. ``head``: each
+    lane yields the first ``head`` items of its part first (``head_first``).
     """
     lane = (np.arange(first, first + len(window), dtype=np.int64) // batch) % lanes
     counts = np.bincount(lane, minlength=lanes)
     starts = np.cumsum(counts) - counts
     picks = np.concatenate([
-        s + rng.permutation(c) for s, c in zip(starts.tolist(), counts.tolist(), strict=True)
+        s + head_first(c, head, rng) for s, c in zip(starts.tolist(), counts.tolist(), strict=True)
     ])
     out = np.empty_like(window)
     out[np.argsort(lane, kind="stable")] = window[picks]

@@ -2,14 +2,15 @@
 
 A map-style read (``IndexedDataset``, ``DatasetReader.get``) wants one record of a
 block, but the block is the unit that is checked and inflated (docs/format.md, §8).
-Read, checked and decoded for every ``ds[i]``, random access ran at 0.03 to 0.23 times
-a single LMDB file (``benchmarks/results/2026-11-28-quick-shapes.json``). Kept decoded
-here, bounded in bytes and least recently used first out, a block is read, checked and
-inflated when a read first needs it, and later reads of its records cut their fields
-from its columns: with 512 KiB blocks a first random epoch then runs at 0.52 (images)
-and 0.57 (10^5 tiny samples) times the LMDB file, a second at 1.15 and 0.92 (``python
--m benchmarks.bench_warm --images 4000 --rounds 5``, ``benchmarks/results/warm.json``).
-A block is checked when it enters the cache, not at every read of it.
+Read, checked and decoded for every ``ds[i]``, random access ran at 0.03 to 0.23 times a
+single LMDB file (``git show 5cead40:benchmarks/results/2026-11-28-quick-shapes.json``).
+Kept decoded here, bounded in bytes and least recently used first out, a block is read,
+checked and inflated when a read first needs it, and later reads of its records cut
+their fields from its columns: with 512 KiB blocks a first random epoch then runs at
+0.52 (images) and 0.57 (10^5 tiny samples) times the LMDB file, a second at 1.15 and
+0.92 (``python -m benchmarks.bench_warm --images 4000 --rounds 5``,
+``benchmarks/results/warm.json``). A block is checked when it enters the cache, not at
+every read of it.
 Torch-free.
 """
 

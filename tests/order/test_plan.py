@@ -207,3 +207,26 @@ def test_interleave_batches_refuses_bad_arguments() -> None:
         interleave_batches(order, 0, 0, 1)
     with pytest.raises(ValueError, match="worker 2"):
         interleave_batches(order, 3, 2, 2)
+
+
+@settings(max_examples=150, deadline=None)
+@given(config=configs.filter(lambda c: c.shuffle), epoch=st.integers(0, 3),
+       lanes=st.integers(1, 3), batch=st.integers(1, 8))
+def test_the_first_window_yields_its_first_block_first(
+    config: PlanConfig, epoch: int, lanes: int, batch: int
+) -> None:
+    """An epoch's first ``block_size`` samples (each lane's, with lanes) are the first block's
+    of the stream: the first batch waits for one block, not for every block of its window."""
+    split = Split(lanes=lanes, batch=batch)
+    order = plan_epoch(config, epoch, split).tolist()
+    starts, lengths = config.stream_blocks(epoch)
+    stream = [i for s, n in zip(starts.tolist(), lengths.tolist(), strict=True)
+              for i in range(s, s + n)]
+    window = stream[: config.window]
+    lane_of = [(p // batch) % lanes for p in range(len(window))]
+    for lane in range(lanes):
+        slots = [p for p in range(len(window)) if lane_of[p] == lane]
+        part = window[sum(lane_of.count(j) for j in range(lane)):][: len(slots)]
+        head = min(config.block_size, len(slots))
+        assert sorted(order[p] for p in slots[:head]) == sorted(part[:head])
+        assert sorted(order[p] for p in slots) == sorted(part)
