@@ -73,7 +73,7 @@ def install() -> None:
     from shardio.storage import cache, readahead
     from shardio.torch import dataset
 
-    def request(_self: Any, req: Any) -> dict[str, Any]:
+    def request(_self: Any, req: Any, *_more: Any) -> dict[str, Any]:
         return {"obj": req.name, "lo": req.start, "hi": req.stop}
 
     _around(shardsource.ShardSource, "_tail", lambda _s, n: {"shard": n})

@@ -18,10 +18,10 @@ The plan for an epoch:
 3. A part is cut into *windows* of ``window`` samples (the shuffle buffer);
    each window is permuted with ``(seed, epoch, rank, worker, n)``. A window
    holds about ``window / block_size`` blocks from random places in the
-   dataset, which is what mixes classes within a batch. The first window
-   yields its first ``block_size`` samples (one block) first, shuffled among
-   themselves, then the rest of it shuffled (``head_first``): the first batch
-   then waits for one or two blocks' reads, not one of every block of the window.
+   dataset, which is what mixes classes within a batch. The first window is
+   shuffled in growing parts (one block, eight blocks, the rest: ``head_first``),
+   so that the first batch waits for a few blocks' reads, not one of every block
+   of the window.
 4. The rank's samples go to its ``num_workers`` DataLoader workers in one of
    two ways. *By batches* (``interleave_batches``): the rank's order is planned
    as one worker's, and worker ``k`` takes its batches ``k, k + W, k + 2W, …``;
@@ -48,6 +48,7 @@ upsampled), and what an interrupted epoch has yielded is a set of positions.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -60,6 +61,9 @@ import numpy.typing as npt
 # process planned an epoch each paid it again
 
 IndexArray = npt.NDArray[np.int64]
+
+HEAD_GROWTH = 8
+"""The first window's second part is this many times its head (``head_first``)."""
 
 _BLOCKS = 0
 _WINDOWS = 1
@@ -217,20 +221,24 @@ def shuffle_windows(
 
 
 def head_first(count: int, head: int, rng: np.random.Generator) -> IndexArray:
-    """A permutation of ``range(count)`` that puts ``range(head)``, shuffled, before the rest,
-    shuffled: a window's first ``head`` samples then need one block read (two where the
-    window starts inside one), not one of every block of the window.
+    """A permutation of ``range(count)`` in three parts, each shuffled on its own: the first
+    ``head`` items, the next ``HEAD_GROWTH * head``, the rest. A window's items are in
+    stream order (whole blocks), so its first ``b`` samples need about ``b / head`` blocks
+    read whatever ``b`` is (the batch size is not known here), not one of every block.
 
-    What it buys: the first batch of an epoch read from object storage waits for one range,
-    not for a range of every block of the first window (``python -m benchmarks.bench_remote
-    --quick``, first batch); its cost, on a class-ordered pack whose every sample is in the
-    first window, is per-batch class entropy 0.99 of a full shuffle's (``shuffle quality``,
-    ``shardio-records-unshuffled``, ``python -m benchmarks.run --quick``).
+    What it buys, streaming bench_remote's images from s3rver at 20 ms and 100 MB/s with
+    0 workers: the first batch 1.0 s instead of 1.25, four batches 5.8 s instead of 7.6
+    (``python -m benchmarks.remote_trace --dataset images --workers 0``, with and without
+    it). Its cost: where a whole class-ordered dataset is the first window, per-batch
+    class entropy 0.96 of a full shuffle's (simulated with ``benchmarks.probe``'s
+    measure; ``shuffle quality`` of ``shardio-records-unshuffled`` in ``python -m
+    benchmarks.run --quick`` measures it); a larger dataset loses it in its first window only.
     """
-    head = min(head, count)
-    if head in (0, count):
+    if head <= 0 or head >= count:
         return rng.permutation(count)
-    return np.concatenate([rng.permutation(head), head + rng.permutation(count - head)])
+    cuts = [0, head, min(count, head * (1 + HEAD_GROWTH)), count]
+    return np.concatenate([lo + rng.permutation(hi - lo)
+                           for lo, hi in itertools.pairwise(cuts) if hi > lo])
 
 
 def arrange_lanes(

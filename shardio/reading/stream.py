@@ -276,6 +276,8 @@ class _OpenWindow:
             shard, start, stop = run
             at = int(np.searchsorted(plan.unique, int(firsts[shard]) + start))
             self._head_of.update(dict.fromkeys(range(at, at + stop - start), run))
+        self._headed: set[int] = set()
+        """Ranks filed from their head run (v3 files them in ``columns``, not ``samples``)."""
         self._order: list[int] | None = None
         """With a head: the runs in the order ``advise_first`` queued them, which ``load_rank``
         keeps (samples read with the head run put some runs' first use later)."""
@@ -329,6 +331,7 @@ class _OpenWindow:
             end = at + len(decoded)
         for rank in range(at, end):
             del self._head_of[rank]
+        self._headed.update(range(at, end))
 
     def load(self, r: int) -> None:
         """Read and decode run ``r`` (its wanted records), once."""
@@ -393,9 +396,9 @@ class _OpenWindow:
         if self.complete:
             return
         if self._order is not None:  # a head was read: ranks in yield order
-            samples = self.samples
+            loaded, run_of, headed = self._loaded, self.run_of, self._headed
             for rank in wanted:
-                if samples[rank] is None:
+                if not loaded[run_of[rank]] and rank not in headed:
                     self.load_rank(rank)
             return
         loaded, run_of = self._loaded, self.run_of

@@ -71,8 +71,8 @@ def _spans(cache: Path) -> set[tuple[str, int, int]]:
     return spans
 
 
-def _dataset(url: str, tmp_path: Path) -> shardio.StreamingDataset:
-    return shardio.StreamingDataset(url, decode="raw", shuffle_buffer=NUM, block_size=BLOCK,
+def _dataset(url: str, tmp_path: Path, block: int = BLOCK) -> shardio.StreamingDataset:
+    return shardio.StreamingDataset(url, decode="raw", shuffle_buffer=NUM, block_size=block,
                                     seed=3, remote=_options(tmp_path))
 
 
@@ -80,7 +80,10 @@ def _dataset(url: str, tmp_path: Path) -> shardio.StreamingDataset:
 def test_the_first_batch_is_read_record_by_record_and_each_range_once_after(
         workers: int, packed: Path, s3: S3Endpoint, tmp_path: Path) -> None:
     _upload(packed, s3.url)
-    loader = shardio.loader(_dataset(s3.url, tmp_path), batch_size=BATCH, num_workers=workers)
+    # plan blocks of 2: the first window yields 2 samples of one block, then 16 of 8 blocks
+    # (``head_first``), so a first batch of 4 wants records of several ranges
+    loader = shardio.loader(_dataset(s3.url, tmp_path, block=2), batch_size=BATCH,
+                            num_workers=workers)
     s3.plan.reset()
     batches = [(list(batch.keys), [bytes(b) for b in batch.bytes("bin")]) for batch in loader]
     keys = Counter(key for batch_keys, _ in batches for key in batch_keys)
@@ -93,7 +96,7 @@ def test_the_first_batch_is_read_record_by_record_and_each_range_once_after(
     # what the cache holds: each shard's tail, its whole ranges, and the records of the
     # first batch of each reading process on their own (not the whole ranges they lie in)
     spans = _spans(tmp_path / "cache")
-    whole, tails = _planned_spans(local)
+    whole, tails = _planned_spans(local, block=2)
     assert whole | tails <= spans
     exact = spans - whole - tails
     firsts = [batch_keys for batch_keys, _ in batches[: max(1, workers)]]
@@ -145,9 +148,9 @@ def test_a_cached_dataset_downloads_nothing_for_its_first_batch(
     assert s3.plan.ranged_gets == 0
 
 
-def _planned_spans(local: DatasetReader) -> tuple[set[tuple[str, int, int]],
-                                                 set[tuple[str, int, int]]]:
-    """Each shard's whole ranges (blocks of ``BLOCK``, 64 KiB ranges) and its tail: what
+def _planned_spans(local: DatasetReader, block: int = BLOCK
+                   ) -> tuple[set[tuple[str, int, int]], set[tuple[str, int, int]]]:
+    """Each shard's whole ranges (plan blocks of ``block``, 64 KiB ranges) and its tail: what
     any epoch downloads, the first batch read on its own or not."""
     whole, tails = set(), set()
     for number, info in enumerate(local.manifest.shards):
@@ -155,7 +158,7 @@ def _planned_spans(local: DatasetReader) -> tuple[set[tuple[str, int, int]],
         last = info.num_samples - 1
         offsets = np.asarray([shard.offset(i) for i in range(info.num_samples)]
                              + [shard.offset(last) + len(shard.frame(last))], np.uint64)
-        cuts = partition(offsets, 64 << 10, BLOCK)
+        cuts = partition(offsets, 64 << 10, block)
         whole |= {(info.name, 0 if j == 0 else int(offsets[cuts[j]]), int(offsets[cuts[j + 1]]))
                   for j in range(len(cuts) - 1)}
         guess = tail_guess(info.num_bytes, info.num_samples)
@@ -245,3 +248,39 @@ def test_ranges_fetched_first_are_taken_in_any_order_beside_the_queue(
             with ahead.take(request) as got:
                 assert got.read() == data[request.start : request.stop]
     assert s3.plan.ranged_gets == len(firsts) + len(queued)  # each once, none dropped
+
+
+def test_a_v3_first_batch_read_with_its_head_waits_for_no_whole_range(
+        s3: S3Endpoint, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Format v3 files a head run's samples in columns, not ``samples``: the first batch
+    once read its head, then loaded every run of the window queued before it (a whole
+    first window downloaded before the first batch)."""
+    from shardio.reading import stream
+
+    out = tmp_path / "v3"
+    rng = np.random.default_rng(6)
+    options = shardio.WriteOptions(codec="none", max_shard_samples=NUM, block_records=2)
+    with shardio.ShardWriter(out, options) as writer:
+        for i in range(2 * NUM):
+            writer.write({"__key__": f"s{i:03d}", "bin": rng.bytes(3000)})
+    _upload(out, s3.url)
+    loads: list[str] = []
+    load, load_head = stream._OpenWindow.load, stream._OpenWindow._load_head
+
+    def spy_load(self: stream._OpenWindow, r: int) -> None:
+        loads.append("run")
+        load(self, r)
+
+    def spy_head(self: stream._OpenWindow, run: tuple[int, int, int]) -> None:
+        loads.append("head")
+        load_head(self, run)
+
+    monkeypatch.setattr(stream._OpenWindow, "load", spy_load)
+    monkeypatch.setattr(stream._OpenWindow, "_load_head", spy_head)
+    ds = shardio.StreamingDataset(s3.url, decode="raw", shuffle_buffer=2 * NUM, block_size=2,
+                                  seed=3, remote=_options(tmp_path))
+    batches = iter(shardio.loader(ds, batch_size=BATCH, num_workers=0))
+    first = next(batches)
+    assert len(first) == BATCH and loads and set(loads) == {"head"}
+    keys = Counter([*first.keys, *(key for batch in batches for key in batch.keys)])
+    assert len(keys) == 2 * NUM and set(keys.values()) == {1}
