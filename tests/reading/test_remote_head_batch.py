@@ -15,7 +15,6 @@ import pytest
 import torch
 from storage_servers import S3Endpoint
 from test_remote_head import (  # noqa: F401  (packed: a fixture, found by name)
-    BLOCK,
     NUM,
     _joined,
     _options,
@@ -38,7 +37,9 @@ pytestmark = pytest.mark.servers
 def test_a_plain_dataloaders_first_batch_is_the_head(
         batch_size: int, packed: Path, s3: S3Endpoint, tmp_path: Path) -> None:  # noqa: F811
     _upload(packed, s3.url)
-    ds = shardio.StreamingDataset(s3.url, decode="raw", shuffle_buffer=NUM, block_size=BLOCK,
+    # plan blocks of 2: the first window yields 2 samples of one block, then 16 of 8 blocks
+    # (``head_first``), so a first batch wants records of several ranges
+    ds = shardio.StreamingDataset(s3.url, decode="raw", shuffle_buffer=NUM, block_size=2,
                                   seed=3, batch_size=batch_size, remote=_options(tmp_path))
     loader = torch.utils.data.DataLoader(ds, batch_size=batch_size, num_workers=0,
                                          collate_fn=list)
@@ -47,7 +48,7 @@ def test_a_plain_dataloaders_first_batch_is_the_head(
     assert len(keys) == NUM and set(keys.values()) == {1}
 
     local = DatasetReader(packed)
-    whole, tails = _planned_spans(local)
+    whole, tails = _planned_spans(local, block=2)
     exact = _spans(tmp_path / "cache") - whole - tails
     # the first batch's records on their own, and no other sample's (64 without batch_size)
     assert exact == set(_joined([_record_span(local, int(key[1:])) for key in batches[0]]))
