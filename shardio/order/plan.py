@@ -19,7 +19,7 @@ The plan for an epoch:
    each window is permuted with ``(seed, epoch, rank, worker, n)``. A window
    holds about ``window / block_size`` blocks from random places in the
    dataset, which is what mixes classes within a batch. The first window is
-   shuffled in growing parts (one block, eight blocks, the rest: ``head_first``),
+   shuffled in growing parts (one block, two blocks, the rest: ``head_first``),
    so that the first batch waits for a few blocks' reads, not one of every block
    of the window.
 4. The rank's samples go to its ``num_workers`` DataLoader workers in one of
@@ -62,7 +62,7 @@ import numpy.typing as npt
 
 IndexArray = npt.NDArray[np.int64]
 
-HEAD_GROWTH = 8
+HEAD_GROWTH = 2
 """The first window's second part is this many times its head (``head_first``)."""
 
 _BLOCKS = 0

@@ -80,7 +80,7 @@ def _dataset(url: str, tmp_path: Path, block: int = BLOCK) -> shardio.StreamingD
 def test_the_first_batch_is_read_record_by_record_and_each_range_once_after(
         workers: int, packed: Path, s3: S3Endpoint, tmp_path: Path) -> None:
     _upload(packed, s3.url)
-    # plan blocks of 2: the first window yields 2 samples of one block, then 16 of 8 blocks
+    # plan blocks of 2: the first window yields 2 samples of one block, then 4 of 2 blocks
     # (``head_first``), so a first batch of 4 wants records of several ranges
     loader = shardio.loader(_dataset(s3.url, tmp_path, block=2), batch_size=BATCH,
                             num_workers=workers)

@@ -37,7 +37,7 @@ pytestmark = pytest.mark.servers
 def test_a_plain_dataloaders_first_batch_is_the_head(
         batch_size: int, packed: Path, s3: S3Endpoint, tmp_path: Path) -> None:  # noqa: F811
     _upload(packed, s3.url)
-    # plan blocks of 2: the first window yields 2 samples of one block, then 16 of 8 blocks
+    # plan blocks of 2: the first window yields 2 samples of one block, then 4 of 2 blocks
     # (``head_first``), so a first batch wants records of several ranges
     ds = shardio.StreamingDataset(s3.url, decode="raw", shuffle_buffer=NUM, block_size=2,
                                   seed=3, batch_size=batch_size, remote=_options(tmp_path))
