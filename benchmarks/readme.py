@@ -61,6 +61,7 @@ BLOCKS: dict[str, str] = {
     "bench-crop": "benchmarks.decisions:crop_block",
     "s3-request": "benchmarks.decisions:s3_request_block",
     "remote-ab": "benchmarks.remote_ab:ab_block",
+    "remote-first-batch": "benchmarks.remote_report:first_batch_block",
     "remote-ab-uncapped": "benchmarks.remote_ab:ab_uncapped_block",
     "import": "benchmarks.bench_import:import_block",
     "doctor": "benchmarks.bench_doctor:doctor_block",

@@ -400,3 +400,27 @@ UNCAPPED = RESULTS / "remote-uncapped.json"
 if __name__ == "__main__":
     file = Path(sys.argv[1]) if len(sys.argv) > 1 else None
     print(render(*load_results(file)), end="")
+
+
+def first_batch_block() -> str:
+    """The ``remote-first-batch`` block of docs/remote.md: from the quick run, shardio's
+    first batch, first epoch and bytes downloaded beside WebDataset's, per configuration."""
+    path = RESULTS / "remote-quick.json"
+    results = json.loads(path.read_text(encoding="utf-8"))
+    link = results["link"]
+    lines = [f"`benchmarks/results/{path.name}` ({results['date']}, `python -m "
+             "benchmarks.bench_remote --quick`): s3rver behind "
+             f"{link['latency_ms']:.0f} ms a request and {link['bandwidth_mbs']:.0f} MB/s.", ""]
+    for kind, systems in summarize(results).items():
+        ours, wds = systems.get(SHARDIO, {}), systems.get("webdataset", {})
+        lines += [f"| {kind} | first batch, s | WebDataset's | first epoch, samples/s | "
+                  "WebDataset's | downloaded / stored |", "|---|---|---|---|---|---|"]
+        for config in CONFIGS:
+            s, w = ours.get(config), wds.get(config)
+            if s is None:
+                continue
+            lines.append(f"| {config} | {_num(s['first_batch_s'], 2)} | "
+                         f"{_num(w and w['first_batch_s'], 2)} | {_num(s['epoch1'])} | "
+                         f"{_num(w and w['epoch1'])} | {_num(s['down1'], 2)} |")
+        lines.append("")
+    return "\n".join(lines).rstrip("\n") + "\n"

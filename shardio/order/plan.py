@@ -18,10 +18,11 @@ The plan for an epoch:
 3. A part is cut into *windows* of ``window`` samples (the shuffle buffer);
    each window is permuted with ``(seed, epoch, rank, worker, n)``. A window
    holds about ``window / block_size`` blocks from random places in the
-   dataset, which is what mixes classes within a batch. The first window is
-   shuffled in growing parts (one block, two blocks, the rest: ``head_first``),
-   so that the first batch waits for a few blocks' reads, not one of every block
-   of the window.
+   dataset, which is what mixes classes within a batch. With a ``head`` (a pack
+   shuffled when written, whose blocks are mixed already), the first window is
+   shuffled in growing parts (``head`` samples, twice as many, the rest:
+   ``head_first``), so that the first batch waits for a few blocks' reads, not
+   one of every block of the window.
 4. The rank's samples go to its ``num_workers`` DataLoader workers in one of
    two ways. *By batches* (``interleave_batches``): the rank's order is planned
    as one worker's, and worker ``k`` takes its batches ``k, k + W, k + 2W, …``;
@@ -80,8 +81,13 @@ class PlanConfig:
     block_size: int = 128
     window: int = 16384
     drop_last: bool = False
+    head: int = 0
+    """Samples the first window yields first (``head_first``); 0: it is shuffled whole.
+    Worth it where consecutive records are already mixed: a pack shuffled when written."""
 
     def __post_init__(self) -> None:
+        if self.head < 0:
+            raise ValueError(f"head must be >= 0, got {self.head}")
         if self.block_size < 1 or self.window < 1:
             raise ValueError(
                 f"block_size and window must be >= 1, got {self.block_size}, {self.window}"
@@ -211,7 +217,7 @@ def shuffle_windows(
     for n, lo in enumerate(range(0, len(order), config.window)):
         rng = seeded_rng(config.seed, epoch, _WINDOWS, split.rank, split.worker, n, salt)
         window = out[lo : lo + config.window]
-        head = config.block_size if n == 0 else 0
+        head = config.head if n == 0 else 0
         if split.lanes > 1:
             out[lo : lo + config.window] = arrange_lanes(window, lo, split.lanes, split.batch, rng,
                                                          head)
@@ -224,15 +230,19 @@ def head_first(count: int, head: int, rng: np.random.Generator) -> IndexArray:
     """A permutation of ``range(count)`` in three parts, each shuffled on its own: the first
     ``head`` items, the next ``HEAD_GROWTH * head``, the rest. A window's items are in
     stream order (whole blocks), so its first ``b`` samples need about ``b / head`` blocks
-    read whatever ``b`` is (the batch size is not known here), not one of every block.
+    read for a batch up to ``3 * head`` (the batch size is not known here), not one of
+    every block of the window.
 
-    What it buys, streaming bench_remote's images from s3rver at 20 ms and 100 MB/s with
-    0 workers: the first batch 1.0 s instead of 1.25, four batches 5.8 s instead of 7.6
-    (``python -m benchmarks.remote_trace --dataset images --workers 0``, with and without
-    it). Its cost: where a whole class-ordered dataset is the first window, per-batch
-    class entropy 0.96 of a full shuffle's (simulated with ``benchmarks.probe``'s
-    measure; ``shuffle quality`` of ``shardio-records-unshuffled`` in ``python -m
-    benchmarks.run --quick`` measures it); a larger dataset loses it in its first window only.
+    What it buys, streaming ``bench_remote``'s quick images from s3rver (20 ms a request,
+    100 MB/s) with a budget that fits: the first batch after 1.2 s instead of 2.2 with 0
+    workers (``python -m benchmarks.bench_remote --quick``, ``benchmarks/results/
+    remote-quick.json``, the run before: ``git show f7be519:`` of that file). Its cost is
+    a first batch drawn from a few blocks: nothing where the pack shuffled its records
+    (the dataset sets ``head`` only there); on a class-ordered pack whose every sample is in
+    the first window, per-batch class entropy fell to 0.93-0.96 of a full shuffle's
+    (``shuffle quality`` of ``shardio-records-unshuffled`` in
+    ``benchmarks/results/quick-shapes-head-on-every-pack.json``, a quick harness run with a
+    head on every pack), which is why such a pack gets none.
     """
     if head <= 0 or head >= count:
         return rng.permutation(count)

@@ -48,6 +48,8 @@ def order_settings(config: PlanConfig) -> dict[str, Any]:
         "window": config.window,
         "drop_last": config.drop_last,
     }
+    if config.head:  # orders planned without one record none, and stay comparable
+        settings["head"] = config.head
     if isinstance(config, MixConfig):
         settings["mix"] = {"sizes": list(config.source_sizes), "counts": list(config.counts)}
     return settings

@@ -116,6 +116,7 @@ class MixtureReader:
             block_size=config.block_size,
             window=config.window,
             drop_last=config.drop_last,
+            head=config.head,
             source_shards=tuple(len(r.manifest.shards) for r in self.readers),
             counts=self.counts,
         )

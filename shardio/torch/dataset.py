@@ -280,14 +280,17 @@ class StreamingDataset(ClassAttributes, IterableDataset[Any]):
             target_transform=target_transform, draft_size=draft_size, cropper=cropper)
         mean = self.manifest.num_bytes / max(self.manifest.num_samples, 1)
         window = shuffle_buffer if shuffle_buffer is not None else default_window(mean)
+        block = whole_blocks(block_size or max(1, window // BLOCKS_PER_WINDOW),
+                             self.manifest.block_records)
         self.config = PlanConfig(
             shard_sizes=self.manifest.shard_sizes,
             seed=seed,
             shuffle=shuffle,
             window=window,
-            block_size=whole_blocks(block_size or max(1, window // BLOCKS_PER_WINDOW),
-                                    self.manifest.block_records),
+            block_size=block,
             drop_last=drop_last,
+            # a first batch from a few blocks: mixed only where the pack shuffled its records
+            head=block if self.manifest.shuffle else 0,
         )
         if isinstance(self.reader, MixtureReader):
             self.config = self.reader.mix_config(self.config)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import collections
+import dataclasses
 
 import numpy as np
 import pytest
@@ -216,9 +217,10 @@ def test_interleave_batches_refuses_bad_arguments() -> None:
 def test_the_first_window_yields_its_first_block_first(
     config: PlanConfig, epoch: int, lanes: int, batch: int
 ) -> None:
-    """An epoch's first ``block_size`` samples (each lane's, with lanes) are the first block's
-    of the stream, the next ``HEAD_GROWTH`` blocks' follow: the first batch waits for a few
-    blocks, not for every block of its window."""
+    """With a head of one block, an epoch's first ``block_size`` samples (each lane's, with
+    lanes) are the first block's of the stream, the next ``HEAD_GROWTH`` blocks' follow: the
+    first batch waits for a few blocks, not for every block of its window."""
+    config = dataclasses.replace(config, head=config.block_size)
     split = Split(lanes=lanes, batch=batch)
     order = plan_epoch(config, epoch, split).tolist()
     starts, lengths = config.stream_blocks(epoch)

@@ -496,3 +496,19 @@ def test_merge_states_refuses_states_of_other_runs(dataset_dir: Path) -> None:
         StreamingDataset(dataset_dir, shuffle_buffer=99, block_size=128).load_state_dict(
             merge_states([state(0), state(1)])
         )
+
+
+def test_only_a_pack_shuffled_when_written_has_its_first_window_read_block_first(
+        tmp_path: Path) -> None:
+    """``head_first`` yields the first window's first block before the rest: a shuffled
+    pack's blocks are mixed already, a class-ordered one's are one class each."""
+    src = tmp_path / "src"
+    for c in range(4):
+        (src / f"c{c}").mkdir(parents=True)
+        for i in range(50):
+            (src / f"c{c}" / f"{i}.bin").write_bytes(bytes([c, i]))
+    for shuffle in (True, False):
+        out = tmp_path / f"out-{shuffle}"
+        shardio.pack(src, out, shuffle=shuffle, class_folders=True, progress=False)
+        config = StreamingDataset(out, decode="raw").config
+        assert config.head == (config.block_size if shuffle else 0)
