@@ -284,3 +284,35 @@ def test_a_v3_first_batch_read_with_its_head_waits_for_no_whole_range(
     assert len(first) == BATCH and loads and set(loads) == {"head"}
     keys = Counter([*first.keys, *(key for batch in batches for key in batch.keys)])
     assert len(keys) == 2 * NUM and set(keys.values()) == {1}
+
+
+def test_a_first_batch_read_with_its_head_is_yielded_before_the_window_is_advised(
+        s3: S3Endpoint, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The window's other runs are advised once the head's samples are out: advised beside
+    the head, their whole ranges shared the link with it, and the first batch waited for
+    every shard's tail. Only the tails are fetched beside the head."""
+    from shardio.reading import stream
+
+    out = tmp_path / "v3"
+    rng = np.random.default_rng(7)
+    options = shardio.WriteOptions(codec="none", max_shard_samples=NUM // 4, block_records=2)
+    with shardio.ShardWriter(out, options) as writer:
+        for i in range(NUM):
+            writer.write({"__key__": f"s{i:03d}", "bin": rng.bytes(3000)})
+    _upload(out, s3.url)
+    advised: list[int] = []
+    advise = stream.advise
+
+    def spy(reader: stream.RunReader, runs: list[tuple[int, int, int]]) -> None:
+        advised.append(len(runs))
+        advise(reader, runs)
+
+    monkeypatch.setattr(stream, "advise", spy)
+    ds = shardio.StreamingDataset(s3.url, decode="raw", shuffle_buffer=NUM, block_size=2,
+                                  seed=3, remote=_options(tmp_path))
+    batches = iter(shardio.loader(ds, batch_size=BATCH, num_workers=0))
+    first = next(batches)
+    assert len(first) == BATCH and advised == []
+    keys = Counter([*first.keys, *(key for batch in batches for key in batch.keys)])
+    assert len(keys) == NUM and set(keys.values()) == {1}
+    assert advised and advised[0] > 0
