@@ -377,30 +377,52 @@ class RemoteRecordsReader:
                 return False
         return True
 
-    def exact_bytes(self, start: int, stop: int) -> int:
-        """Bytes that reading records ``start..stop`` on their own downloads (v3: their whole
-        blocks), besides their ranges, which are downloaded whole later anyway."""
-        total = 0
-        for request in self._exact_requests(start, stop):
-            if not self._ahead.cached(request):
-                total += request.stop - request.start
-        return total
+    def exact_bytes(self, runs: Sequence[tuple[int, int]]) -> int:
+        """Bytes that reading the records of each of ``runs`` on their own downloads (v3:
+        their whole blocks, each once), besides their ranges, which are downloaded whole
+        later anyway."""
+        requests = {r.slot: r for reqs in self._exact_requests(runs).values() for r in reqs}
+        return sum(r.stop - r.start for r in requests.values() if not self._ahead.cached(r))
 
-    def _exact_requests(self, start: int, stop: int) -> list[RangeRequest]:
-        """Records ``start..stop`` on their own, one request per range holding some, or that
-        whole range where it is in the cache already (reading it costs no download)."""
-        requests = []
-        for j in self._ranges(start, stop):
+    def _exact_requests(self, runs: Sequence[tuple[int, int]]
+                        ) -> dict[tuple[int, int], list[RangeRequest]]:
+        """For each of ``runs`` (records ``start..stop``), one request per range holding some:
+        that whole range where it is in the cache already (reading it costs no download),
+        else the records on their own. Runs of one range whose bytes overlap or touch share
+        one request: two runs wanting records of one v3 block downloaded it twice (a first
+        batch of ``bench_remote``'s images: 2 MB of 6.7)."""
+        spans: dict[int, list[list[int]]] = {}
+        """Per range, its records wanted: spans whose bytes overlap or touch joined."""
+        for start, stop in sorted(runs):
+            for j in self._ranges(start, stop):
+                lo, hi = max(start, self._cuts[j]), min(stop, self._cuts[j + 1])
+                joined = spans.setdefault(j, [])
+                if joined and self._span(*joined[-1])[1] >= self._span(lo, hi)[0]:
+                    joined[-1][1] = max(joined[-1][1], hi)
+                else:
+                    joined.append([lo, hi])
+        made: dict[tuple[int, int, int], RangeRequest] = {}
+
+        def request(j: int, lo: int, hi: int) -> RangeRequest:
             whole = self._request(j)
-            requests.append(whole if self._ahead.cached(whole) else self._records_request(
-                max(start, self._cuts[j]), min(stop, self._cuts[j + 1])))
-        return requests
+            if self._ahead.cached(whole):
+                return whole
+            span = next(sp for sp in spans[j] if sp[0] <= lo and hi <= sp[1])
+            key = (j, span[0], span[1])
+            if key not in made:
+                made[key] = self._records_request(span[0], span[1])
+            return made[key]
 
-    def will_need_exact(self, start: int, stop: int) -> None:
-        """Queue records ``start..stop`` on their own (``can_read_exact``) for
+        return {(start, stop): [request(j, max(start, self._cuts[j]), min(stop, self._cuts[j + 1]))
+                                for j in self._ranges(start, stop)] for start, stop in runs}
+
+    def will_need_exact(self, runs: Sequence[tuple[int, int]]) -> None:
+        """Queue the records of each of ``runs`` on their own (``can_read_exact``) for
         ``read_run_exact``: samples due before their ranges could be downloaded whole (a
         stream's first batch). The ranges are still downloaded whole when asked for."""
-        requests = self._exact[start, stop] = self._exact_requests(start, stop)
+        planned = self._exact_requests(runs)
+        self._exact.update(planned)
+        requests = list({r.slot: r for reqs in planned.values() for r in reqs}.values())
         if not self._ahead.fetch_first(requests):  # they would not fit the budget's share
             self._ahead.plan(requests)
 
@@ -469,7 +491,8 @@ class RemoteRecordsReader:
         ``will_need_exact`` queued for them (worked out afresh if it was not called)."""
         if start == stop:
             return self._run(b"", self._span(start, stop)[0], start, stop)
-        requests = self._exact.pop((start, stop), None) or self._exact_requests(start, stop)
+        requests = (self._exact.pop((start, stop), None)
+                    or self._exact_requests([(start, stop)])[start, stop])
         return self._read_parts(start, stop, requests)
 
     def _read_parts(self, start: int, stop: int, requests: list[RangeRequest]) -> RunBytes:

@@ -22,7 +22,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import weakref
-from collections.abc import Callable, Generator, Iterable, Iterator
+from collections.abc import Callable, Generator, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from functools import partial
 from typing import Any, Final, Protocol, cast
@@ -66,9 +66,9 @@ class ExactReads(Protocol):
 
     def can_read_exact(self, start: int, stop: int) -> bool: ...
 
-    def exact_bytes(self, start: int, stop: int) -> int: ...
+    def exact_bytes(self, runs: Sequence[tuple[int, int]]) -> int: ...
 
-    def will_need_exact(self, start: int, stop: int) -> None: ...
+    def will_need_exact(self, runs: Sequence[tuple[int, int]]) -> None: ...
 
     def read_run_exact(self, start: int, stop: int) -> RunBytes: ...
 
@@ -715,20 +715,21 @@ def advise_first(reader: RunReader, plan: _Window, firsts: IndexArray,
     heads = head_runs(plan, firsts, head)
     reader.prefetch(dict.fromkeys(shard for shard, _start, _stop in heads))
     exact: list[Run] = []
-    extra = 0
     for shard, start, stop in heads:
         reads = _exact_reads(reader.shard(shard))
         if reads is None or not reads.can_read_exact(start, stop):
             exact = []
             break
         exact.append((shard, start, stop))
-        extra += reads.exact_bytes(start, stop)
-    if exact and extra * HEAD_SHARE > _share_bytes(reader):
-        exact = []  # the head would download too much of this process's share twice
+    by_shard: dict[int, list[tuple[int, int]]] = {}
     for shard, start, stop in exact:
-        reads = _exact_reads(reader.shard(shard))
-        assert reads is not None
-        reads.will_need_exact(start, stop)
+        by_shard.setdefault(shard, []).append((start, stop))
+    extra = sum(cast(ExactReads, reader.shard(shard)).exact_bytes(runs)
+                for shard, runs in by_shard.items())
+    if exact and extra * HEAD_SHARE > _share_bytes(reader):
+        exact, by_shard = [], {}  # the head would download too much of this process's share twice
+    for shard, runs in by_shard.items():
+        cast(ExactReads, reader.shard(shard)).will_need_exact(runs)
     served = _served_runs(plan, firsts, exact)
     number = {run: r for r, run in enumerate(plan.runs)}
     rest = [run for run in plan.due if number[run] not in served]

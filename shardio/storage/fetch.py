@@ -45,6 +45,11 @@ class RangeRequest:
     stop: int
     check: RangeCheck | None = None
 
+    @property
+    def slot(self) -> tuple[str, int, int]:
+        """``(name, start, stop)``: what identifies a range (its check does not)."""
+        return self.name, self.start, self.stop
+
 
 def in_flight_bytes(max_range_bytes: int, *, max_in_flight: int = DEFAULT_IN_FLIGHT,
                     max_in_flight_bytes: int = DEFAULT_IN_FLIGHT_BYTES) -> int:

@@ -70,10 +70,6 @@ _Slot = tuple[str, int, int]
 """``(name, start, stop)``: what identifies a range (its check does not)."""
 
 
-def _slot(request: RangeRequest) -> _Slot:
-    return request.name, request.start, request.stop
-
-
 class ReadAhead:
     """Planned ranges of one store, downloaded into the node cache ahead of one reader."""
 
@@ -137,7 +133,7 @@ class ReadAhead:
         """Append ``requests`` to the order in which the reader will ``take`` them."""
         requests = list(requests)
         self._planned.extend(requests)
-        self._planned_slots.update(map(_slot, requests))
+        self._planned_slots.update(r.slot for r in requests)
         self._fill()
 
     def _open(self, request: RangeRequest) -> CachedRange:
@@ -254,7 +250,7 @@ class ReadAhead:
         ``max_in_flight_bytes`` until taken, so what is in flight still fits the budget.
         Returns False, starting nothing, when they do not fit it: then ``plan`` them.
         """
-        fresh = {_slot(r): r for r in requests if _slot(r) not in self._first}
+        fresh = {r.slot: r for r in requests if r.slot not in self._first}
         size = sum(r.stop - r.start for r in fresh.values())
         if self._pending_bytes + self._first_bytes + size > self.max_in_flight_bytes:
             return False
@@ -272,7 +268,7 @@ class ReadAhead:
     def _unplan(self) -> RangeRequest:
         """Take the first planned request off the plan."""
         request = self._planned.popleft()
-        slot = _slot(request)
+        slot = request.slot
         self._planned_slots[slot] -= 1
         if not self._planned_slots[slot]:
             del self._planned_slots[slot]
@@ -290,7 +286,7 @@ class ReadAhead:
             request = self._planned[0]
             if self.skip_cached and self.cache.mark_used(
                     self.store, request.name, request.start, request.stop, version=self.version):
-                self._pending.append((_slot(self._unplan()), None))
+                self._pending.append((self._unplan().slot, None))
                 continue
             if not self._room_for(request):
                 break
@@ -300,7 +296,7 @@ class ReadAhead:
             if self._pool is None:
                 self._pool = ThreadPoolExecutor(self.max_in_flight,
                                                 thread_name_prefix="shardio-readahead")
-            self._pending.append((_slot(request), self._submit(self._pool, request)))
+            self._pending.append((request.slot, self._submit(self._pool, request)))
         while self._pending and self._pending[0][1] is None:
             self._pending.popleft()  # nothing before it to pass over: take opens it anyway
 
@@ -314,7 +310,7 @@ class ReadAhead:
             CacheBudgetError, ShardCorruptError, StorageError: its download failed.
         """
         self._took_at = time.monotonic()
-        slot = _slot(request)
+        slot = request.slot
         first = self._first.pop(slot, None)
         if first is not None:
             self._first_bytes -= request.stop - request.start
@@ -339,7 +335,7 @@ class ReadAhead:
                 return cached
             # the reader jumped ahead of everything downloading
             self._drop_pending()
-            while _slot(self._unplan()) != slot:
+            while self._unplan().slot != slot:
                 pass
             self._fill()
         return self._open(request)
