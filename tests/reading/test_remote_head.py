@@ -20,6 +20,7 @@ from storage_servers import FAST_RETRY, S3Endpoint
 
 import shardio
 from shardio.backends.remoterecords import partition, tail_guess
+from shardio.format.runs import decode_run
 from shardio.order.plan import PlanConfig, Split, plan_epoch
 from shardio.reading.reader import DatasetReader
 from shardio.reading.stream import _plan_window, head_runs
@@ -316,3 +317,34 @@ def test_a_first_batch_read_with_its_head_is_yielded_before_the_window_is_advise
     keys = Counter([*first.keys, *(key for batch in batches for key in batch.keys)])
     assert len(keys) == NUM and set(keys.values()) == {1}
     assert advised and advised[0] > 0
+
+
+def test_head_runs_sharing_a_block_download_it_once(s3: S3Endpoint, tmp_path: Path) -> None:
+    """Two runs of a first batch that want records of one v3 block share one request: the
+    block is downloaded once, and each run reads its own records out of it."""
+    out = tmp_path / "v3"
+    rng = np.random.default_rng(8)
+    payloads = [rng.bytes(3000) for _ in range(40)]
+    options = shardio.WriteOptions(codec="none", max_shard_samples=40, block_records=8)
+    with shardio.ShardWriter(out, options) as writer:
+        for i, payload in enumerate(payloads):
+            writer.write({"__key__": f"s{i:03d}", "bin": payload})
+    _upload(out, s3.url)
+    remote = RemoteOptions(cache_dir=tmp_path / "cache", max_cache_bytes=64 << 20,
+                           range_bytes=16 << 20, retry=FAST_RETRY)
+    with DatasetReader(s3.url, remote=remote) as reader:
+        shard = reader.shard(0)
+        runs = [(1, 3), (4, 6), (17, 18)]  # the first two in block 0, the third in block 2
+        one_block = shard.exact_bytes([(0, 8)])
+        assert shard.exact_bytes([(4, 6)]) == one_block
+        assert shard.exact_bytes(runs) == shard.exact_bytes([(1, 3), (17, 18)]) == 2 * one_block
+        # blocks that touch are one request: blocks 0 and 1 once each
+        assert shard.exact_bytes([(7, 8), (8, 9)]) == shard.exact_bytes([(0, 16)])
+        s3.plan.reset()
+        shard.will_need_exact(runs)
+        for start, stop in runs:
+            run = shard.read_run_exact(start, stop)
+            got = [s["bin"] for s in decode_run(run, path=shard.path, first_record=start,
+                                                keys=shard.keys())]
+            assert got == payloads[start:stop]
+        assert s3.plan.ranged_gets == 2  # block 0 once for two runs, block 2 once
