@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from benchmarks.adapters import Batch, EpochSpec, collate_pairs, module_missing
+from benchmarks.adapters import Batch, EpochSpec, collate_pairs, module_missing, payload_from
 from benchmarks.datagen import Tree
 
 
@@ -119,10 +119,12 @@ class MosaicReader:
 
         streaming = import_streaming()
 
+        fields = tree.fields
+
         class PairDataset(streaming.StreamingDataset):  # type: ignore[misc,name-defined]
             def __getitem__(self, index: int) -> tuple[Any, int]:
                 sample = super().__getitem__(index)
-                return sample["data"], int(sample["label"])
+                return payload_from([sample[f] for f in fields]), int(sample["label"])
 
         clean_stale_shared_memory()
         dataset = PairDataset(
@@ -157,8 +159,15 @@ def _drop_inherited_clients(worker_id: int) -> None:
             stream._downloader.clean_up()
 
 
-def _pair(sample: dict[str, Any]) -> tuple[Any, int]:
-    return bytes(sample["data"]), int(sample["label"])
+class _Pair:
+    """A LitData sample -> ``(payload, label)``, its fields in the tree's order (picklable:
+    LitData's workers get it)."""
+
+    def __init__(self, fields: tuple[str, ...]) -> None:
+        self.fields = fields
+
+    def __call__(self, sample: dict[str, Any]) -> tuple[Any, int]:
+        return payload_from([bytes(sample[f]) for f in self.fields]), int(sample["label"])
 
 
 class LitDataReader:
@@ -186,7 +195,7 @@ class LitDataReader:
             downloader._OBSTORE_CLIENT_OPTIONS = {**options, "allow_http": True}
         dataset = litdata.StreamingDataset(
             input_dir=remote.url, cache_dir=str(remote.cache_dir), shuffle=spec.shuffle,
-            seed=spec.seed, max_cache_size=remote.max_cache_bytes, transform=_pair,
+            seed=spec.seed, max_cache_size=remote.max_cache_bytes, transform=_Pair(tree.fields),
         )
         loader = litdata.StreamingDataLoader(
             dataset, batch_size=spec.batch_size, num_workers=spec.num_workers,
