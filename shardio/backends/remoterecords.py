@@ -63,12 +63,15 @@ JOIN_SPARE = 8
 """Blocks are joined only where the budget holds the dataset and an eighth more
 (``join_bytes``): the shards' tails and the first batches' records are cached beside the
 ranges (tiny of bench_remote: 148.2 MB for 144.4 MB stored)."""
+
+
 EXACT_SHARE = 8
-"""Records are read on their own (``can_read_exact``) only where they are at most 1/8 of
-each range holding them: a shuffled stream's first batch wants one or two records of each
-of about 50 blocks (2 MB each on the images of bench_remote: 100 MB, 1 s of a 100 MB/s
-link, to hand out 5 MB); the range is downloaded whole later anyway, so those records are
-downloaded twice, at most 1/8 more than the ranges they lie in."""
+"""Records are read on their own (``will_need_exact``) only where they are at most 1/8 of the
+range holding them; more, and the whole range is read first instead. The range, when
+downloaded later, copies them from the cache, but a range whose records a first batch
+took nearly all of may not be needed again by that reader, and the next reader would
+download it whole (``tests/reading/test_remote_read.py``: a cached epoch downloads
+nothing)."""
 
 
 def _equal_cuts(offsets: npt.NDArray[np.uint64], range_bytes: int) -> list[int]:
@@ -282,6 +285,9 @@ class RemoteRecordsReader:
         """The range ``frame`` read last, kept for its neighbours (random access)."""
         self._exact: dict[tuple[int, int], list[RangeRequest]] = {}
         """What ``will_need_exact`` queued, by records, for ``read_run_exact`` to take."""
+        self._parts: dict[int, set[tuple[int, int]]] = {}
+        """Per range, the byte spans ``will_need_exact`` downloaded on their own: its
+        download copies them from the cache (``RangeRequest.parts``)."""
 
     @property
     def max_range_bytes(self) -> int:
@@ -317,7 +323,7 @@ class RemoteRecordsReader:
                         "shard is damaged: restore it from a copy or re-pack", path=url, offset=0)
             check_frames(self._run(view, start, lo, hi), path=url, first_record=lo)
 
-        return RangeRequest(self.name, start, stop, check)
+        return RangeRequest(self.name, start, stop, check, tuple(self._parts.get(j, ())))
 
     def _ranges(self, start: int, stop: int) -> range:
         """Range numbers holding records ``start..stop``."""
@@ -366,31 +372,14 @@ class RemoteRecordsReader:
 
         return RangeRequest(self.name, lo, hi, check)
 
-    def can_read_exact(self, start: int, stop: int) -> bool:
-        """Whether records ``start..stop`` are worth reading on their own, not as their ranges:
-        a small part of each range holding some (``EXACT_SHARE``)."""
-        for j in self._ranges(start, stop):
-            lo, hi = max(start, self._cuts[j]), min(stop, self._cuts[j + 1])
-            span = self._byte_span(j)
-            first, last = self._span(lo, hi)
-            if (last - first) * EXACT_SHARE > span[1] - span[0]:
-                return False
-        return True
-
-    def exact_bytes(self, runs: Sequence[tuple[int, int]]) -> int:
-        """Bytes that reading the records of each of ``runs`` on their own downloads (v3:
-        their whole blocks, each once), besides their ranges, which are downloaded whole
-        later anyway."""
-        requests = {r.slot: r for reqs in self._exact_requests(runs).values() for r in reqs}
-        return sum(r.stop - r.start for r in requests.values() if not self._ahead.cached(r))
-
     def _exact_requests(self, runs: Sequence[tuple[int, int]]
                         ) -> dict[tuple[int, int], list[RangeRequest]]:
         """For each of ``runs`` (records ``start..stop``), one request per range holding some:
-        that whole range where it is in the cache already (reading it costs no download),
-        else the records on their own. Runs of one range whose bytes overlap or touch share
-        one request: two runs wanting records of one v3 block downloaded it twice (a first
-        batch of ``bench_remote``'s images: 2 MB of 6.7)."""
+        that whole range where it is in the cache already (reading it costs no download) or
+        where the records are more than 1/``EXACT_SHARE`` of it, else the records on their
+        own. Runs of one range whose bytes overlap or touch share one request: two runs
+        wanting records of one v3 block downloaded it twice (a first batch of
+        ``bench_remote``'s images: 2 MB of 6.7)."""
         spans: dict[int, list[list[int]]] = {}
         """Per range, its records wanted: spans whose bytes overlap or touch joined."""
         for start, stop in sorted(runs):
@@ -405,26 +394,32 @@ class RemoteRecordsReader:
 
         def request(j: int, lo: int, hi: int) -> RangeRequest:
             whole = self._request(j)
-            if self._ahead.cached(whole):
-                return whole
             span = next(sp for sp in spans[j] if sp[0] <= lo and hi <= sp[1])
+            first, last = self._span(span[0], span[1])
+            range_lo, range_hi = self._byte_span(j)
+            if self._ahead.cached(whole) or (last - first) * EXACT_SHARE > range_hi - range_lo:
+                return whole
             key = (j, span[0], span[1])
             if key not in made:
-                made[key] = self._records_request(span[0], span[1])
+                made[key] = part = self._records_request(span[0], span[1])
+                self._parts.setdefault(j, set()).add((part.start, part.stop))
             return made[key]
 
         return {(start, stop): [request(j, max(start, self._cuts[j]), min(stop, self._cuts[j + 1]))
                                 for j in self._ranges(start, stop)] for start, stop in runs}
 
-    def will_need_exact(self, runs: Sequence[tuple[int, int]]) -> None:
-        """Queue the records of each of ``runs`` on their own (``can_read_exact``) for
-        ``read_run_exact``: samples due before their ranges could be downloaded whole (a
-        stream's first batch). The ranges are still downloaded whole when asked for."""
+    def will_need_exact(self, runs: Sequence[tuple[int, int]]) -> bool:
+        """Queue the records of each of ``runs`` on their own for ``read_run_exact``: samples
+        due before their ranges could be downloaded whole (a stream's first batch). Their
+        ranges, when asked for, copy those bytes from the cache and download the rest
+        (``RangeRequest.parts``). Returns whether every byte of them is in the cache now."""
         planned = self._exact_requests(runs)
         self._exact.update(planned)
         requests = list({r.slot: r for reqs in planned.values() for r in reqs}.values())
+        cached = all(self._ahead.cached(r) for r in requests)
         if not self._ahead.fetch_first(requests):  # they would not fit the budget's share
             self._ahead.plan(requests)
+        return cached
 
     def read_frames(self, start: int, stop: int) -> list[memoryview]:
         """Records ``start..stop``, copied out of their ranges, which are released at once."""

@@ -25,7 +25,7 @@ import weakref
 from collections.abc import Callable, Generator, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from functools import partial
-from typing import Any, Final, Protocol, cast
+from typing import Any, Protocol, cast
 
 import numpy as np
 
@@ -64,17 +64,13 @@ class ExactReads(Protocol):
     """A shard that can read records on their own instead of their whole ranges (a remote
     ``.rec`` shard, ``backends.remoterecords``)."""
 
-    def can_read_exact(self, start: int, stop: int) -> bool: ...
-
-    def exact_bytes(self, runs: Sequence[tuple[int, int]]) -> int: ...
-
-    def will_need_exact(self, runs: Sequence[tuple[int, int]]) -> None: ...
+    def will_need_exact(self, runs: Sequence[tuple[int, int]]) -> bool: ...
 
     def read_run_exact(self, start: int, stop: int) -> RunBytes: ...
 
 
 def _exact_reads(shard_reader: ShardFileReader) -> ExactReads | None:
-    return cast(ExactReads, shard_reader) if hasattr(shard_reader, "can_read_exact") else None
+    return cast(ExactReads, shard_reader) if hasattr(shard_reader, "will_need_exact") else None
 
 
 GAP_BYTES = 64 << 10
@@ -701,9 +697,9 @@ def read_run(
 def advise_first(reader: RunReader, plan: _Window, firsts: IndexArray,
                  head: int) -> tuple[list[Run], list[Run]]:
     """Advise the first window of an iteration, its first ``head`` samples' records first and on
-    their own where every shard can read them so (``can_read_exact``); returns those head
-    runs (none when one cannot: a record that is a large part of its range, say), and the
-    window's runs left to advise once the head is read (``_after_head``).
+    their own where every shard can read them so (remote ``.rec`` shards); returns those head
+    runs (none where one cannot), and the window's runs left to advise once the head is
+    read (``_after_head``).
 
     The window's runs follow in their usual order, less those the head runs hold every
     wanted sample of; ``_OpenWindow.load_rank`` takes them in that order. Where the head
@@ -711,29 +707,24 @@ def advise_first(reader: RunReader, plan: _Window, firsts: IndexArray,
     advised at once, the window's whole ranges shared the link with the head, and the
     first batch waited for every tail (``python -m benchmarks.remote_trace --workers 0``:
     the head's ranges landed 0.14 s after they were asked for, the first batch 0.34 s).
+    Its records are downloaded once: their ranges copy them from the cache.
     """
     heads = head_runs(plan, firsts, head)
     reader.prefetch(dict.fromkeys(shard for shard, _start, _stop in heads))
-    exact: list[Run] = []
-    for shard, start, stop in heads:
-        reads = _exact_reads(reader.shard(shard))
-        if reads is None or not reads.can_read_exact(start, stop):
-            exact = []
-            break
-        exact.append((shard, start, stop))
     by_shard: dict[int, list[tuple[int, int]]] = {}
-    for shard, start, stop in exact:
+    for shard, start, stop in heads:
+        if _exact_reads(reader.shard(shard)) is None:
+            by_shard = {}
+            break
         by_shard.setdefault(shard, []).append((start, stop))
-    extra = sum(cast(ExactReads, reader.shard(shard)).exact_bytes(runs)
-                for shard, runs in by_shard.items())
-    if exact and extra * HEAD_SHARE > _share_bytes(reader):
-        exact, by_shard = [], {}  # the head would download too much of this process's share twice
+    exact = [run for run in heads if run[0] in by_shard]
+    cached = True
     for shard, runs in by_shard.items():
-        cast(ExactReads, reader.shard(shard)).will_need_exact(runs)
+        cached = cast(ExactReads, reader.shard(shard)).will_need_exact(runs) and cached
     served = _served_runs(plan, firsts, exact)
     number = {run: r for r, run in enumerate(plan.runs)}
     rest = [run for run in plan.due if number[run] not in served]
-    if exact and extra:
+    if not cached:
         reader.prefetch(dict.fromkeys(shard for shard, _start, _stop in rest))
         return exact, rest
     advise(reader, rest)
@@ -745,25 +736,6 @@ def _after_head(reader: RunReader, rest: list[Run], then: Callable[[], None]) ->
     window's plan)."""
     advise(reader, rest)
     then()
-
-
-HEAD_SHARE: Final = 20
-"""A first window's head runs are read on their own only where what they download besides
-their ranges is at most 1/20 of the dataset's bytes a reading process reads (what a target
-of 1.05 times the stored bytes leaves for bytes downloaded twice): a head run of
-v3 records is their whole blocks, and the 64 blocks of 512 KiB a first batch of images
-wants were a fifth of bench_remote's quick dataset more (downloaded / stored 1.18 with 0
-workers, 1.34 with 2: ``benchmarks/results/remote-quick-before-head-cap.json``), against
-its target of 1.05. Where they would be more, the first batch waits for its ranges:
-there 1.00 and 1.00, the first epoch 9% and 20% faster, the first batch 2.2 s instead
-of 0.8 with 0 workers (``python -m benchmarks.bench_remote --quick``,
-``benchmarks/results/remote-quick.json``)."""
-
-
-def _share_bytes(reader: RunReader) -> int:
-    """The stored bytes of the dataset one of its reading processes on this node reads."""
-    total = sum(shard.num_bytes for shard in reader.manifest.shards)
-    return total // max(1, getattr(reader, "num_processes", 1))
 
 
 def _served_runs(plan: _Window, firsts: IndexArray, exact: list[Run]) -> set[int]:

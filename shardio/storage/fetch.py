@@ -44,6 +44,10 @@ class RangeRequest:
     start: int
     stop: int
     check: RangeCheck | None = None
+    parts: tuple[tuple[int, int], ...] = ()
+    """Spans of this range the node cache may hold as ranges of their own (a first batch's
+    records read on their own, ``RemoteRecordsReader.will_need_exact``): a download copies
+    them from there and fetches only the rest (``RangeCache.open_range``)."""
 
     @property
     def slot(self) -> tuple[str, int, int]:

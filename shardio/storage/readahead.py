@@ -138,7 +138,8 @@ class ReadAhead:
 
     def _open(self, request: RangeRequest) -> CachedRange:
         return self.cache.open_range(self.store, request.name, request.start, request.stop,
-                                     version=self.version, check=request.check)
+                                     version=self.version, check=request.check,
+                                     parts=request.parts)
 
     def _submit(self, pool: ThreadPoolExecutor,
                 request: RangeRequest) -> Future[CachedRange | None]:
