@@ -81,7 +81,7 @@ def install() -> None:
     _around(readahead.ReadAhead, "_open_ahead", request)
     _around(readahead.ReadAhead, "take", request)
     _around(cache.RangeCache, "_download",
-            lambda _s, _store, _key, name, start, stop, _check: {"obj": name, "lo": start,
+            lambda _s, _store, _key, name, start, stop, *_more: {"obj": name, "lo": start,
                                                                   "hi": stop})
     plan = readahead.ReadAhead.plan
 
