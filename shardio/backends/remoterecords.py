@@ -63,8 +63,6 @@ JOIN_SPARE = 8
 """Blocks are joined only where the budget holds the dataset and an eighth more
 (``join_bytes``): the shards' tails and the first batches' records are cached beside the
 ranges (tiny of bench_remote: 148.2 MB for 144.4 MB stored)."""
-
-
 EXACT_SHARE = 8
 """Records are read on their own (``will_need_exact``) only where they are at most 1/8 of the
 range holding them; more, and the whole range is read first instead. The range, when

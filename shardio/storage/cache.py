@@ -570,11 +570,14 @@ class RangeCache:
         """Copy the ``parts`` of a range that are cached now into its download file ``fd``
         (which holds the range from ``start``); the spans copied, in order.
 
-        A first batch's records are downloaded on their own before their ranges; without
-        this, each range downloaded them again: ``bench_remote --quick``'s images with 2
-        workers downloaded 1.08 times the stored bytes, and a cap that kept that under 1.05
-        left each worker's first batch waiting for whole ranges (``benchmarks/results/
-        remote-quick.json``). A copy needs no check of its own: the range's check covers it.
+        A first batch's records are downloaded on their own before their ranges. Each range
+        downloaded them again, and a cap on those bytes (``HEAD_SHARE`` in ``git show
+        59fb72b:shardio/reading/stream.py``) left the first batches of ``bench_remote
+        --quick`` waiting for whole ranges: 1.2 s with 0 workers and 2.0 s with 2. With the
+        copies and no cap, 0.35 and 0.55 s for 1.00 and 1.03 times the stored bytes
+        downloaded (``python -m benchmarks.bench_remote --quick``,
+        ``benchmarks/results/remote-quick.json``). A copy needs no check of its own: the
+        range's check covers it.
         """
         copied: list[tuple[int, int]] = []
         for a, b, part_key in part_keys:
