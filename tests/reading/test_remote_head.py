@@ -356,6 +356,38 @@ def test_head_runs_sharing_a_block_download_it_once_and_their_range_only_the_res
         # the range: its bytes before block 0, between blocks 0 and 2, after block 2
         assert s3.plan.ranged_gets == 2 + 3
         assert 0 < head_bytes < s3.plan.body_bytes - head_bytes
-        stored = shardio.read_manifest(out).shards[0].num_bytes
-        assert s3.plan.body_bytes < stored  # the head's blocks were not downloaded twice
+        assert s3.plan.body_bytes == shard.max_range_bytes  # the head's blocks not twice
         assert shard.will_need_exact(runs) is True  # all in the cache now
+
+
+def test_a_damaged_cached_part_is_not_copied_into_its_range(
+        s3: S3Endpoint, tmp_path: Path) -> None:
+    """A first batch's block damaged in the node cache after it was read: the range that
+    copies it fails its check, is downloaded whole, and every record is right."""
+    out = tmp_path / "v3"
+    rng = np.random.default_rng(9)
+    payloads = [rng.bytes(3000) for _ in range(200)]
+    options = shardio.WriteOptions(codec="none", max_shard_samples=200, block_records=8)
+    with shardio.ShardWriter(out, options) as writer:
+        for i, payload in enumerate(payloads):
+            writer.write({"__key__": f"s{i:03d}", "bin": payload})
+    _upload(out, s3.url)
+    remote = RemoteOptions(cache_dir=tmp_path / "cache", max_cache_bytes=64 << 20,
+                           range_bytes=16 << 20, retry=FAST_RETRY)
+    with DatasetReader(s3.url, remote=remote) as reader:
+        shard = reader.shard(0)
+        shard.will_need_exact([(4, 6)])
+        shard.read_run_exact(4, 6)
+        size = shardio.read_manifest(out).shards[0].num_bytes
+        part = next(p for p in (tmp_path / "cache" / "ranges").iterdir()
+                    if not p.name.endswith(f"-{size}"))  # the block, not the shard's tail
+        data = bytearray(part.read_bytes())
+        data[len(data) // 2] ^= 0x01
+        part.write_bytes(bytes(data))
+        s3.plan.reset()
+        whole = shard.read_run(0, 200)
+        got = [s["bin"] for s in decode_run(whole, path=shard.path, first_record=0,
+                                            keys=shard.keys())]
+        assert got == payloads
+        # the copy failed the range's check: the second try downloaded all of it
+        assert s3.plan.body_bytes == 2 * shard.max_range_bytes - part.stat().st_size
