@@ -322,22 +322,31 @@ def test_a_first_batch_read_with_its_head_is_yielded_before_the_window_is_advise
     assert advised and advised[0] > 0
 
 
-def test_head_runs_sharing_a_block_download_it_once_and_their_range_only_the_rest(
-        s3: S3Endpoint, tmp_path: Path) -> None:
-    """Two runs of a first batch that want records of one v3 block share one request (the
-    block downloaded once, each run reading its own records out of it); the range holding
-    them, downloaded later, copies those blocks from the cache and fetches only the rest."""
+def _one_range_shard(s3: S3Endpoint, tmp_path: Path) -> tuple[Path, list[bytes]]:
+    """A v3 shard of 200 records of 3 KB on ``s3`` (one range of 600 KB, blocks of 24 KB)."""
     out = tmp_path / "v3"
     rng = np.random.default_rng(8)
-    payloads = [rng.bytes(3000) for _ in range(200)]  # one range of 600 KB, blocks of 24 KB
+    payloads = [rng.bytes(3000) for _ in range(200)]
     options = shardio.WriteOptions(codec="none", max_shard_samples=200, block_records=8)
     with shardio.ShardWriter(out, options) as writer:
         for i, payload in enumerate(payloads):
             writer.write({"__key__": f"s{i:03d}", "bin": payload})
     _upload(out, s3.url)
-    remote = RemoteOptions(cache_dir=tmp_path / "cache", max_cache_bytes=64 << 20,
-                           range_bytes=16 << 20, retry=FAST_RETRY)
-    with DatasetReader(s3.url, remote=remote) as reader:
+    return out, payloads
+
+
+def _one_range_options(tmp_path: Path) -> RemoteOptions:
+    return RemoteOptions(cache_dir=tmp_path / "cache", max_cache_bytes=64 << 20,
+                         range_bytes=16 << 20, retry=FAST_RETRY)
+
+
+def test_head_runs_sharing_a_block_download_it_once_and_their_range_only_the_rest(
+        s3: S3Endpoint, tmp_path: Path) -> None:
+    """Two runs of a first batch that want records of one v3 block share one request (the
+    block downloaded once, each run reading its own records out of it); the range holding
+    them, downloaded later, copies those blocks from the cache and fetches only the rest."""
+    _out, payloads = _one_range_shard(s3, tmp_path)
+    with DatasetReader(s3.url, remote=_one_range_options(tmp_path)) as reader:
         shard = reader.shard(0)
         s3.plan.reset()
         runs = [(1, 3), (4, 6), (17, 18)]  # the first two in block 0, the third in block 2
@@ -364,17 +373,8 @@ def test_a_damaged_cached_part_is_not_copied_into_its_range(
         s3: S3Endpoint, tmp_path: Path) -> None:
     """A first batch's block damaged in the node cache after it was read: the range that
     copies it fails its check, is downloaded whole, and every record is right."""
-    out = tmp_path / "v3"
-    rng = np.random.default_rng(9)
-    payloads = [rng.bytes(3000) for _ in range(200)]
-    options = shardio.WriteOptions(codec="none", max_shard_samples=200, block_records=8)
-    with shardio.ShardWriter(out, options) as writer:
-        for i, payload in enumerate(payloads):
-            writer.write({"__key__": f"s{i:03d}", "bin": payload})
-    _upload(out, s3.url)
-    remote = RemoteOptions(cache_dir=tmp_path / "cache", max_cache_bytes=64 << 20,
-                           range_bytes=16 << 20, retry=FAST_RETRY)
-    with DatasetReader(s3.url, remote=remote) as reader:
+    out, payloads = _one_range_shard(s3, tmp_path)
+    with DatasetReader(s3.url, remote=_one_range_options(tmp_path)) as reader:
         shard = reader.shard(0)
         shard.will_need_exact([(4, 6)])
         shard.read_run_exact(4, 6)
