@@ -13,6 +13,7 @@ from __future__ import annotations
 import re
 from collections import Counter
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -187,17 +188,30 @@ def _record_span(reader: DatasetReader, index: int) -> tuple[str, int, int]:
     return reader.manifest.shards[shard].name, start, start + len(reader.shard(shard).frame(record))
 
 
+@pytest.mark.parametrize("block_records", [None, 5])
 @pytest.mark.parametrize("head", [0, 1, 7, 64, 500])
 def test_head_runs_cover_the_first_samples_within_the_window_runs_in_due_order(
-        head: int) -> None:
+        head: int, block_records: int | None) -> None:
     config = PlanConfig(shard_sizes=(90, 70, 80), seed=2, window=120, block_size=10)
     order = plan_epoch(config, 1, Split())
     firsts = np.asarray([0, 90, 160], np.int64)
     plan = _plan_window(order, 0, 3, 120, firsts, 10, 9)
-    runs = head_runs(plan, firsts, head)
+    runs = head_runs(plan, firsts, head, block_records)
     covered = [int(firsts[s]) + r for s, a, b in runs for r in range(a, b)]
-    assert sorted(covered) == sorted(set(order[3 : min(3 + head, 120)].tolist()))  # one window
+    first = set(order[3 : min(3 + head, 120)].tolist())  # one window
     assert len(covered) == len(set(covered))
+    if block_records is None:
+        assert sorted(covered) == sorted(first)
+    else:  # and the window's records between two of them in one stored block
+        assert set(covered) >= first
+        assert set(covered) <= set(order[:120].tolist())
+        blocks: dict[tuple[int, int], list[int]] = {}
+        for s, a, b in runs:
+            for r in range(a, b):
+                blocks.setdefault((s, r // block_records), []).append(r)
+        for (s, _block), records in blocks.items():
+            wanted = [r for r in records if int(firsts[s]) + r in first]
+            assert sorted(records) == list(range(min(wanted), max(wanted) + 1))
     for shard, start, stop in runs:  # inside one of the window's runs
         assert any(s == shard and a <= start and stop <= b for s, a, b in plan.runs)
     due = [next(n for n, i in enumerate(order[3:].tolist()) if i in range(
@@ -391,3 +405,34 @@ def test_a_damaged_cached_part_is_not_copied_into_its_range(
         assert got == payloads
         # the copy failed the range's check: the second try downloaded all of it
         assert s3.plan.body_bytes == 2 * shard.max_range_bytes - part.stat().st_size
+
+
+def test_a_first_batch_from_one_block_inflates_it_once(
+        s3: S3Endpoint, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The first batch of a shuffled v3 pack of small records is drawn from the plan's first
+    block (here 3 stored blocks); each is read, checked and inflated once, not once for each
+    run of consecutive records of the batch."""
+    tree = tmp_path / "tree"
+    rng = np.random.default_rng(9)
+    for i in range(400):
+        (tree / f"c{i % 4}").mkdir(parents=True, exist_ok=True)
+        (tree / f"c{i % 4}" / f"f{i:03d}.txt").write_bytes(rng.bytes(50) * 4)
+    out = tmp_path / "packed"
+    shardio.pack(tree, out, options=shardio.WriteOptions(block_records=50), num_workers=1)
+    _upload(out, s3.url)
+    import shardio.format.runs as runs_module
+    inflated: list[int] = []
+    real = runs_module.decode_columns  # type: ignore[attr-defined]
+
+    def counted(buf: memoryview, head: Any, **kw: Any) -> Any:
+        inflated.append(head.first_record)
+        return real(buf, head, **kw)
+
+    monkeypatch.setattr(runs_module, "decode_columns", counted)
+    ds = shardio.StreamingDataset(s3.url, decode="raw", seed=5, remote=_options(tmp_path))
+    manifest = shardio.read_manifest(out)
+    firsts = np.cumsum([0, *manifest.shard_sizes])
+    batch = next(iter(shardio.loader(ds, batch_size=16, num_workers=0)))
+    shard = np.searchsorted(firsts, batch.indices, side="right") - 1
+    blocks = set(zip(shard.tolist(), ((batch.indices - firsts[shard]) // 50).tolist(), strict=True))
+    assert len(inflated) == len(blocks) <= 3  # the plan's first block: 3 stored blocks
