@@ -39,7 +39,10 @@ def joined_manifest(manifests: Sequence[Manifest]) -> Manifest:
     Counts and fields add up; ``classes`` are kept only when every source has
     the same (a label then means one class in every source). Backend, codec
     and options are the first source's: each source's shards are still
-    opened by its own reader.
+    opened by its own reader. ``block_records`` (a v3 block's records, which
+    the plan cuts its blocks at and a remote first batch groups records by) is
+    kept only when every source has the same: a second source's stored blocks
+    would otherwise be cut by the first's size, each read for two plan blocks.
     """
     shards, first = [], 0
     for manifest in manifests:
@@ -48,8 +51,12 @@ def joined_manifest(manifests: Sequence[Manifest]) -> Manifest:
             first += info.num_samples
     head = manifests[0]
     same = all((m.classes, m.class_to_idx) == (head.classes, head.class_to_idx) for m in manifests)
+    options = dict(head.options)
+    if len({m.block_records for m in manifests}) > 1:
+        options.pop("block_records", None)
     return replace(
         head,
+        options=options,
         num_samples=first,
         num_bytes=sum(m.num_bytes for m in manifests),
         input_bytes=sum(m.input_bytes for m in manifests),

@@ -178,3 +178,21 @@ def test_local_and_remote_sources(packs: dict[str, Path], http: HttpEndpoint,
              sources=[Source(packs["a"], weight=3), Source(f"{http.url}/b", weight=1)])
     got = drawn(DataLoader(ds, batch_size=16, num_workers=0))
     assert collections.Counter(s for s, _ in got) == {0: 150, 1: 50} and len(set(got)) == 200
+
+
+def test_block_records_are_the_mixtures_only_where_its_sources_agree(tmp_path: Path) -> None:
+    """A mixture's plan cuts its blocks at multiples of ``block_records``: that of the first
+    source would cut a second source's stored blocks of another size in two."""
+    made = {}
+    for name, records in (("x", 8), ("y", 8), ("z", 5)):
+        with ShardWriter(tmp_path / name, WriteOptions(block_records=records)) as writer:
+            for i in range(40):
+                writer.write({"__key__": f"k{i:03d}", "bin": payload(name, i)})
+        made[name] = tmp_path / name
+    same = StreamingDataset([Source(made["x"]), Source(made["y"])], decode="raw")
+    assert same.reader.manifest.block_records == 8
+    assert same.config.block_size % 8 == 0
+    mixed = StreamingDataset([Source(made["x"]), Source(made["z"])], decode="raw")
+    assert mixed.reader.manifest.block_records is None
+    seen = collections.Counter((s["__source__"], s["__key__"]) for s in mixed)
+    assert len(seen) == 80 and set(seen.values()) == {1}
