@@ -33,7 +33,7 @@ import numpy.typing as npt
 
 from shardio.errors import ShardCorruptError
 from shardio.format.blockfile import VERSION as VERSION3
-from shardio.format.blockfile import BlockIndex, ShardIndex3, parse_footer, parse_tail
+from shardio.format.blockfile import BlockIndex, ShardIndex3, parse_footer, parse_tail, tail_size
 from shardio.format.blockfile import check_header as check_header3
 from shardio.format.checksum import CRC32C
 from shardio.format.frames import (
@@ -52,6 +52,10 @@ from shardio.storage.readahead import ReadAhead
 
 MIN_TAIL_BYTES = 64 << 10
 """The least the first GET of a shard's tail asks for (a round trip costs more than bytes)."""
+V3_KEY_BYTES = 24
+"""Key data bytes a record the first GET of a v3 tail allows for. Keys are stored compressed
+where that pays (docs/format.md, §8.4): paths of 30-40 characters take 8-12 bytes; keys
+longer than this on average cost a second GET, one round trip."""
 JOIN_RANGE_BYTES = 16 << 20
 """Where the budget holds the dataset, plan blocks are joined into one range until it holds
 this much (and at most ``range_bytes``): every GET costs a round trip and the server's and
@@ -138,9 +142,21 @@ def partition(offsets: npt.NDArray[np.uint64], range_bytes: int,
     return cuts
 
 
-def tail_guess(size: int, num_records: int) -> int:
-    """Bytes at the end of a shard the first GET asks for: footer, index and keys, usually."""
-    return tail_bytes(size, num_records, MIN_TAIL_BYTES)
+def tail_guess(size: int, num_records: int, block_records: int | None = None) -> int:
+    """Bytes at the end of a shard the first GET asks for: footer, index and keys, usually.
+
+    ``block_records``: a v3 dataset's (its manifest's), which gives a shard's blocks and so
+    its index's size; its keys are allowed ``V3_KEY_BYTES`` a record. Without, 64 key
+    bytes a record and a v2 index: for ``bench_remote``'s tiny v3 shards (6,000 records,
+    59 KB tails) that was 462 KB a tail, 6.4 MB of a 128 MB dataset downloaded twice (the
+    tails' extra bytes are the last blocks, downloaded again with their range) and 7 MB on
+    the link beside the first batch's block (``python -m benchmarks.bench_remote``).
+    """
+    if block_records is None:
+        return tail_bytes(size, num_records, MIN_TAIL_BYTES)
+    blocks = -(-num_records // block_records)
+    want = tail_size(num_records, blocks, V3_KEY_BYTES * num_records)
+    return min(size, max(MIN_TAIL_BYTES, want))
 
 
 @dataclass(frozen=True)
@@ -158,12 +174,13 @@ class ShardTail:
 
 
 def read_tail(fetch: Callable[[RangeRequest], bytes], name: str, *, url: str, size: int,
-              num_records: int) -> ShardTail:
+              num_records: int, block_records: int | None = None) -> ShardTail:
     """Fetch and check the footer, index and key block of remote shard ``name`` of ``size`` bytes.
 
     ``fetch`` reads one range through the node cache (thread-safe: tails of
     several shards are fetched at once), which caches it only once its check
-    passed. ``num_records`` (the manifest's) only sizes the first GET; where
+    passed. ``num_records`` and ``block_records`` (the manifest's) only size the first
+    GET; where
     the index and keys are longer, the whole tail is fetched as a second range,
     checked whole (the first one's check, which cannot see all of the index,
     is its footer's, and only its footer is used).
@@ -173,7 +190,7 @@ def read_tail(fetch: Callable[[RangeRequest], bytes], name: str, *, url: str, si
             fail their CRC-32 (the local reader's check).
         StorageError, FileNotFoundError: the store could not deliver.
     """
-    at = size - tail_guess(size, num_records)
+    at = size - tail_guess(size, num_records, block_records)
 
     def check_guess(view: memoryview) -> None:
         if _is_v3(view):

@@ -406,6 +406,14 @@ class Footer3:
     """Bytes from the index to the end of the file: what ``parse_rec`` needs of the tail."""
 
 
+def tail_size(num_records: int, num_blocks: int, key_bytes: int) -> int:
+    """Bytes of a v3 shard's tail (index, key section with 4-byte offsets, footer) whose key
+    data takes ``key_bytes``: what a remote reader's first GET asks for, with the key data
+    guessed (``remoterecords.tail_guess``)."""
+    return (16 * (num_blocks + 1) + KEYS_HEAD.size + 4 * (num_records + 1)
+            + key_bytes + FOOTER.size)
+
+
 def parse_footer(tail: bytes | memoryview, size: int, *, path: str) -> Footer3:
     """The footer in the last ``FOOTER.size`` bytes of ``tail`` (the end of a file of
     ``size`` bytes), its counts bounded by the bytes that hold them."""

@@ -199,7 +199,8 @@ class ShardSource:
     def _tail(self, number: int) -> ShardTail:
         info = self.manifest.shards[number]
         return read_tail(self._fetch, info.name, url=self.shard_url(number),
-                         size=info.num_bytes, num_records=info.num_samples)
+                         size=info.num_bytes, num_records=info.num_samples,
+                         block_records=self.manifest.block_records)
 
     def prefetch(self, numbers: Iterable[int]) -> None:
         """Start fetching the tails of remote ``.rec`` shards ``numbers`` in the background."""

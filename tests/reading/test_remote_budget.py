@@ -83,7 +83,8 @@ def test_under_half_a_budget_an_epoch_downloads_each_range_once(
     _upload(packed, s3.url)
     manifest = shardio.read_manifest(packed)
     dataset_bytes = sum(s.num_bytes for s in manifest.shards)
-    tails = sum(tail_guess(s.num_bytes, s.num_samples) for s in manifest.shards)
+    tails = sum(tail_guess(s.num_bytes, s.num_samples, manifest.block_records)
+                for s in manifest.shards)
     budget = dataset_bytes // 2
     remote = RemoteOptions(cache_dir=tmp_path / "cache", max_cache_bytes=budget,
                            range_bytes=RANGE_BYTES, retry=FAST_RETRY)
@@ -154,7 +155,8 @@ def test_where_the_budget_holds_the_dataset_a_shard_is_one_range(
     assert len(keys) == num and set(keys.values()) == {1}
     # besides each shard's tail and the first batches' records read on their own: all the
     # records of each shard in one GET from its first byte
-    tails = {(s.name, s.num_bytes - tail_guess(s.num_bytes, s.num_samples), s.num_bytes)
+    tails = {(s.name, s.num_bytes - tail_guess(s.num_bytes, s.num_samples,
+                                              manifest.block_records), s.num_bytes)
              for s in manifest.shards}
     # (v3: a record read on its own is its stored block)
     blocks = set()

@@ -138,7 +138,8 @@ def test_v3_blocks_of_a_first_batch_are_downloaded_once(
                    for key in batch.keys)
     assert len(keys) == 2 * NUM and set(keys.values()) == {1}
     stored = sum(shard.num_bytes for shard in manifest.shards)
-    tails = sum(tail_guess(shard.num_bytes, shard.num_samples) for shard in manifest.shards)
+    tails = sum(tail_guess(shard.num_bytes, shard.num_samples, manifest.block_records)
+                for shard in manifest.shards)
     assert s3.plan.body_bytes <= stored + tails
 
 
@@ -166,7 +167,7 @@ def _planned_spans(local: DatasetReader, block: int = BLOCK
         cuts = partition(offsets, 64 << 10, block)
         whole |= {(info.name, 0 if j == 0 else int(offsets[cuts[j]]), int(offsets[cuts[j + 1]]))
                   for j in range(len(cuts) - 1)}
-        guess = tail_guess(info.num_bytes, info.num_samples)
+        guess = tail_guess(info.num_bytes, info.num_samples, local.manifest.block_records)
         tails.add((info.name, info.num_bytes - guess, info.num_bytes))
     return whole, tails
 
@@ -228,7 +229,8 @@ def test_under_half_a_budget_only_the_first_batches_records_are_downloaded_twice
     _upload(packed, s3.url)
     manifest = shardio.read_manifest(packed)
     dataset_bytes = sum(s.num_bytes for s in manifest.shards)
-    tails = sum(tail_guess(s.num_bytes, s.num_samples) for s in manifest.shards)
+    tails = sum(tail_guess(s.num_bytes, s.num_samples, manifest.block_records)
+                for s in manifest.shards)
     remote = RemoteOptions(cache_dir=tmp_path / "cache", max_cache_bytes=dataset_bytes // 2,
                            range_bytes=64 << 10, max_in_flight=2, retry=FAST_RETRY)
     ds = shardio.StreamingDataset(s3.url, decode="raw", shuffle_buffer=NUM // 4,

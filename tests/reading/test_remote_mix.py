@@ -51,7 +51,8 @@ def test_a_remote_mixture_under_half_a_budget_downloads_each_range_once(
             for name, seed, url in zip("ab", (1, 2), urls, strict=True)]
     manifests = [shardio.read_manifest(packed) for _src, packed in made]
     dataset_bytes = sum(s.num_bytes for m in manifests for s in m.shards)
-    tails = sum(tail_guess(s.num_bytes, s.num_samples) for m in manifests for s in m.shards)
+    tails = sum(tail_guess(s.num_bytes, s.num_samples, m.block_records)
+                for m in manifests for s in m.shards)
     remote = RemoteOptions(cache_dir=tmp_path / "cache", max_cache_bytes=dataset_bytes // 2,
                            range_bytes=RANGE, max_in_flight=2, retry=FAST_RETRY)
     ds = shardio.StreamingDataset([shardio.Source(u) for u in urls], decode="raw",

@@ -227,7 +227,8 @@ def test_under_half_a_budget_a_shuffled_epoch_downloads_each_range_once(
     url = upload(packed, s3.url)
     manifest = shardio.read_manifest(packed)
     dataset_bytes = sum(s.num_bytes for s in manifest.shards)
-    tails = sum(tail_guess(s.num_bytes, s.num_samples) for s in manifest.shards)
+    tails = sum(tail_guess(s.num_bytes, s.num_samples, manifest.block_records)
+                for s in manifest.shards)
     opts = options(tmp_path, max_cache_bytes=dataset_bytes // 2, max_in_flight=2)
     ds = StreamingDataset(url, decode="raw", shuffle_buffer=24, block_size=4, remote=opts)
     s3.plan.reset()
@@ -384,3 +385,43 @@ def test_cli_reads_s3_urls_with_the_endpoint_from_the_environment(
     assert restored == sorted(p.relative_to(source) for p in source.rglob("*") if p.is_file())
     result = runner.invoke(main, ["verify", f"{s3.url}/nothing", *cache])
     assert result.exit_code == 1 and f"{s3.url}/nothing/manifest.json" in result.output
+
+
+@pytest.mark.parametrize("long_keys", [False, True])
+def test_a_v3_tail_is_one_get_of_about_its_size_and_two_where_keys_are_longer(
+        long_keys: bool, s3: S3Endpoint, tmp_path: Path) -> None:
+    """A v3 shard's first tail GET is sized from the manifest's ``block_records`` and 24 key
+    bytes a record, not the 64 of format v2 (whose excess is bytes of the last blocks,
+    downloaded again with their range). Keys longer than that take a second GET; every
+    sample still arrives once with its bytes."""
+    rng = random.Random(5)
+    out = tmp_path / "ds"
+    payloads = {}
+    with shardio.ShardWriter(out, shardio.WriteOptions(max_shard_samples=3000,
+                                                       block_records=100)) as writer:
+        for i in range(6000):
+            tag = "".join(rng.choice("0123456789abcdef") for _ in range(60)) if long_keys else ""
+            key = f"c{i % 10}/s{i:05d}{tag}"
+            payloads[key] = rng.randbytes(rng.randrange(20, 200))
+            writer.write({"__key__": key, "bin": payloads[key]})
+    url = upload(out, f"{s3.url}/{int(long_keys)}")
+    manifest = shardio.read_manifest(out)
+    tails = []
+    for info in manifest.shards:
+        with open(out / info.name, "rb") as fh:
+            fh.seek(info.num_bytes - 48)
+            tails.append(info.num_bytes - int.from_bytes(fh.read(8), "little"))
+    guesses = [tail_guess(s.num_bytes, s.num_samples, manifest.block_records)
+               for s in manifest.shards]
+    v2_rule = [tail_guess(s.num_bytes, s.num_samples) for s in manifest.shards]
+    assert all(g < v for g, v in zip(guesses, v2_rule, strict=True))
+    assert all((t <= g) != long_keys for t, g in zip(tails, guesses, strict=True))
+    s3.plan.reset()
+    with shardio.DatasetReader(url, remote=options(tmp_path)) as reader:
+        for number in range(len(manifest.shards)):
+            reader.shard(number)
+    assert s3.plan.ranged_gets == (2 if long_keys else 1) * len(manifest.shards)
+    assert s3.plan.body_bytes == sum(guesses) + (sum(tails) if long_keys else 0)
+    ds = StreamingDataset(url, decode="raw", remote=options(tmp_path))
+    got = {s["__key__"]: bytes(s["bin"]) for s in ds}
+    assert got == payloads
