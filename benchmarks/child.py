@@ -53,7 +53,7 @@ def preload(adapter: Adapter, *, torch: bool) -> None:
     elif library is not None:
         module = importlib.import_module(_LIBRARY_MODULES[library])
         if library == "shardio":
-            _ = (module.StreamingDataset, module.loader, module.pack)
+            _ = (module.StreamingDataset, module.IndexedDataset, module.loader, module.pack)
 
 
 def run_pack(adapter: Adapter, tree: Tree, work: Path, spec: dict[str, Any]) -> dict[str, Any]:
