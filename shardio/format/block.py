@@ -29,7 +29,7 @@ import zstandard
 
 from shardio.errors import ChecksumError, RecordEncodeError, ShardCorruptError
 from shardio.format.checksum import CRC32C, checksum_function
-from shardio.format.codecs import MIN_SAVING, inflate, looks_compressed
+from shardio.format.codecs import MIN_SAVING, decompressor, looks_compressed
 
 # the msgpack hooks v2 records use for values (ndarrays as ext type 1), shared so both formats
 # store a value alike
@@ -329,7 +329,7 @@ def _inflate(stored: memoryview, entry: ColumnEntry, path: str, block: int) -> m
         _need(claimed == entry.raw, path, block,
               "column {!r}: its zstd frame holds {} bytes, the table {}", entry.name, claimed,
               entry.raw)
-        raw = inflate(stored, entry.raw)
+        raw = decompressor().decompress(stored, max_output_size=entry.raw)
     except zstandard.ZstdError as exc:
         raise ShardCorruptError(
             f"{path}: block {block}, column {entry.name!r} passed its checksum but does not "
@@ -337,7 +337,7 @@ def _inflate(stored: memoryview, entry: ColumnEntry, path: str, block: int) -> m
         ) from exc
     _need(len(raw) == entry.raw, path, block, "column {!r} inflates to {} bytes, the table says {}",
           entry.name, len(raw), entry.raw)
-    return raw
+    return memoryview(raw)
 
 
 def parse_column(raw: memoryview, name: str, kind: int, flags: int, width: int, count: int,

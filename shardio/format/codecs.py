@@ -9,11 +9,8 @@ under 1% on them and costs a decompression per sample on every epoch.
 from __future__ import annotations
 
 import threading
-import weakref
-from typing import ClassVar, Final, Protocol
+from typing import Final, Protocol
 
-import numpy as np
-import numpy.typing as npt
 import zstandard
 
 from shardio.format.frames import CODEC_NONE, CODEC_ZSTD
@@ -118,66 +115,6 @@ def decompressor() -> zstandard.ZstdDecompressor:
         dctx = zstandard.ZstdDecompressor()
         _decompressors.dctx = dctx
     return dctx
-
-
-IDLE_BYTES: Final = 64 << 20
-"""Idle inflation buffers kept for reuse in a process, at most about (in bytes)."""
-_SMALLEST: Final = 1 << 12
-
-
-class _Idle:
-    """Buffers no view uses any more, by capacity (a power of two)."""
-
-    by_capacity: ClassVar[dict[int, list[npt.NDArray[np.uint8]]]] = {}
-    held: ClassVar[int] = 0  # updated without a lock: the bound is approximate
-
-
-def inflate(stored: bytes | memoryview, size: int) -> memoryview:
-    """The zstd frame ``stored`` inflated into a reused buffer: a view of its first bytes,
-    ``size`` at most (fewer where the frame holds fewer; the caller checks).
-
-    Inflated into a new ``bytes``, every page of a column is memory fresh from the system,
-    which faults on first write: a warm epoch over 10^4 tiny samples (26 MB inflated) took
-    6,900 page faults and a fifth of its time in them on this project's 2-core VM. The
-    buffer returns to an idle list when the last view made from this one is gone (a
-    ``weakref`` on the array behind it), so that later windows and epochs write into pages
-    already mapped: 500 faults, and the second epoch of ``python -m benchmarks.bench_warm``
-    on the tiny tree faster by what they cost (``benchmarks/results/warm.json``).
-    Lock-free (list operations are atomic under the interpreter's lock), so a buffer given
-    back by the garbage collector in any thread, or in a forked child, is safe.
-
-    Raises:
-        zstandard.ZstdError: the frame is damaged or holds more than ``size`` bytes.
-    """
-    capacity = max(_SMALLEST, 1 << (max(size, 1) - 1).bit_length())
-    idle = _Idle.by_capacity.get(capacity)
-    try:
-        buffer = idle.pop() if idle else None
-    except IndexError:  # another thread took the last one
-        buffer = None
-    if buffer is None:
-        buffer = np.empty(capacity, np.uint8)
-    else:
-        _Idle.held -= capacity
-    view = buffer[:size]
-    weakref.finalize(view, _give_back, buffer).atexit = False
-    out = memoryview(view.data)
-    filled = 0
-    with decompressor().stream_reader(stored, read_size=max(len(stored), 1)) as reader:
-        while filled < size:
-            got = reader.readinto(out[filled:])
-            if not got:
-                break
-            filled += got
-        if filled == size and reader.readinto(bytearray(1)):
-            raise zstandard.ZstdError(f"the frame holds more than {size} bytes")
-    return out[:filled] if filled < size else out
-
-
-def _give_back(buffer: npt.NDArray[np.uint8]) -> None:
-    if _Idle.held + buffer.nbytes <= IDLE_BYTES:
-        _Idle.held += buffer.nbytes
-        _Idle.by_capacity.setdefault(buffer.nbytes, []).append(buffer)
 
 
 def decompress(codec_id: int, stored: bytes | memoryview) -> bytes | memoryview:
