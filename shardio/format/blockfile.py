@@ -23,7 +23,7 @@ import bisect
 import itertools
 import struct
 import zlib
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, BinaryIO, Final, overload
 
@@ -272,18 +272,20 @@ def decode_keys(section: bytes | memoryview, num_records: int, *, path: str) -> 
 
 
 class KeyColumn(Sequence[str]):
-    """A shard's ASCII keys, each decoded from the key column when asked for.
+    """A shard's ASCII keys, each cut from the key column's text when asked for.
 
-    Decoding all of them when a shard opens was the largest cost of the first batch on a
-    dataset of 10^5 samples (35 of 127 ms), and recurred at every open; a sample's key is
-    now decoded when it is read (``python -m benchmarks.first_sample --samples 100000
-    --workers 0`` measures the first batch).
+    Decoding every key into its own ``str`` when a shard opened was the largest cost of the
+    first batch on a dataset of 10^5 samples (35 of 127 ms), and recurred at every open
+    (``python -m benchmarks.first_sample --samples 100000 --workers 0`` measures the first
+    batch). ASCII decodes as one copy, so the column is one ``str`` and a key a slice of it;
+    decoding each key from the bytes when read cost a warm epoch of 10^4 tiny samples 10 of
+    its 47 ms, ``take`` 3 (cProfile of ``benchmarks.child``'s epoch, ``shardio-records``).
     """
 
-    __slots__ = ("_data", "_ends")
+    __slots__ = ("_ends", "_text")
 
     def __init__(self, data: bytes, ends: list[int]) -> None:
-        self._data, self._ends = data, ends
+        self._text, self._ends = data.decode("ascii"), ends
 
     def __len__(self) -> int:
         return len(self._ends) - 1
@@ -296,19 +298,22 @@ class KeyColumn(Sequence[str]):
 
     def __getitem__(self, i: int | slice) -> str | list[str]:
         if isinstance(i, slice):
-            start, stop, step = i.indices(len(self))
-            data, ends = self._data, self._ends
-            return [data[ends[j] : ends[j + 1]].decode("ascii") for j in range(start, stop, step)]
+            return self.take(range(*i.indices(len(self))))
         n = len(self._ends) - 1
         if i < 0:
             i += n
         if not 0 <= i < n:
             raise IndexError(f"key {i} out of range for {n} keys")
-        return self._data[self._ends[i] : self._ends[i + 1]].decode("ascii")
+        return self._text[self._ends[i] : self._ends[i + 1]]
+
+    def take(self, positions: Iterable[int]) -> list[str]:
+        """The keys at ``positions`` (each in range), in that order."""
+        text, ends = self._text, self._ends
+        return [text[ends[j] : ends[j + 1]] for j in positions]
 
     def __iter__(self) -> Iterator[str]:
-        data, ends = self._data, self._ends
-        return (data[a:b].decode("ascii") for a, b in itertools.pairwise(ends))
+        text = self._text
+        return (text[a:b] for a, b in itertools.pairwise(self._ends))
 
     def __eq__(self, other: object) -> bool:
         return list(self) == list(other) if isinstance(other, Sequence) else NotImplemented

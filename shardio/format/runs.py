@@ -74,6 +74,7 @@ def run_columns(run: RunBytes, *, path: str, keys: Sequence[str], verify: bool =
     firsts = run.blocks.tolist()
     ends = run.block_ends()
     cuts = np.searchsorted(wanted, run.blocks).tolist()
+    take = getattr(keys, "take", None) or (lambda at: [keys[i] for i in at])
     out = []
     for k in range(len(firsts) - 1):
         rows = wanted[cuts[k] : cuts[k + 1]] - firsts[k]
@@ -84,7 +85,7 @@ def run_columns(run: RunBytes, *, path: str, keys: Sequence[str], verify: bool =
         block = run.first_block + k
         head = read_head(buf, path=path, block=block, first_record=firsts[k],
                          num_records=firsts[k + 1] - firsts[k])
-        got = Columns([keys[i] for i in (rows + firsts[k]).tolist()])
+        got = Columns(take((rows + firsts[k]).tolist()))
         for entry, column in zip(head.columns, decode_columns(buf, head, path=path,
                                                               block=block), strict=True):
             raw = entry.codec == RAW
