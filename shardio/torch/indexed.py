@@ -108,11 +108,17 @@ class IndexedDataset(ClassAttributes, Dataset[Any]):
             IndexError: an index is out of range (negative ones count from the end).
         """
         reader = self._reader_here()
-        wanted = [self._normalise(i) for i in indices]
+        size = len(self)
+        wanted = (list(indices) if indices and 0 <= min(indices) and max(indices) < size
+                  else [self._normalise(i) for i in indices])
         order = sorted(set(wanted))
         fetched = dict(zip(order, reader.get_many(order), strict=True))
-        samples = [dict(fetched[i]) for i in wanted]
+        # an index asked twice gets a dict of its own (a transform may change it in place)
+        samples = ([fetched[i] for i in wanted] if len(order) == len(wanted)
+                   else [dict(fetched[i]) for i in wanted])
         decoder = self.decoder
+        if decoder.mode == "raw" and decoder.transform is None:
+            return samples
         if decoder.shares_memory and samples and (
                 get_worker_info() is not None):  # the batch's images in one shared block
             try:
