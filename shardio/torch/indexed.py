@@ -109,7 +109,7 @@ class IndexedDataset(ClassAttributes, Dataset[Any]):
         """
         reader = self._reader_here()
         size = len(self)
-        wanted = (list(indices) if indices and 0 <= min(indices) and max(indices) < size
+        wanted = (list(indices) if len(indices) and min(indices) >= 0 and max(indices) < size
                   else [self._normalise(i) for i in indices])
         order = sorted(set(wanted))
         fetched = dict(zip(order, reader.get_many(order), strict=True))
