@@ -167,7 +167,8 @@ def measure_packed(root: Path, field: str, rounds: int, seed: int = 0,
 
 
 def main(argv: list[str] | None = None) -> Path:
-    """Measure both trees; returns the results file."""
+    """Measure the trees; returns the results file."""
+    from benchmarks.datagen import FULL_SIZES, QUICK_SIZES
     from benchmarks.machine import source_id
     from benchmarks.resultsfile import write_results
 
@@ -175,14 +176,18 @@ def main(argv: list[str] | None = None) -> Path:
     p.add_argument("--quick", action="store_true", help="small trees, 2 rounds")
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--out", type=Path, default=RESULTS / "cold.json")
+    p.add_argument("--trees", default="images,tiny",
+                   help=f"shared trees to measure, of {', '.join(FULL_SIZES)}")
     args = p.parse_args(argv)
     rounds = 2 if args.quick else args.rounds
     load = [os.getloadavg()[0]]
-    images, tiny = (1000, 10_000) if args.quick else (8000, 100_000)
-    trees = [measure("images", images, rounds), measure("tiny", tiny, rounds)]
+    sizes = QUICK_SIZES if args.quick else FULL_SIZES
+    kinds = args.trees.split(",")
+    trees = [measure(kind, sizes[kind], rounds) for kind in kinds]
     load.append(os.getloadavg()[0])
     command = "python -m benchmarks.bench_cold" + (" --quick" if args.quick
-                                                    else f" --rounds {rounds}")
+                                                    else f" --rounds {rounds}") + (
+        "" if kinds == ["images", "tiny"] else f" --trees {args.trees}")
     write_results(args.out, {"git": source_id(RESULTS.parent.parent / "shardio")["git_head"],
                              "load_avg_1min": load, "trees": trees}, command=command)
     print(cold_block(args.out))

@@ -216,10 +216,10 @@ def test_the_next_window_is_queued_on_the_thread_when_a_window_opens(
 
 
 
-def test_a_reader_takes_the_checks_the_thread_has_not_started_from_the_far_end(
+def test_a_local_reader_takes_the_checks_the_thread_has_not_started_in_file_order(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    # the thread works through a window's checks in due order; a reader that took them shard
-    # by shard waited on each run the thread was in the middle of
+    # the thread works through a window's checks in due order; the reader takes those of a
+    # batch it has not started in file order, the order a cold disk delivers them
     import threading
 
     import numpy as np
@@ -253,10 +253,12 @@ def test_a_reader_takes_the_checks_the_thread_has_not_started_from_the_far_end(
         with DatasetReader(root) as reader:
             samples = iter_samples(reader, order, window=100, max_run=10)
             assert next(samples)["__index__"] == order[0]
-            first = [id(run) for run, _check in planned[0].values()]  # in due order
+            due = list(planned[0].items())  # in due order
             taken = len(ran)  # the runs of the first gather of samples, not the window's
-            assert 3 < taken < len(first)
-            assert ran == [(True, i) for i in reversed(first[:taken])]
+            assert 3 < taken < len(due)
+            in_files = sorted(due[:taken], key=lambda item: item[0])
+            assert in_files != due[:taken]
+            assert ran == [(True, id(value[0])) for _run, value in in_files]
             gate.set()
             rest = [next(samples)["__index__"] for _ in range(299)]
             assert rest == order[1:300].tolist()
