@@ -70,7 +70,7 @@ summary = pack(src, out, options=WriteOptions(codec=codec), num_workers=int(work
 seconds = time.perf_counter() - start
 print(json.dumps({"seconds": seconds, "cpu_s": cpu() - cpu0, "samples": summary.samples,
                   "output_bytes": summary.output_bytes,
-                  "module": sys.modules["shardio.packing.pack"].__file__}))
+                  "module": sys.modules["shardio"].__file__}))
 """
 """One timed pack, run as ``python -P -c CHILD SRC OUT WORKERS CODEC SCHEDULER`` in a fresh
 process (``SCHEDULER`` empty for the local engine).
