@@ -117,8 +117,8 @@ class IndexedDataset(ClassAttributes, Dataset[Any]):
         samples = ([fetched[i] for i in wanted] if len(order) == len(wanted)
                    else [dict(fetched[i]) for i in wanted])
         decoder = self.decoder
-        if decoder.mode == "raw" and decoder.transform is None:
-            return samples
+        if type(decoder) is SampleDecoder and decoder.mode == "raw" and decoder.transform is None:
+            return samples  # what the decoder would give: each dict as it is
         if decoder.shares_memory and samples and (
                 get_worker_info() is not None):  # the batch's images in one shared block
             try:

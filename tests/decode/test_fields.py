@@ -121,6 +121,9 @@ def test_indexed_dataset_decodes_fields(
         assert labels.tolist() == [int(files[m["key"]]["cls"]) for m in metas]
         got += [m["key"] for m in metas]
     assert got == [_check_pil(pil[i], files) for i in range(len(pil))]  # in index order
+    raw = IndexedDataset(out, decode="raw", fields=("cls", "json"))
+    assert raw.__getitems__([1, 0]) == [raw[1], raw[0]]  # tuples of fields, not the dicts
+    assert all(type(s) is tuple and len(s) == 2 for s in raw.__getitems__([1, 0]))
 
 
 def test_raw_mode_keeps_image_bytes_and_decodes_the_rest(
