@@ -277,9 +277,10 @@ class KeyColumn(Sequence[str]):
     Decoding every key into its own ``str`` when a shard opened was the largest cost of the
     first batch on a dataset of 10^5 samples (35 of 127 ms), and recurred at every open
     (``python -m benchmarks.first_sample --samples 100000 --workers 0`` measures the first
-    batch). ASCII decodes as one copy, so the column is one ``str`` and a key a slice of it;
-    decoding each key from the bytes when read cost a warm epoch of 10^4 tiny samples 10 of
-    its 47 ms, ``take`` 3 (cProfile of ``benchmarks.child``'s epoch, ``shardio-records``).
+    batch). ASCII decodes as one copy, so the column is one ``str`` and a key a slice of it:
+    keys decoded one by one from the bytes took a warm epoch of 10^4 tiny samples from 46
+    to 49 ms (a fresh process's ``shardio.loader`` epoch, medians of 6 alternated runs; the
+    quick harness's ``shardio-records`` warm row, ``python -m benchmarks.run --quick``).
     """
 
     __slots__ = ("_ends", "_text")
