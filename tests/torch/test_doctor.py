@@ -9,6 +9,7 @@ figure from the rates measured), and a rebuilt loader keeps the user's options."
 from __future__ import annotations
 
 import json
+import os
 import time
 from pathlib import Path
 from typing import Any
@@ -26,9 +27,22 @@ from shardio.torch.doctor import _rebuilt, find_period, format_report
 pytest_plugins = ("storage_plugin",)
 
 
+BATCH = 8
+TICK_S = 0.04
+_calls: dict[int, int] = {}
+
+
 def slow_transform(sample: dict[str, Any]) -> int:
-    """A transform that waits 5 ms a sample (like a remote lookup): workers, not cores."""
-    time.sleep(0.005)
+    """A transform that waits (like a remote lookup: workers, not cores), a process's every
+    ``BATCH``-th call until the wall clock's next ``TICK_S`` boundary: each worker then
+    finishes a batch a tick, all workers at the same instants whenever each started and
+    however loaded the machine, as workers started together and equally fast would. A
+    fixed sleep a sample let workers drift apart under load, and their waits stop being
+    periodic (the doctor then rightly finds no period)."""
+    pid = os.getpid()
+    _calls[pid] = _calls.get(pid, 0) + 1
+    if _calls[pid] % BATCH == 0:
+        time.sleep(TICK_S - time.time() % TICK_S)
     return int(sample["__index__"])
 
 
@@ -73,7 +87,7 @@ def test_a_long_step_is_not_bound_by_data(tiny_pack: Path, tmp_path: Path) -> No
 
 def test_too_few_workers_stall_every_num_workers_batches(tiny_pack: Path) -> None:
     dataset = shardio.StreamingDataset(tiny_pack, decode="raw", transform=slow_transform)
-    loader = shardio.loader(dataset, 8, num_workers=3)
+    loader = shardio.loader(dataset, BATCH, num_workers=3)
     report = shardio.doctor(loader, step_ms=2, num_steps=31)
     # the loader counts the transform in its decode seconds: the doctor's probe tells
     # them apart, so a transform that waits is not named decode (nor sent to the GPU)
