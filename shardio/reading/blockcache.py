@@ -87,6 +87,9 @@ class BlockCache:
         self._blocks: OrderedDict[tuple[int, int], DecodedBlock] = OrderedDict()
         self._held = 0
 
+    def __contains__(self, key: tuple[int, int]) -> bool:
+        return key in self._blocks
+
     def get(self, shard: int, block: int, load: Callable[[], DecodedBlock]) -> DecodedBlock:
         """Block ``block`` of ``shard``, decoded by ``load`` unless kept."""
         key = (shard, block)

@@ -15,6 +15,7 @@ from shardio.reading.blockcache import DEFAULT_CACHE_BYTES
 from shardio.reading.classes import ClassAttributes
 from shardio.reading.reader import DatasetReader
 from shardio.storage.options import RemoteOptions
+from shardio.torch.dataset import available_cpus
 from shardio.torch.decoders import (
     Decode,
     SampleDecoder,
@@ -112,7 +113,10 @@ class IndexedDataset(ClassAttributes, Dataset[Any]):
         wanted = (list(indices) if len(indices) and min(indices) >= 0 and max(indices) < size
                   else [self._normalise(i) for i in indices])
         order = sorted(set(wanted))
-        fetched = dict(zip(order, reader.get_many(order), strict=True))
+        info = get_worker_info()
+        # a checker thread beside each reading process pays only where a core is free for it
+        ahead = (info.num_workers if info is not None else 1) < available_cpus()
+        fetched = dict(zip(order, reader.get_many(order, check_ahead=ahead), strict=True))
         # an index asked twice gets a dict of its own (a transform may change it in place)
         samples = ([fetched[i] for i in wanted] if len(order) == len(wanted)
                    else [dict(fetched[i]) for i in wanted])

@@ -1,5 +1,6 @@
 """Random reads through the block cache (``DatasetReader.get_many``) give what a front-to-back
-read gives, whatever the budget (none, a few blocks, all), and never serve damaged bytes."""
+read gives, whatever the budget (none, a few blocks, all) and whether the checker thread
+checks the blocks ahead, and never serve damaged bytes."""
 
 from __future__ import annotations
 
@@ -41,24 +42,26 @@ def _expected(path: Path) -> list[dict[str, object]]:
                 for s in reader.iter_shard(shard)]
 
 
+@pytest.mark.parametrize("ahead", [False, True])
 @pytest.mark.parametrize("budget", [0, 4096, 64 << 20])
-def test_random_reads_equal_the_stored_order_read(packed: Path, budget: int) -> None:
+def test_random_reads_equal_the_stored_order_read(packed: Path, budget: int, ahead: bool) -> None:
     expected = _expected(packed)
     order = list(range(NUM_SAMPLES)) * 2
     random.Random(budget).shuffle(order)
     with DatasetReader(packed, block_cache_bytes=budget) as reader:
-        got = reader.get_many(order)
+        got = reader.get_many(order, check_ahead=ahead)
         assert got == [expected[i] for i in order]
         assert [reader.get(i) for i in order[:50]] == [expected[i] for i in order[:50]]
         assert reader._blocks._held <= budget
 
 
 @settings(max_examples=30, deadline=None)
-@given(st.lists(st.integers(0, NUM_SAMPLES - 1), max_size=40), st.integers(0, 20_000))
-def test_any_order_any_budget(packed: Path, order: list[int], budget: int) -> None:
+@given(st.lists(st.integers(0, NUM_SAMPLES - 1), max_size=40), st.integers(0, 20_000),
+       st.booleans())
+def test_any_order_any_budget(packed: Path, order: list[int], budget: int, ahead: bool) -> None:
     expected = _EXPECTED.setdefault(packed, _expected(packed))
     with DatasetReader(packed, block_cache_bytes=budget) as reader:
-        assert reader.get_many(order) == [expected[i] for i in order]
+        assert reader.get_many(order, check_ahead=ahead) == [expected[i] for i in order]
 
 
 _EXPECTED: dict[Path, list[dict[str, object]]] = {}
@@ -72,7 +75,8 @@ def test_a_sample_handed_out_is_the_callers(packed: Path) -> None:
         assert reader.get(5) == _expected(packed)[5]
 
 
-def test_a_damaged_block_is_refused_on_every_read(tmp_path: Path) -> None:
+@pytest.mark.parametrize("ahead", [False, True])
+def test_a_damaged_block_is_refused_on_every_read(tmp_path: Path, ahead: bool) -> None:
     path = tmp_path / "ds"
     with ShardWriter(path, WriteOptions(block_records=16)) as writer:
         for i in range(NUM_SAMPLES):
@@ -90,6 +94,9 @@ def test_a_damaged_block_is_refused_on_every_read(tmp_path: Path) -> None:
                 assert str(shard) in str(exc)
                 failures += 1
         assert failures  # the damaged block's records, each time asked
-        with pytest.raises((ChecksumError, ShardCorruptError)):
-            reader.get_many([i for i in range(NUM_SAMPLES)])
+        with pytest.raises((ChecksumError, ShardCorruptError), match="block"):
+            reader.get_many(list(range(NUM_SAMPLES)), check_ahead=ahead)
+        # the blocks after it, checked on the thread, are served to a later read
+        assert reader.get_many([NUM_SAMPLES - 1], check_ahead=ahead) == [
+            _sample(NUM_SAMPLES - 1) | {"__index__": NUM_SAMPLES - 1}]
 
