@@ -23,7 +23,7 @@ from typing import Any, Final
 
 import numpy.typing as npt
 
-from shardio.format.block import BYTES, RAW, decode_columns, read_head
+from shardio.format.block import BYTES, RAW, BlockHead, Column, decode_columns, read_head
 from shardio.format.frames import RunBytes, check_frames
 from shardio.format.record import KEY_FIELD
 
@@ -41,15 +41,12 @@ class DecodedBlock:
 
     __slots__ = ("block", "columns", "cost", "keys", "path")
 
-    def __init__(self, run: RunBytes, keys: Sequence[str], *, path: str, verify: bool) -> None:
+    def __init__(self, run: RunBytes, keys: Sequence[str], *, path: str, verify: bool,
+                 parts: BlockParts | None = None) -> None:
         """Check and decode the single block ``run`` holds (``read_run`` of its records),
-        whose records' keys are ``keys``."""
-        assert run.blocks is not None and len(run.blocks) == 2, "one v3 block"
-        check_frames(run, path=path, first_record=int(run.blocks[0]), verify=verify)
-        first, count = int(run.blocks[0]), int(run.blocks[1] - run.blocks[0])
-        head = read_head(run.buffer, path=path, block=run.first_block, first_record=first,
-                         num_records=count)
-        columns = decode_columns(run.buffer, head, path=path, block=run.first_block)
+        whose records' keys are ``keys``; ``parts``: ``block_parts`` of it, made already."""
+        head, columns = parts or block_parts(run, path=path, verify=verify)
+        count = head.num_records
         # a raw column of a mapped file is a view of the map: it costs the page cache, not
         # this process's memory
         private = not _is_mapped(run)
@@ -77,6 +74,22 @@ class DecodedBlock:
             else:
                 out[name] = column.value(position, path=self.path, block=self.block)
         return out
+
+
+BlockParts = tuple[BlockHead, list[Column]]
+
+
+def block_parts(run: RunBytes, *, path: str, verify: bool) -> BlockParts:
+    """The head and columns (inflated) of the single block ``run`` holds, checked first
+    with ``verify``: what a ``DecodedBlock`` is made of, in one call that a thread can
+    make ahead of the reader (``DatasetReader.get_many``), as zstd and CRC-32C release
+    the interpreter's lock."""
+    assert run.blocks is not None and len(run.blocks) == 2, "one v3 block"
+    check_frames(run, path=path, first_record=int(run.blocks[0]), verify=verify)
+    first, count = int(run.blocks[0]), int(run.blocks[1] - run.blocks[0])
+    head = read_head(run.buffer, path=path, block=run.first_block, first_record=first,
+                     num_records=count)
+    return head, decode_columns(run.buffer, head, path=path, block=run.first_block)
 
 
 class BlockCache:

@@ -44,14 +44,21 @@ class Check:
     there first: a reader waiting for a check not yet started runs it itself, so on two
     cores the two share the checking whichever is ahead)."""
 
-    __slots__ = ("_claim_lock", "_done", "_finished", "_state", "error", "failing", "run")
+    __slots__ = ("_claim_lock", "_done", "_finished", "_state", "error", "failing", "result",
+                 "run", "work")
 
-    def __init__(self, run: RunBytes | None, claim_lock: threading.Lock) -> None:
+    def __init__(self, run: RunBytes | None, claim_lock: threading.Lock,
+                 work: Callable[[RunBytes], object] | None = None) -> None:
         self.run: RunBytes | None = run
         self._claim_lock = claim_lock
         """Taken to move the check from pending to running, so it runs once."""
+        self.work = work
+        """What to run instead of ``first_failing``: a function of the run that checks it
+        (raising where it fails) and returns what the reader wants of it, kept as
+        ``result``."""
         self.failing: int | None = None
         """The first record (position in the run) whose checksum fails; None: all pass."""
+        self.result: object = None
         self.error: BaseException | None = None
         self._state = _PENDING
         # held until the result is in: a lock costs a tenth of an Event (a Condition and a
@@ -94,12 +101,15 @@ class Check:
         if run is None:
             return False
         try:
-            self.failing = first_failing(run)
+            if self.work is None:
+                self.failing = first_failing(run)
+            else:
+                self.result = self.work(run)
         except BaseException as exc:  # the reader checks the run itself, which names it
             self.error = exc
         finally:
             self._state = _DONE
-            self.run = None
+            self.run = self.work = None
             self._finish()
         return True
 
@@ -128,9 +138,10 @@ class Checker:
         # a daemon: a reader that stops mid-window must not keep the interpreter alive
         threading.Thread(target=self._loop, name="shardio-check", daemon=True).start()
 
-    def submit(self, run: RunBytes) -> Check:
-        """Queue ``run``'s checksums behind those queued before it."""
-        check = Check(run, self._claim_lock)
+    def submit(self, run: RunBytes, work: Callable[[RunBytes], object] | None = None) -> Check:
+        """Queue ``run``'s checksums (or ``work``, see ``Check.work``) behind those queued
+        before it."""
+        check = Check(run, self._claim_lock, work)
         self._jobs.put(check)
         return check
 

@@ -21,7 +21,7 @@ from dataclasses import replace
 from functools import partial
 from pathlib import Path
 from types import TracebackType
-from typing import Any
+from typing import Any, cast
 
 from shardio.backends import ShardFileReader, open_shard, stored_keys_crc32
 from shardio.backends.records import RecordsShardReader, advise_open
@@ -31,7 +31,13 @@ from shardio.format.frames import RunBytes
 from shardio.format.manifest import Manifest, ShardInfo
 from shardio.format.record import INDEX_FIELD, decode_record
 from shardio.reading import telemetry
-from shardio.reading.blockcache import DEFAULT_CACHE_BYTES, BlockCache, DecodedBlock
+from shardio.reading.blockcache import (
+    DEFAULT_CACHE_BYTES,
+    BlockCache,
+    BlockParts,
+    DecodedBlock,
+    block_parts,
+)
 from shardio.reading.checkahead import Check, checker
 from shardio.reading.shards import ShardSource
 from shardio.storage.options import RemoteOptions
@@ -296,18 +302,17 @@ class DatasetReader:
         """Sample ``index`` (global, stored order) as a dict with ``__key__`` and ``__index__``."""
         return self.get_many([index])[0]
 
-    def get_many(self, indices: Sequence[int], *, check_ahead: bool = False
+    def get_many(self, indices: Sequence[int], *, decode_ahead: bool = False
                  ) -> list[dict[str, Any]]:
         """Samples ``indices`` (global, stored order), as ``get`` gives each, in that order.
 
         v3 blocks are decoded once into the reader's block cache and each sample cut from
         its block's columns; v1/v2 records are decoded one by one. Indices in ascending
-        order find their shard and block fastest. ``check_ahead``: the checksums of the
-        blocks of local shards that the cache lacks are handed to this process's checker
-        thread first, which checks them while this one decodes the blocks before them
-        (worth it where a core is free: ``_checks_ahead``).
+        order find their shard and block fastest. ``decode_ahead``: the blocks of local
+        shards that the cache lacks are also checked and inflated on this process's
+        checker thread (``_decode_ahead``), worth it where a core is free for it.
         """
-        ahead = self._checks_ahead(indices) if check_ahead and self.verify else {}
+        ahead = self._decode_ahead(indices) if decode_ahead else {}
         try:
             return self._fetch(indices, ahead)
         finally:  # a read that failed leaves none queued holding views of its shards
@@ -341,21 +346,19 @@ class DatasetReader:
             out.append(sample)
         return out
 
-    def _checks_ahead(self, indices: Sequence[int]
+    def _decode_ahead(self, indices: Sequence[int]
                       ) -> dict[tuple[int, int], tuple[RunBytes, Check]]:
         """The runs of the blocks of local ``.rec`` shards that ``indices`` need and the
-        cache lacks, each with its check queued on the checker thread (none for fewer
-        than two such blocks).
+        cache lacks, each queued on the checker thread to be checked and inflated
+        (``block_parts``) from the far end, while this thread takes them from the front
+        as it cuts samples; none for fewer than two such blocks.
 
-        A first random epoch of 8,000 JPEGs (``IndexedDataset`` under a random sampler,
-        one process) checks a block of about six images for nearly every sample; with the
-        thread taking half the blocks, ``python -m benchmarks.bench_warm --rounds 5`` gave
-        37.8 -> 35.8 us a sample (0.47 -> 0.50x the LMDB file; the commit before through
-        ``BENCH_SHARDIO_SNAPSHOT``, one run after the other), and the epoch alone, the
-        two alternated 5 times, 0.40 -> 0.36 s (medians). The thread waits for the
-        interpreter's lock after each block, so it does not halve the checks' time. The
-        tiny tree's compressed blocks cost their inflating more than their check: no change
-        there."""
+        A first random epoch decodes a block for nearly every sample: CRC-32C over about
+        six images, or inflating a hundred tiny files. Shared with the thread, the epoch of
+        an ``IndexedDataset`` under a random sampler in one process ran 0.50 -> 0.45 s
+        (8,000 JPEGs) and 0.94 -> 0.86 s (10^5 tiny files), medians of 6 alternated with
+        the commit before (FIGURES); the thread waits for the interpreter's lock after
+        each block, so the decoding does not take half as long."""
         found: dict[tuple[int, int], tuple[int, int, ShardFileReader]] = {}
         lo = hi = 0
         blocks = reader = None
@@ -380,16 +383,18 @@ class DatasetReader:
         # decodes: in the same order, this one would wait on the block the thread is in
         for key, (start, stop, reader) in reversed(found.items()):
             run = reader.read_run(start, stop)
-            out[key] = (run, thread.submit(run))
+            out[key] = (run, thread.submit(run, partial(
+                block_parts, path=reader.path, verify=self.verify)))
         return out
 
     def _decode_block(self, reader: ShardFileReader, start: int, stop: int,
                       ahead: tuple[RunBytes, Check] | None = None) -> DecodedBlock:
         if ahead is not None:
             run, check = ahead
-            # a failed check is made again where the block is decoded, which names it
+            # a block that failed is decoded again here, which raises the error naming it
+            parts = cast("BlockParts", check.result) if check.passed() else None
             return DecodedBlock(run, reader.keys()[start:stop], path=reader.path,
-                                verify=self.verify and not check.passed())
+                                verify=self.verify, parts=parts)
         run = reader.read_run(start, stop)
         if self.is_remote and isinstance(run.buffer.obj, mmap.mmap):
             # a view of a node-cache file: kept, it would pin the file past its eviction,

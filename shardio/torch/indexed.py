@@ -116,7 +116,7 @@ class IndexedDataset(ClassAttributes, Dataset[Any]):
         info = get_worker_info()
         # a checker thread beside each reading process pays only where a core is free for it
         ahead = (info.num_workers if info is not None else 1) < available_cpus()
-        fetched = dict(zip(order, reader.get_many(order, check_ahead=ahead), strict=True))
+        fetched = dict(zip(order, reader.get_many(order, decode_ahead=ahead), strict=True))
         # an index asked twice gets a dict of its own (a transform may change it in place)
         samples = ([fetched[i] for i in wanted] if len(order) == len(wanted)
                    else [dict(fetched[i]) for i in wanted])

@@ -49,7 +49,7 @@ def test_random_reads_equal_the_stored_order_read(packed: Path, budget: int, ahe
     order = list(range(NUM_SAMPLES)) * 2
     random.Random(budget).shuffle(order)
     with DatasetReader(packed, block_cache_bytes=budget) as reader:
-        got = reader.get_many(order, check_ahead=ahead)
+        got = reader.get_many(order, decode_ahead=ahead)
         assert got == [expected[i] for i in order]
         assert [reader.get(i) for i in order[:50]] == [expected[i] for i in order[:50]]
         assert reader._blocks._held <= budget
@@ -61,7 +61,7 @@ def test_random_reads_equal_the_stored_order_read(packed: Path, budget: int, ahe
 def test_any_order_any_budget(packed: Path, order: list[int], budget: int, ahead: bool) -> None:
     expected = _EXPECTED.setdefault(packed, _expected(packed))
     with DatasetReader(packed, block_cache_bytes=budget) as reader:
-        assert reader.get_many(order, check_ahead=ahead) == [expected[i] for i in order]
+        assert reader.get_many(order, decode_ahead=ahead) == [expected[i] for i in order]
 
 
 _EXPECTED: dict[Path, list[dict[str, object]]] = {}
@@ -95,8 +95,8 @@ def test_a_damaged_block_is_refused_on_every_read(tmp_path: Path, ahead: bool) -
                 failures += 1
         assert failures  # the damaged block's records, each time asked
         with pytest.raises((ChecksumError, ShardCorruptError), match="block"):
-            reader.get_many(list(range(NUM_SAMPLES)), check_ahead=ahead)
+            reader.get_many(list(range(NUM_SAMPLES)), decode_ahead=ahead)
         # the blocks after it, checked on the thread, are served to a later read
-        assert reader.get_many([NUM_SAMPLES - 1], check_ahead=ahead) == [
+        assert reader.get_many([NUM_SAMPLES - 1], decode_ahead=ahead) == [
             _sample(NUM_SAMPLES - 1) | {"__index__": NUM_SAMPLES - 1}]
 

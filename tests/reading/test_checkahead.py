@@ -265,3 +265,22 @@ def test_a_local_reader_takes_the_checks_the_thread_has_not_started_in_file_orde
             samples.close()
     finally:
         gate.set()
+
+
+def test_a_queued_job_keeps_its_result_and_a_job_that_raises_fails_its_check(
+        tmp_path: Path) -> None:
+    root = write(tmp_path / "ds")
+    reader = RecordsShardReader(root / "shard-00000.rec")
+    run = reader.read_run(0, 10)
+    thread = checkahead.checker()
+    good = thread.submit(run, lambda r: len(r.buffer))
+
+    def broken(r: object) -> object:
+        raise ChecksumError("a block of this run fails", path="x")
+
+    bad = thread.submit(run, broken)
+    assert good.passed() and good.result == len(run.buffer)
+    assert not bad.passed() and isinstance(bad.error, ChecksumError)
+    assert good.run is None and good.work is None  # nothing held once done
+    del run
+    reader.close()
