@@ -356,9 +356,11 @@ class DatasetReader:
         A first random epoch decodes a block for nearly every sample: CRC-32C over about
         six images, or inflating a hundred tiny files. Shared with the thread, the epoch of
         an ``IndexedDataset`` under a random sampler in one process ran 0.50 -> 0.45 s
-        (8,000 JPEGs) and 0.94 -> 0.86 s (10^5 tiny files), medians of 6 alternated with
-        the commit before (FIGURES); the thread waits for the interpreter's lock after
-        each block, so the decoding does not take half as long."""
+        (8,000 JPEGs) and 0.94 -> 0.86 s (10^5 tiny files), medians of 6 epochs alternated
+        with the commit before; ``python -m benchmarks.bench_warm --rounds 5``, the commit
+        before (``BENCH_SHARDIO_SNAPSHOT``) then this, gave 0.61 -> 0.67x (images) and
+        0.65 -> 0.69x (tiny) the single LMDB file's time. The thread waits for the
+        interpreter's lock after each block, so the decoding does not take half as long."""
         found: dict[tuple[int, int], tuple[int, int, ShardFileReader]] = {}
         lo = hi = 0
         blocks = reader = None
