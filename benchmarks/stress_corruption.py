@@ -338,12 +338,22 @@ def check_dataset(root: Path, clean: list[dict[str, Any]], *, torch: bool, unpac
         from shardio.torch.indexed import IndexedDataset
 
         dataset = IndexedDataset(root, decode="raw")
+        # in batches of a random order, as a DataLoader's sampler asks (its blocks decoded
+        # ahead on the checker thread); a batch that raises is asked again one by one
+        order = np.random.default_rng(len(clean) + 1).permutation(len(dataset)).tolist()
         try:
-            for i in range(len(dataset)):
+            for at in range(0, len(order), 8):
+                batch = order[at : at + 8]
                 try:
-                    yield i, dataset[i]
+                    yield from zip(batch, dataset.__getitems__(batch), strict=True)
+                    continue
                 except ShardioError:
-                    yield i, None
+                    pass
+                for i in batch:
+                    try:
+                        yield i, dataset[i]
+                    except ShardioError:
+                        yield i, None
         finally:
             dataset.close()
 
