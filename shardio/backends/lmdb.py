@@ -66,7 +66,6 @@ META_KEY: Final = b"__shardio__"
 """Key of the shard's metadata entry; never 8 bytes long, so never a record key."""
 KEYS_KEY: Final = b"__shardio_keys__"
 """Key of the msgpack array of sample keys; sorts after ``META_KEY``."""
-NUM_META_ENTRIES: Final = 2
 MAX_META_BYTES: Final = 1024
 
 _REPACK: Final = "the shard is damaged: restore it from a copy or re-pack"

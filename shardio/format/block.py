@@ -41,7 +41,6 @@ ENTRY = struct.Struct("<BBBBQQH")
 """Column entry: kind, codec, flags, width, stored bytes, raw bytes, name length (name follows)."""
 BYTES, STR, INT, MSGPACK = 0, 1, 2, 3
 """Column kinds."""
-KIND_NAMES: Final = ("bytes", "str", "int", "msgpack")
 RAW, ZSTD = 0, 1
 """Column codecs: stored as is, or one zstd frame that inflates to the raw column."""
 HAS_PRESENCE: Final = 1

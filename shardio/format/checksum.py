@@ -67,19 +67,6 @@ def digest(name: str, value: int) -> str:
     return f"{name}:{value:08x}"
 
 
-def parse_digest(text: str) -> tuple[str, int]:
-    """``(name, value)`` of a ``"<name>:<hex>"`` file checksum.
-
-    Raises:
-        ValueError: not of that form, or an unknown name.
-    """
-    name, sep, value = text.partition(":")
-    checksum_function(name)
-    if not sep or len(value) != 8:
-        raise ValueError(f"file checksum {text!r} is not '<name>:<8 hex digits>'")
-    return name, int(value, 16)
-
-
 def name_of(text: str) -> str:
     """The checksum a ``"<name>:<hex>"`` file checksum names (``crc32`` if it names none known:
     a comparison with it then fails, and its message shows both)."""

@@ -296,27 +296,15 @@ def check_frames(
     raise AssertionError("unreachable")  # pragma: no cover
 
 
-def frame_codecs(data: npt.NDArray[np.uint8], starts: Bounds, sizes: Bounds, checksum: str
-                 ) -> npt.NDArray[np.uint8] | None:
-    """Codec ids of the frames at ``data[starts[i]:starts[i] + sizes[i]]``, all checked at once.
-
-    None if any frame fails a header check of ``check_frames`` (its length does not
-    fill its record, its checksum id is not ``checksum``'s, its codec is unknown, its
-    reserved bytes are not zero): ``check_frames`` then names the first.
-    """
-    import numpy as np
-
-    if len(starts) == 0:
-        return np.empty(0, np.uint8)
-    if bool((sizes < FRAME_SIZE).any()) or int((starts + sizes).max()) > len(data):
-        return None
-    return header_codecs(data[starts[:, None] + np.arange(FRAME_SIZE)], sizes, checksum)
-
-
 def header_codecs(headers: npt.NDArray[np.uint8], sizes: Bounds, checksum: str
                   ) -> npt.NDArray[np.uint8] | None:
-    """``frame_codecs`` of frame headers already gathered: row ``i`` holds (at least) the
-    first ``FRAME_SIZE`` bytes of a frame of ``sizes[i]`` bytes."""
+    """Codec ids of frames whose headers are gathered: row ``i`` holds (at least) the first
+    ``FRAME_SIZE`` bytes of a frame of ``sizes[i]`` bytes, all checked at once.
+
+    None if any frame fails a header check of ``check_frames`` (its length does not fill
+    its record, its checksum id is not ``checksum``'s, its codec is unknown, its reserved
+    bytes are not zero): ``check_frames`` then names the first.
+    """
     import numpy as np
 
     ident = IDS.get(checksum)
