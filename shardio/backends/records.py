@@ -86,60 +86,6 @@ def advise_open(path: str | Path, size: int, num_records: int) -> int | None:
     return fd
 
 
-def drop_view_pages(views: Sequence[memoryview]) -> int:
-    """Drop this process's pages under ``views`` of shard maps, once their bytes were used.
-
-    For a caller that holds views of a run, not its shard's reader: the checksum
-    thread (``shardio.reading.checkahead``) right after checking a run, or a worker right after
-    copying a batch into shared memory. The pages under each view, widened to whole
-    ``FAULT_AROUND`` blocks because the kernel mapped those too, go from this process,
-    not from the page cache: a view still held, or a record next to one, maps its
-    bytes again on its next touch (a minor fault), so nothing a caller holds changes.
-    Views of anything but an ``mmap`` are left alone. One system call per view (views
-    of neighbouring records merged first): about 4 us for an 80 KB record here, and
-    the records read again after a drop fault again, so a caller that drops mid-window
-    trades CPU time for memory (``shardio.torch.handover.ring`` does not call it for that reason).
-
-    Args:
-        views: memoryviews of shard maps (``RunBytes.buffer``, a batch's pieces).
-
-    Returns:
-        Bytes of the spans dropped.
-    """
-    if not hasattr(mmap, "MADV_DONTNEED"):
-        return 0
-    spans: dict[int, tuple[mmap.mmap, list[tuple[int, int]]]] = {}
-    for view in views:
-        owner = view.obj
-        if type(owner) is not mmap.mmap or view.nbytes == 0:
-            continue
-        entry = spans.get(id(owner))
-        if entry is None:
-            entry = spans[id(owner)] = (owner, [])
-        entry[1].append((_address(view), view.nbytes))
-    dropped = 0
-    for owner, pieces in spans.values():
-        base = _address(memoryview(owner)[:1])
-        pieces.sort()
-        lo, hi = pieces[0][0] - base, pieces[0][0] - base + pieces[0][1]
-        for addr, size in [*pieces[1:], (base - 1, 0)]:
-            if addr - base == hi:  # the next record: one span
-                hi += size
-                continue
-            first = lo // FAULT_AROUND * FAULT_AROUND
-            last = min(len(owner), -(-hi // FAULT_AROUND) * FAULT_AROUND)
-            if last > first:
-                owner.madvise(mmap.MADV_DONTNEED, first, last - first)
-                dropped += last - first
-            lo, hi = addr - base, addr - base + size
-    return dropped
-
-
-def _address(view: memoryview) -> int:
-    """Where ``view``'s first byte is in this process's memory."""
-    return int(np.frombuffer(view, np.uint8, count=1).ctypes.data)
-
-
 class RecordsShardWriter:
     """Writes one ``.rec`` shard, computing its file checksum (the v2 chain) as it goes."""
 

@@ -2,8 +2,7 @@
 
 A DataLoader worker taking every other batch reads a scattered half of each block,
 and the kernel maps the records next to each one it reads too (fault-around), so a
-window's pages are dropped widened to whole ``FAULT_AROUND`` blocks, and
-``drop_view_pages`` drops the pages under views a caller has used. Checked on real
+window's pages are dropped widened to whole ``FAULT_AROUND`` blocks. Checked on real
 shards: what a process keeps mapped (``/proc/self/smaps``), that every view still
 reads its bytes after a drop, and that real ``shardio.loader`` DataLoaders with 0 and
 2 workers deliver every sample once, with its bytes, with windows closing all along.
@@ -20,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from shardio import ShardWriter, WriteOptions
-from shardio.backends.records import RecordsShardReader, drop_view_pages
+from shardio.backends.records import RecordsShardReader
 from shardio.reading.checkahead import checker
 from shardio.torch.dataset import StreamingDataset
 from shardio.torch.loader import loader
@@ -90,25 +89,6 @@ def test_drop_pages_takes_the_neighbours_mapped_around_a_record(pack_v2: Path) -
         assert payload(10) in frame.tobytes()  # and it reads from the file again
     finally:
         del frame
-        reader.close()
-
-
-@linux_only
-def test_drop_view_pages_leaves_every_view_intact(pack_v2: Path) -> None:
-    path = first_shard(pack_v2)
-    reader = RecordsShardReader(path)
-    try:
-        opened = resident_kb(path)
-        frames = [reader.frame(i) for i in range(2, 40, 3)]
-        before = [f.tobytes() for f in frames]
-        assert resident_kb(path) > opened
-        dropped = drop_view_pages([*frames, memoryview(b"not a map")])
-        assert dropped >= sum(f.nbytes for f in frames)
-        assert resident_kb(path) <= opened
-        assert [f.tobytes() for f in frames] == before  # read from the file again
-        assert drop_view_pages([]) == 0
-    finally:
-        del frames
         reader.close()
 
 
