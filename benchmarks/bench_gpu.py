@@ -49,7 +49,7 @@ from typing import Any
 import numpy as np
 
 from benchmarks.machine import source_id
-from benchmarks.resultsfile import write_results
+from benchmarks.resultsfile import command_line, write_results
 
 HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "results"
@@ -258,19 +258,6 @@ def _child(args: list[str], timeout: float) -> dict[str, Any]:
     return dict(json.loads(proc.stdout.strip().splitlines()[-1]))
 
 
-def _shaping(argv: list[str]) -> list[str]:
-    """The arguments that shape the results: ``--out`` and ``--work`` (where) left out."""
-    kept, skip = [], False
-    for arg in argv:
-        if skip:
-            skip = False
-        elif arg in ("--out", "--work"):
-            skip = True
-        elif not arg.startswith(("--out=", "--work=")):
-            kept.append(arg)
-    return kept
-
-
 def _gpu_name(device: str) -> str | None:
     import torch
 
@@ -343,7 +330,7 @@ def _write(args: argparse.Namespace, argv: list[str] | None, device: str,
     result = {
         "question": "decoded, normalised image batches on the GPU: images/s per worker count",
         "date": time.strftime("%Y-%m-%d %H:%M"),
-        "command": " ".join(["python -m benchmarks.bench_gpu", *_shaping(argv or sys.argv[1:])]),
+        "command": command_line("benchmarks.bench_gpu", argv or sys.argv[1:]),
         "complete": complete,
         "device": device,
         "gpu": _gpu_name(device),

@@ -46,7 +46,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.datagen import FULL_SIZES, QUICK_SIZES, Tree, ensure_tree
-from benchmarks.resultsfile import write_results
+from benchmarks.resultsfile import command_line, write_results
 
 HERE = Path(__file__).resolve().parent
 WORK = HERE / "work"
@@ -317,7 +317,7 @@ def main(argv: list[str] | None = None) -> None:
                     "cores": len(os.sched_getaffinity(0)), "cpu": _cpu_model()},
         "codec": args.codec, "repeats": args.repeats, "workers": workers,
         "dask_workers": args.dask_workers, "baseline": args.baseline, "results": results,
-        "command": " ".join(["python -m benchmarks.bench_pack", *(argv or sys.argv[1:])]),
+        "command": command_line("benchmarks.bench_pack", argv or sys.argv[1:]),
     }
     write_results(args.json, report, command=report["command"])
     print(markdown(results, workers, args.baseline))

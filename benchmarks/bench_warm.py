@@ -47,7 +47,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.datagen import FULL_SIZES, QUICK_SIZES, ensure_tree
-from benchmarks.resultsfile import load_results, write_results
+from benchmarks.resultsfile import command_line, load_results, write_results
 
 WORK = Path(__file__).resolve().parent / "work" / "warm"
 BATCH = 64
@@ -167,7 +167,7 @@ def main(argv: list[str] | None = None) -> Path:
     out = write_results(args.out or "warm.json", {
         "question": __doc__.split("\n\n")[0].removeprefix("Question: ").replace("\n", " "),
         "rounds": rounds, "batch_size": BATCH, "load_avg_1min": load, "trees": trees,
-    }, command=" ".join(["python -m benchmarks.bench_warm", *(argv or sys.argv[1:])]))
+    }, command=command_line("benchmarks.bench_warm", argv or sys.argv[1:]))
     print(warm_block(out))
     return out
 

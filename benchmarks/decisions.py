@@ -255,7 +255,7 @@ def block_size_block() -> str:
 
 def block_bound_warm_block() -> str:
     """bench_warm before (128 KiB blocks) and after (512 KiB): µs a sample each way."""
-    before, after = _load("warm-block-128k.json"), _load("warm.json")
+    before, after = _load("warm-block-128k.json"), _load("warm-block-512k.json")
     lines = [f"Before: {before['date']}, `{before['command']}`, shardio at git "
              f"{before['shardio_source']['git_head']}; after: {after['date']}, "
              f"`{after['command']}`, shardio at git {after['shardio_source']['git_head']}; "

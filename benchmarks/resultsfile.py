@@ -14,6 +14,7 @@ import json
 import os
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -23,11 +24,29 @@ from benchmarks.machine import describe_machine, library_versions, source_id
 RESULTS = Path(__file__).resolve().parent / "results"
 
 
+PATH_OPTIONS = ("--out", "--json", "--work", "--work-dir", "--data-dir")
+"""Options that say where (files and folders of one machine), not what is measured."""
+
+
+def command_line(module: str, argv: Sequence[str]) -> str:
+    """``python -m module argv`` less the ``PATH_OPTIONS`` and their values: what
+    reproduces a run anywhere, and no path of the machine it ran on."""
+    kept, skip = [], False
+    for arg in argv:
+        if skip:
+            skip = False
+        elif arg in PATH_OPTIONS:
+            skip = True
+        elif not arg.startswith(tuple(f"{o}=" for o in PATH_OPTIONS)):
+            kept.append(arg)
+    return " ".join(["python -m", module, *kept])
+
+
 def _command() -> str:
-    """How this process was started, as ``python -m module args`` (no paths of this machine)."""
+    """How this process was started (``command_line`` of its module and arguments)."""
     spec = getattr(sys.modules["__main__"], "__spec__", None)
     module = spec.name if spec is not None else Path(sys.argv[0]).stem
-    return " ".join(["python -m", module, *sys.argv[1:]])
+    return command_line(module, sys.argv[1:])
 
 
 def write_results(out: str | Path, results: dict[str, Any], *, command: str | None = None,

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from benchmarks.resultsfile import write_results
+from benchmarks.resultsfile import command_line, write_results
 
 
 def test_a_results_file_is_stamped_and_the_question_s_fields_win(tmp_path: Path) -> None:
@@ -27,3 +27,11 @@ def test_the_command_defaults_to_how_this_process_was_started(tmp_path: Path) ->
     written = json.loads(write_results(tmp_path / "q.json", {}).read_text(encoding="utf-8"))
     assert written["command"].startswith("python -m ")
     assert str(tmp_path) not in written["command"]
+
+
+def test_a_command_keeps_what_shapes_the_run_and_no_path_of_this_machine(tmp_path: Path
+                                                                         ) -> None:
+    argv = ["--rounds", "5", "--out", str(tmp_path / "w.json"), f"--work={tmp_path}",
+            "--images", "400", "--json", str(tmp_path), "--quick"]
+    assert command_line("benchmarks.bench_warm", argv) == (
+        "python -m benchmarks.bench_warm --rounds 5 --images 400 --quick")
