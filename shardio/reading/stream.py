@@ -138,7 +138,7 @@ def iter_samples(
     check_ahead: bool = True,
     head: int = HEAD_SAMPLES,
     placed: bool = False,
-) -> Iterator[dict[str, Any]]:
+) -> Generator[dict[str, Any], None, None]:
     """Yield the decoded samples of ``order[skip:]``, each with its ``__index__``.
 
     Args:

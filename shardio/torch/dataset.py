@@ -481,9 +481,9 @@ class StreamingDataset(ClassAttributes, IterableDataset[Any]):
             if roots and not self.zero_copy:
                 from shardio.torch.handover import ring as shmring
                 shmring.place_file_bytes(roots)
-            samples = iter_samples(reader, stage.order, window=window, max_run=block,
-                                   skip=stage.skip, zero_copy=self.zero_copy,
-                                   check_ahead=ahead, placed=bool(roots), **head)
+            samples: Iterator[dict[str, Any]] = iter_samples(
+                reader, stage.order, window=window, max_run=block, skip=stage.skip,
+                zero_copy=self.zero_copy, check_ahead=ahead, placed=bool(roots), **head)
             if isinstance(reader, MixtureReader):
                 samples = reader.tagged(samples)
             if identity:

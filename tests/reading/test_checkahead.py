@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import multiprocessing
 from pathlib import Path
+from typing import Any
 
 import pytest
 from torch.utils.data import DataLoader
@@ -229,16 +230,16 @@ def test_a_local_reader_takes_the_checks_the_thread_has_not_started_in_file_orde
     from shardio.reading.stream import iter_samples
 
     root = write(tmp_path / "ds")
-    planned: list[dict[object, tuple[object, checkahead.Check]]] = []
+    planned: list[dict[Any, tuple[object, checkahead.Check]]] = []
     real_plan = shardio.reading.stream._check_ahead
 
-    def plan_spy(*args: object) -> dict[object, tuple[object, checkahead.Check]]:
+    def plan_spy(*args: object) -> dict[Any, tuple[object, checkahead.Check]]:
         got = real_plan(*args)  # type: ignore[arg-type]
-        planned.append(dict(got))  # type: ignore[arg-type]  # the window pops what it takes
+        planned.append(dict(got))  # the window pops what it takes
         return got  # type: ignore[return-value]
 
     ran: list[tuple[bool, int]] = []
-    real_failing = checkahead.first_failing
+    from shardio.format.frames import first_failing as real_failing
 
     def failing_spy(run: object) -> int | None:
         ran.append((threading.current_thread() is threading.main_thread(), id(run)))
@@ -247,7 +248,10 @@ def test_a_local_reader_takes_the_checks_the_thread_has_not_started_in_file_orde
     monkeypatch.setattr(shardio.reading.stream, "_check_ahead", plan_spy)
     monkeypatch.setattr(checkahead, "first_failing", failing_spy)
     gate = threading.Event()
-    checkahead.checker().later(lambda: gate.wait(60))  # the thread starts none of them
+    def hold() -> None:
+        gate.wait(60)
+
+    checkahead.checker().later(hold)  # the thread starts none of them
     order = np.random.default_rng(1).permutation(600).astype(np.int64)
     try:
         with DatasetReader(root) as reader:
