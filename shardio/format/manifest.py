@@ -60,6 +60,11 @@ class ShardInfo:
                 continue
             if isinstance(value, bool) or not isinstance(value, kind):
                 raise TypeError(f"shard {name} is {value!r}, not {kind.__name__}")
+        # readers join the name to the dataset's folder or URL: one that climbs out of it
+        # would read another dataset's file as this one's
+        if any(c in self.name for c in "/\\\0") or self.name in ("", ".", ".."):
+            raise ValueError(f"shard name {self.name!r} is not a plain file name in the "
+                             "dataset folder")
 
 
 @dataclass(frozen=True)
@@ -192,7 +197,7 @@ class Manifest:
                 format=FORMAT_NAME,
                 version=int(version),
             )
-        except (KeyError, TypeError, ValueError) as exc:
+        except (KeyError, TypeError, ValueError, OverflowError) as exc:
             if isinstance(exc, ManifestError):
                 raise
             raise ManifestError(f"{path}: malformed manifest ({exc!r})", path=path) from exc
@@ -278,7 +283,7 @@ def load_manifest(path: str | os.PathLike[str]) -> Manifest:
     """
     mpath = manifest_path(path)
     try:
-        text = mpath.read_text(encoding="utf-8")
+        data = mpath.read_bytes()
     except FileNotFoundError as exc:
         raise ManifestNotFoundError(
             f"{mpath.parent}: no {MANIFEST_NAME} here, so this is not a shardio dataset "
@@ -286,11 +291,7 @@ def load_manifest(path: str | os.PathLike[str]) -> Manifest:
             f"or finish an interrupted pack with `shardio pack --resume`.",
             path=str(mpath),
         ) from exc
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise ManifestError(f"{mpath}: not valid JSON ({exc})", path=str(mpath)) from exc
-    manifest = Manifest.from_json(data, path=str(mpath))
+    manifest = parse_manifest(data, path=str(mpath))
     for shard in manifest.shards:
         # the files are at hand: bound each count by the bytes really there too, so a manifest
         # that overstates sizes and counts alike is refused before a plan is allocated for it
@@ -301,6 +302,26 @@ def load_manifest(path: str | os.PathLike[str]) -> Manifest:
             continue
         check_shard_count(shard, size, str(mpath), manifest.version)
     return manifest
+
+
+def parse_manifest(data: bytes, *, path: str) -> Manifest:
+    """The manifest whose ``manifest.json`` holds ``data``; ``path`` names it in errors.
+
+    Raises:
+        ManifestError: ``data`` is not UTF-8 JSON (nesting too deep for the parser and the
+            constants ``NaN`` and ``Infinity`` included), or not a shardio manifest.
+        UnsupportedVersionError: it was written by an unknown format version.
+    """
+    try:
+        parsed = json.loads(data.decode("utf-8"), parse_constant=_refuse_constant)
+    except (ValueError, RecursionError) as exc:  # JSONDecodeError, UnicodeDecodeError
+        raise ManifestError(f"{path}: not valid JSON ({type(exc).__name__}: {exc}); the "
+                            "manifest is damaged, re-pack the dataset", path=path) from exc
+    return Manifest.from_json(parsed, path=path)
+
+
+def _refuse_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a number a manifest holds")
 
 
 def write_manifest(directory: str | os.PathLike[str], manifest: Manifest) -> Path:

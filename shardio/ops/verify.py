@@ -119,8 +119,6 @@ def verify(
         reader,
     ):
         for number, info in enumerate(manifest.shards):
-            if not _is_plain_name(info.name):
-                continue
             try:  # a remote shard: downloaded whole (checked), then checked like a file
                 shard_file = reader.shard_file(number)
             except (ShardioError, OSError) as exc:
@@ -163,11 +161,7 @@ def _manifest_faults(manifest: Manifest, root: Path | str) -> Iterator[VerifyFau
                           f"{total}; the manifest is damaged, re-pack the dataset")
     seen: set[str] = set()
     for shard in manifest.shards:
-        if not _is_plain_name(shard.name):
-            yield VerifyFault(shard.name, None, None,
-                              f"{where}: shard name {shard.name!r} is not a plain file name in "
-                              "the dataset folder; the manifest is damaged, re-pack the dataset")
-        elif shard.name in seen:
+        if shard.name in seen:
             yield VerifyFault(shard.name, None, None,
                               f"{where}: shard {shard.name} is listed twice; the manifest is "
                               "damaged, re-pack the dataset")
@@ -354,10 +348,6 @@ def _block_samples(reader: DatasetReader, number: int, firsts: list[int],
             faults.append(_fault(name, exc))
             continue
         yield from enumerate(samples, start=firsts[b])
-
-
-def _is_plain_name(name: str) -> bool:
-    return "/" not in name and "\\" not in name and name not in ("", ".", "..")
 
 
 def _fault(shard: str, exc: BaseException, *, note: str = "") -> VerifyFault:

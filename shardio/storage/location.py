@@ -14,7 +14,6 @@ and ``storage``; nothing above them.
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import shlex
@@ -23,13 +22,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
 
-from shardio.errors import ManifestError, ManifestNotFoundError, StorageError
+from shardio.errors import ManifestNotFoundError, StorageError
 from shardio.format.manifest import (
     IMG_EXTENSIONS,
     JOURNAL_NAME,
     MANIFEST_NAME,
     Manifest,
     load_manifest,
+    parse_manifest,
 )
 from shardio.storage.options import RemoteOptions
 from shardio.storage.store import Store
@@ -103,11 +103,7 @@ def open_remote(url: str, *, remote: RemoteOptions | None = None) -> RemoteDatas
             f"`shardio pack SRC {store.url}`, or finish an interrupted pack with --resume.",
             path=where,
         ) from exc
-    try:
-        parsed = json.loads(data)
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise ManifestError(f"{where}: not valid JSON ({exc})", path=where) from exc
-    manifest = Manifest.from_json(parsed, path=where)
+    manifest = parse_manifest(data, path=where)
     return RemoteDataset(store.url, store, manifest, f"crc32:{zlib.crc32(data):08x}")
 
 

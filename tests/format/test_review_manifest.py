@@ -148,3 +148,66 @@ def test_a_remote_manifest_claiming_too_many_samples_is_refused_before_planning(
     exc = refused(lambda: cls(url, decode="raw", remote=remote))
     names_manifest_and_shard(exc, f"{url}/manifest.json")
     assert not (tmp_path / "cache").exists() or not any((tmp_path / "cache").rglob("*.rec*"))
+
+
+def _edited(packed: Path, dest: Path, edit: Callable[[dict[str, Any]], Any] | bytes) -> Path:
+    """A copy of ``packed`` whose manifest is ``edit`` (bytes) or what ``edit`` makes of it."""
+    shutil.copytree(packed, dest)
+    if isinstance(edit, bytes):
+        (dest / "manifest.json").write_bytes(edit)
+        return dest
+    data = json.loads((dest / "manifest.json").read_text())
+    edit(data)
+    (dest / "manifest.json").write_text(json.dumps(data))  # NaN and Infinity as JSON has none
+    return dest
+
+
+DAMAGED_TEXT: dict[str, Callable[[dict[str, Any]], Any] | bytes] = {
+    "nested deeper than the parser goes": b"[" * 200_000,
+    "not UTF-8": b'{"format": "shardio\xff"}',
+    "num_samples Infinity": lambda m: m.update(num_samples=float("inf")),
+    "input_bytes -Infinity": lambda m: m.update(input_bytes=float("-inf")),
+    "num_bytes NaN": lambda m: m.update(num_bytes=float("nan")),
+    "a count of 1e400": lambda m: m["shards"][0].update(num_samples=10 ** 400),
+}
+ESCAPING_NAMES = ["../other/shard-00000.rec", "/abs/shard-00000.rec", "sub/shard-00000.rec",
+                  "..\\shard-00000.rec", "a\x00b", "..", ""]
+
+
+@pytest.mark.parametrize("case", [*DAMAGED_TEXT, *ESCAPING_NAMES])
+def test_a_damaged_or_escaping_manifest_is_a_manifest_error_everywhere(
+        packed: Path, tmp_path: Path, case: str) -> None:
+    # RecursionError, UnicodeDecodeError, OverflowError and the shard name that climbs out of
+    # the folder once came out of the readers raw, or (the name) read another folder's file
+    if case in DAMAGED_TEXT:
+        ds = _edited(packed, tmp_path / "ds", DAMAGED_TEXT[case])
+    else:
+        # the shard the name points to exists: a reader that joined it would read it quietly
+        shutil.copytree(packed, tmp_path / "other")
+        ds = _edited(packed, tmp_path / "ds",
+                     lambda m: m["shards"][0].update(name=case))
+    where = str(ds / "manifest.json")
+    for open_it in (lambda: StreamingDataset(ds, decode="raw"),
+                    lambda: IndexedDataset(ds, decode="raw"),
+                    lambda: [shardio.read_manifest(ds)]):
+        with pytest.raises(ManifestError) as info:
+            next(iter(open_it()))
+        assert where in str(info.value)
+    result = CliRunner().invoke(main, ["verify", str(ds)])
+    assert result.exit_code == 1 and "manifest.json" in result.output, result.output
+    assert "unexpected" not in result.output, result.output
+
+
+@pytest.mark.servers
+@pytest.mark.parametrize("case", ["nested deeper than the parser goes", "not UTF-8",
+                                  "num_samples Infinity", "../other/shard-00000.rec"])
+def test_a_damaged_or_escaping_remote_manifest_is_a_manifest_error(
+        packed: Path, http: HttpEndpoint, tmp_path: Path, case: str) -> None:
+    if case in DAMAGED_TEXT:
+        _edited(packed, http.root / "ds", DAMAGED_TEXT[case])
+    else:
+        shutil.copytree(packed, http.root / "other")
+        _edited(packed, http.root / "ds", lambda m: m["shards"][0].update(name=case))
+    remote = RemoteOptions(cache_dir=tmp_path / "cache", retry=FAST_RETRY)
+    with pytest.raises(ManifestError, match="manifest.json"):
+        next(iter(StreamingDataset(f"{http.url}/ds", decode="raw", remote=remote)))
