@@ -315,16 +315,21 @@ class Progress:
         return Split(rank, self.world_size, worker, self.num_workers, self.lanes, self.batch)
 
     def __post_init__(self) -> None:
+        if self.epoch < 0 or self.world_size < 1 or self.num_workers < 1:
+            raise ValueError(
+                f"a state's epoch must be >= 0 and its world size and worker count >= 1, got "
+                f"{self.epoch}, {self.world_size}, {self.num_workers}")
         if self.lanes < 1 or self.batch < 1:
             raise ValueError(
                 f"a state's lanes and batch must be >= 1, got {self.lanes}, {self.batch}: the "
                 "state was not written by shardio's state_dict(); resume from one that was"
             )
         for rank, counts in self.consumed.items():
-            if not 0 <= rank < self.world_size or len(counts) != self.num_workers:
+            if (not 0 <= rank < self.world_size or len(counts) != self.num_workers
+                    or any(count < 0 for count in counts)):
                 raise ValueError(
-                    f"consumed[{rank}] must list {self.num_workers} worker counts for a rank "
-                    f"below {self.world_size}, got {counts}"
+                    f"consumed[{rank}] must list {self.num_workers} worker counts, none "
+                    f"negative, for a rank below {self.world_size}, got {counts}"
                 )
 
     @property

@@ -31,6 +31,7 @@ from shardio.order.plan import (
     Split,
     interleave_batches,
     same_split,
+    samples_per_rank,
     stage_order,
 )
 
@@ -73,15 +74,41 @@ def progress_to_state(progress: Progress) -> dict[str, Any]:
     return state
 
 
-def progress_from_state(state: Mapping[str, Any]) -> Progress:
-    """Inverse of ``progress_to_state``."""
+def progress_from_state(state: Mapping[str, Any], config: PlanConfig | None = None, *,
+                        where: str = "the state") -> Progress:
+    """Inverse of ``progress_to_state``; with ``config``, each rank's counts are also bounded
+    by what a rank yields of ``config`` in an epoch.
+
+    Raises:
+        ResumeError: ``state`` is not one ``state_dict()`` wrote: a field missing or of
+            another type, a negative count or one past the epoch (``where`` names it).
+    """
+    try:
+        progress = _progress(state)
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+        raise ResumeError(f"{where} is not one shardio's state_dict() wrote "
+                          f"({type(exc).__name__}: {exc}); resume from one that was") from exc
+    at: Progress | None = progress
+    while config is not None and at is not None:
+        most = samples_per_rank(config.num_samples, at.world_size, config.drop_last)
+        for rank, counts in at.consumed.items():
+            if sum(counts) > most:
+                raise ResumeError(
+                    f"{where} counts {sum(counts)} samples consumed on rank {rank}, where a "
+                    f"rank of {at.world_size} yields {most} an epoch: it was saved for "
+                    "another dataset; resume from this dataset's state_dict()")
+        at = at.prior
+    return progress
+
+
+def _progress(state: Mapping[str, Any]) -> Progress:
     prior = state.get("prior")
     return Progress(
         epoch=int(state["epoch"]),
         world_size=int(state["world_size"]),
         num_workers=int(state["num_workers"]),
         consumed={int(r): tuple(int(x) for x in c) for r, c in state["consumed"].items()},
-        prior=None if prior is None else progress_from_state(prior),
+        prior=None if prior is None else _progress(prior),
         lanes=int(state.get("lanes", 1)),
         batch=int(state.get("batch", 1)),
     )
@@ -275,6 +302,10 @@ def check_same_order(
         ResumeError: names every setting that differs, what the state holds and
             what ``against`` (the dataset, or the first state) has.
     """
+    if not isinstance(state, Mapping) or not isinstance(state.get("order") or {}, Mapping):
+        raise ResumeError(f"a state whose {'order' if isinstance(state, Mapping) else 'top'} "
+                          "is not a mapping is not one shardio's state_dict() wrote; resume "
+                          "from one that was")
     saved = {"seed": state.get("seed", seed), **(state.get("order") or {})}
     # a state from before the order was recorded holds only its seed: that is all we can check
     wanted = {"seed": seed, **(order if "order" in state else {})}

@@ -677,11 +677,18 @@ class StreamingDataset(ClassAttributes, IterableDataset[Any]):
             ResumeError: the state was saved with another seed or order
                 settings, or under another world size without every rank's part.
         """
-        if "position" in state:
+        if isinstance(state, Mapping) and "position" in state:
+            position = state["position"]
+            if isinstance(position, bool) or not isinstance(position, int) or not (
+                    0 <= position <= self.config.num_samples):
+                raise ResumeError(
+                    f"{self.path}: a worker's state holds position {position!r}, not a count "
+                    f"of at most {self.config.num_samples} samples; resume from the state "
+                    "the DataLoader saved")
             self._worker_state = dict(state)
             return
         check_same_order(state, self.config.seed, order_settings(self.config))
-        progress = progress_from_state(state)
+        progress = progress_from_state(state, self.config, where=f"{self.path}: the state")
         if progress.world_size != self.world_size and not progress.complete:
             raise ResumeError(
                 f"{self.path}: the state was saved by rank(s) {sorted(progress.consumed)} of "

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import collections
+import copy
 import re
 from pathlib import Path
 from typing import Any
@@ -514,3 +515,37 @@ def test_only_a_pack_shuffled_when_written_has_its_first_window_read_block_first
         shardio.pack(src, out, shuffle=shuffle, class_folders=True, progress=False)
         config = StreamingDataset(out, decode="raw").config
         assert config.head == (config.block_size if shuffle else 0)
+
+
+def _damaged(state: dict[str, Any], path: tuple[Any, ...], value: Any) -> dict[str, Any]:
+    out = copy.deepcopy(state)
+    at = out
+    for key in path[:-1]:
+        at = at[key]
+    if path:
+        at[path[-1]] = value
+    else:
+        out = value
+    return out
+
+
+@pytest.mark.parametrize(("path", "value"), [
+    ((), {}), (("epoch",), None), (("epoch",), -1), (("consumed",), None),
+    (("order",), 5), (("prior",), {}), (("num_workers",), 0), (("world_size",), 0),
+    (("consumed", "0"), [-5]), (("consumed", "0"), [10 ** 12]), (("consumed",), {"9": [1]}),
+])
+def test_a_damaged_state_is_refused_with_a_resume_error(dataset_dir: Path, path: tuple[Any, ...],
+                                                        value: Any) -> None:
+    # these once came out as KeyError, TypeError, AttributeError, or (a negative count) as an
+    # epoch that quietly yielded a few samples past the end
+    ds = StreamingDataset(dataset_dir, decode="raw", batch_size=10)
+    good = ds.state_dict(num_batches=1)
+    with pytest.raises(ResumeError, match=re.escape(str(dataset_dir)) + "|state_dict"):
+        StreamingDataset(dataset_dir, decode="raw", batch_size=10).load_state_dict(
+            _damaged(good, path, value))
+    for position in (-1, NUM_SAMPLES + 1, "3", 2.0):  # a DataLoader worker's own state
+        with pytest.raises(ResumeError, match="position"):
+            ds.load_state_dict({"epoch": 0, "split": [0, 1, 0, 1], "position": position})
+    again = StreamingDataset(dataset_dir, decode="raw", batch_size=10)
+    again.load_state_dict(good)
+    assert len(list(again)) == NUM_SAMPLES - 10
