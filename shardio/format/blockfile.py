@@ -53,7 +53,7 @@ from shardio.format.block import (
 )
 from shardio.format.checksum import CRC32C, checksum_function, decode_name, digest, encode_name
 from shardio.format.frames import FORMAT_NAME, HEADER_V2, SHARD_MAGIC, RunBytes
-from shardio.format.record import KEY_FIELD
+from shardio.format.record import INDEX_FIELD, KEY_FIELD
 
 VERSION: Final = 3
 HEADER: Final = HEADER_V2
@@ -139,14 +139,35 @@ class BlockIndex:
 
 def record_bytes(sample: Mapping[str, Any]) -> int:
     """Raw bytes a record counts towards its block's bound: its values plus ``FIELD_OVERHEAD``
-    each (bytes and str by length, numbers 8, anything else by its msgpack size)."""
+    each (bytes and str by length, numbers 8, anything else by its msgpack size).
+
+    Also the check that a block can store every name and value of ``sample``, so that a
+    writer refuses the sample it is given rather than the block it closes later.
+
+    Raises:
+        RecordEncodeError: a field name that is not a str, or reserved; a str that is not
+            UTF-8 (a lone surrogate); an int outside msgpack's range; a value msgpack
+            cannot pack. The message names the field.
+    """
     total = 0
     for name, value in sample.items():
-        if name == KEY_FIELD:
-            continue
-        if isinstance(value, (bytes, bytearray, memoryview, str)):
+        if not isinstance(name, str) or name == INDEX_FIELD:
+            raise RecordEncodeError(f"field name {name!r} cannot be stored: names are str, "
+                                    f"and {INDEX_FIELD} is reserved")
+        if not name.isascii():
+            _utf8(name, name)
+        if isinstance(value, str):
+            if not value.isascii():
+                _utf8(value, name)
+            if name == KEY_FIELD:  # stored in the key column, not a block
+                continue
+            total += len(value)
+        elif isinstance(value, (bytes, bytearray, memoryview)):
             total += len(value)
         elif isinstance(value, (int, float, bool)) or value is None:
+            if type(value) is int and not -(1 << 63) <= value < 1 << 64:
+                raise RecordEncodeError(f"field {name!r}: the int {value} is outside the "
+                                        "64-bit range records store; store it as a str")
             total += 8
         elif isinstance(value, np.ndarray):
             total += value.nbytes
@@ -154,6 +175,14 @@ def record_bytes(sample: Mapping[str, Any]) -> int:
             total += len(pack_value(value, name))
         total += FIELD_OVERHEAD
     return total
+
+
+def _utf8(text: str, name: str) -> None:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise RecordEncodeError(f"field {name!r}: {text[:40]!r} is not UTF-8 text "
+                                f"({exc.reason} at {exc.start})") from exc
 
 
 class ShardEncoder3:

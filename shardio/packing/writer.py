@@ -268,7 +268,10 @@ class ShardWriter:
         if self.classes is not None:
             _check_labelled(sample, key, self.classes)
         if self.options.version >= 3:
-            size = record_bytes(sample)
+            try:
+                size = record_bytes(sample)
+            except RecordEncodeError as exc:
+                raise RecordEncodeError(f"sample {key!r}: {exc}") from exc
             if self.options.block_records is None:  # the first sample's size sets it
                 self.options = replace(self.options, block_records=block_records_for(size))
             self._put(key, sample.keys(), size, lambda shard: shard.add(sample))
