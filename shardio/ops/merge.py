@@ -161,14 +161,19 @@ def _merge(paths: Sequence[Path], dest: Path, *, prefix_keys: bool, link: bool,
 
 
 def _refuse_mismatch(paths: Sequence[Path], manifests: Sequence[Manifest]) -> None:
-    """One backend, one codec and one class list for every input."""
-    for what in ("backend", "codec", "classes"):
+    """One backend, one codec, one class list and one layout for every input."""
+    for what in ("backend", "codec", "classes", "layout"):
         values = [getattr(m, what) for m in manifests]
         if any(v != values[0] for v in values):
             listed = "; ".join(f"{p}: {v!r}" for p, v in zip(paths, values, strict=True))
-            why = ("labels index the classes, so every input must have the same class list "
-                   "(or none): re-pack them together" if what == "classes" else
-                   f"a dataset has one {what}: re-pack the odd ones with --{what} {values[0]}")
+            why = {"classes": "labels index the classes, so every input must have the same "
+                              "class list (or none): re-pack them together",
+                   # an ImageFolder's records are {image, label}; a class-folder pack's keep
+                   # each file's own fields: readers decode by the dataset's one layout
+                   "layout": "a dataset's records have one layout: re-pack them together, "
+                             "all with --class-folders or none"}.get(
+                what, f"a dataset has one {what}: re-pack the odd ones with --{what} "
+                      f"{values[0]}")
             raise PackError(f"the inputs differ in {what} ({listed}); {why}", path=paths[0])
     blocks = [m.version >= 3 for m in manifests]
     if any(blocks) and not all(blocks):

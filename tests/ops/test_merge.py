@@ -145,6 +145,12 @@ def test_merge_refuses_mismatched_inputs_and_a_used_output(
     make_tree(tmp_path / "src-c", {"cat": [40], "cow": [41]})
     with pytest.raises(PackError, match=r"differ in classes.*'cow'.*same class list"):
         shardio.merge([a, pack(tmp_path / "src-c", tmp_path / "c")], tmp_path / "all")
+    # the same classes packed as class folders: records {jpg, label}, not {image, label};
+    # once merged into a dataset that verify and unpack called damaged
+    folders = tmp_path / "b-folders"
+    shardio.pack(tmp_path / "src-b", folders, num_workers=1, class_folders=True)
+    with pytest.raises(PackError, match=r"differ in layout .*'imagefolder'.*'classfolders'"):
+        shardio.merge([a, folders], tmp_path / "all")
     assert not (tmp_path / "all").exists()
     (tmp_path / "used").mkdir()
     (tmp_path / "used" / "notes.txt").write_text("mine")
