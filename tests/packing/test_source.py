@@ -185,6 +185,20 @@ def test_bad_inputs_are_classified(tmp_path: Path, kind: str) -> None:
     assert [s.key for s in source.samples] == ["x/good"]
 
 
+@pytest.mark.parametrize("name", ["self", "loop.tar"])
+def test_a_looping_link_at_the_top_of_src_is_skipped_as_below_it(tmp_path: Path,
+                                                                  name: str) -> None:
+    # the check for a folder of tar shards once followed it first and ended the pack
+    import shardio
+
+    _touch(tmp_path / "src/x/good.bin", b"good")
+    (tmp_path / "src" / name).symlink_to(tmp_path / "src" / name)
+    summary = shardio.pack(tmp_path / "src", tmp_path / "out", skip_bad=True, num_workers=1,
+                           progress=False)
+    assert summary.samples == 1
+    assert [(path, "loop" in reason) for path, reason in summary.skipped] == [(name, True)]
+
+
 def test_non_utf8_names_are_bad(tmp_path: Path) -> None:
     _touch(tmp_path / "ok.bin")
     raw = os.fsencode(tmp_path)

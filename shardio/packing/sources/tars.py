@@ -63,6 +63,15 @@ def expand_braces(pattern: str) -> list[str]:
     return [out for choice in choices for out in expand_braces(head + choice + tail)]
 
 
+def _is_file(entry: os.DirEntry[str]) -> bool:
+    """Whether ``entry`` is a file, following links; a link that loops or dangles is not
+    (the folder's walk reports it, and ``--skip-bad`` skips it, as any other bad entry)."""
+    try:
+        return entry.is_file()
+    except OSError:
+        return False
+
+
 def tar_shards(src: str | os.PathLike[str]) -> list[str] | None:
     """The tar shards ``src`` names, in order, or ``None`` when it does not name tars.
 
@@ -75,7 +84,7 @@ def tar_shards(src: str | os.PathLike[str]) -> list[str] | None:
     text = os.fspath(src)
     if os.path.isdir(text):
         entries = [e for e in os.scandir(text) if not e.name.startswith(".")]
-        if entries and all(e.is_file() and e.name.endswith(TAR_SUFFIXES) for e in entries):
+        if entries and all(e.name.endswith(TAR_SUFFIXES) and _is_file(e) for e in entries):
             return sorted(e.path for e in entries)
         return None
     if os.path.isfile(text):
