@@ -46,6 +46,9 @@ from shardio.storage.options import RemoteOptions
 IMAGE_FIELD: Final = "image"
 RESERVED_FIELDS: Final = frozenset({KEY_FIELD, INDEX_FIELD})
 _SEPARATORS: Final = re.compile(r"[/\\]")
+"""Path separators where a name must be a path on any system (tar members, Windows)."""
+_POSIX_NAMES: Final = os.name != "nt"
+"""Where a file name may hold ``\\`` and ``:``, as Linux and macOS file names do."""
 _WRITE_FLAGS: Final = (
     os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_BINARY", 0)
 )
@@ -104,24 +107,32 @@ def unpack_layout(manifest: Manifest) -> str:
     return layout
 
 
-def check_field(name: str) -> str | None:
-    """Why field ``name`` is unsafe as a file-name suffix, or ``None`` if it is safe."""
-    if _SEPARATORS.search(name):
+def check_field(name: str, *, portable: bool = False) -> str | None:
+    """Why field ``name`` is unsafe as a file-name suffix, or ``None`` if it is safe.
+
+    ``portable``: by the rules of every system (a tar member's), not only this one's.
+    """
+    if ("/" in name) if _POSIX_NAMES and not portable else _SEPARATORS.search(name):
         return "contains a path separator, so it would write into another folder"
     if "\x00" in name:
         return "contains a NUL character"
     return None
 
 
-def check_key(key: str) -> str | None:
-    """Why ``key`` is unsafe to use as a relative path under DEST, or ``None`` if it is safe."""
+def check_key(key: str, *, portable: bool = False) -> str | None:
+    """Why ``key`` is unsafe to use as a relative path under DEST, or ``None`` if it is safe.
+
+    ``portable``: by the rules of every system (a tar member's), not only this one's: on
+    Linux and macOS ``\\`` and ``C:`` are parts of a file name, as ``pack`` took them.
+    """
     if not key:
         return "is empty"
     if "\x00" in key:
         return "contains a NUL character"
-    if key.startswith("/") or PureWindowsPath(key).anchor:
+    strict = portable or not _POSIX_NAMES
+    if key.startswith("/") or (strict and PureWindowsPath(key).anchor):
         return "is an absolute path or has a drive"
-    parts = _SEPARATORS.split(key)
+    parts = _SEPARATORS.split(key) if strict else key.split("/")
     if ".." in parts:
         return "contains a '..' component"
     if "" in parts or "." in parts:
@@ -315,8 +326,10 @@ def _planned_paths(
         if why is not None:
             raise UnsafeKeyError(
                 f"{dataset}: sample {index} has key {key!r}, which {why}; unpacking it could "
-                "write outside the destination, so nothing was written. The dataset was not "
-                "made by `shardio pack` or was altered; inspect it with `shardio ls`",
+                "write outside the destination, so nothing was written. "
+                + ("The dataset was not made by `shardio pack` or was altered" if _POSIX_NAMES
+                   else "Names packed on Linux or macOS may hold '\\' or 'C:'; unpack there")
+                + "; inspect it with `shardio ls`",
                 path=dataset, record=index,
             )
         for suffix in suffixes:
@@ -384,10 +397,11 @@ def webdataset_members(sample: Mapping[str, Any], *, layout: str) -> list[tuple[
     else:
         named = [(f"{key}.{name}", value) for name, value in sample.items()
                  if name not in RESERVED_FIELDS]
-    why = check_key(key) or (
+    why = check_key(key, portable=True) or (
         "has a dot in its last component, which WebDataset would split at" if dot else None)
     for name, _ in named:
-        if why is None and (name.endswith(".") or check_field(name.rpartition(".")[2])):
+        if why is None and (name.endswith(".") or check_field(name.rpartition(".")[2],
+                                                              portable=True)):
             why = f"has a field that cannot be a member name ({name!r})"
     if why is not None:
         raise UnsafeKeyError(f"sample {key!r}: its key {why}; it cannot be written as a "
