@@ -32,6 +32,9 @@ from shardio.packing.sources.files import IMG_EXTENSIONS, Bad, SourceSample
 from shardio.packing.sources.inputbytes import OpenContainers, is_locator, read_range
 
 REPORT_EVERY: Final = 64
+CHANGED: Final = "changed while packing"
+"""How the reason for a file that changed or went since the scan begins: SRC is no longer
+the one the pack (and its journal) began with, so only a new pack takes it."""
 """Samples between two progress reports of a shard being built."""
 
 Report = Callable[[int, int], None]
@@ -256,10 +259,12 @@ def read_sample(sample: SourceSample, check_images: bool, dir_fd: int | None = N
                         data += _read_rest(fd)
                 finally:
                     os.close(fd)
+        except FileNotFoundError:
+            return None, i, f"{CHANGED} (gone since the scan)"
         except OSError as exc:
             return None, i, f"cannot be read ({exc.strerror or exc})"
         if len(data) != size:
-            return None, i, f"changed while packing ({size} bytes when scanned, {len(data)} read)"
+            return None, i, f"{CHANGED} ({size} bytes when scanned, {len(data)} read)"
         if is_image_field(name):  # always what costs nothing; a decode when asked
             reason = image_problem(data, decode=check_images)
             if reason is not None:

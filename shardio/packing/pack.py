@@ -42,7 +42,13 @@ from shardio.errors import (
 from shardio.format.blockfile import block_records_for
 from shardio.format.manifest import CLASS_FOLDERS_OPTION, JOURNAL_NAME, MANIFEST_NAME
 from shardio.packing.append import pack_choices, prepare_append, settle_interrupted_append
-from shardio.packing.build import ShardFailure, ShardJob, file_image_problem, is_image_field
+from shardio.packing.build import (
+    CHANGED,
+    ShardFailure,
+    ShardJob,
+    file_image_problem,
+    is_image_field,
+)
 from shardio.packing.engines import PackEngine, open_engine
 from shardio.packing.journal import dataset_lock
 from shardio.packing.plan import PLAN_VERSION, framed_bounds, plan_shards
@@ -141,10 +147,14 @@ def _bad_inputs(source: PackSource, check_images: bool, failed: Bad | None = Non
         generic = ("; or, if SRC is not an ImageFolder (say a/x.jpg comes with a/x.json), "
                    "pass --no-imagefolder (imagefolder=False) to keep every file, grouped "
                    "into generic samples by name stem, without labels")
-    fix = ("Fix or remove them and pack again with --overwrite, or add --skip-bad --resume "
-           "(skip_bad=True, resume=True) to keep the shards finished and pack without them"
-           if failed is not None else
-           "Fix or remove them, or pass --skip-bad (skip_bad=True) to pack without them")
+    if failed is not None and failed[1].startswith(CHANGED):  # a resume would see another SRC
+        fix = ("Something changed SRC while it was packed: let it finish, then pack again with "
+               "--overwrite (overwrite=True), adding --skip-bad (skip_bad=True) for the rest")
+    elif failed is not None:
+        fix = ("Fix or remove them and pack again with --overwrite, or add --skip-bad --resume "
+               "(skip_bad=True, resume=True) to keep the shards finished and pack without them")
+    else:
+        fix = "Fix or remove them, or pass --skip-bad (skip_bad=True) to pack without them"
     return BadInputError(
         f"{os.path.join(source.root, first)}: {bad[0][1]}. {len(bad)} input(s) "
         f"in {source.root} cannot be packed:{listing}{more}\n{fix} (they are then listed in "

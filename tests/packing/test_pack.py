@@ -254,6 +254,35 @@ def test_a_file_that_fails_to_read_is_reported(
     assert summary.samples == 299
 
 
+@pytest.mark.parametrize("change", ["grows", "goes"])
+def test_a_file_that_changes_while_packing_is_named_with_advice_that_works(
+        tiny_tree: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, change: str) -> None:
+    # the advice once said --skip-bad --resume, which a changed SRC refuses
+    import shardio.packing.build as build
+
+    victim = sorted(tiny_tree.rglob("*.bin"))[3]
+    real = build.read_sample
+
+    changed: list[bool] = []
+
+    def read_after_a_change(*args: Any, **kwargs: Any) -> Any:
+        if not changed:  # once, after the scan listed the file with its size
+            changed.append(True)
+            if change == "grows":
+                victim.write_bytes(victim.read_bytes() + b"more")
+            else:
+                victim.unlink()
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(build, "read_sample", read_after_a_change)
+    with pytest.raises(BadInputError, match="changed while packing") as info:
+        pack(tiny_tree, tmp_path / "out", num_workers=1)
+    assert str(victim) in str(info.value) and "--resume" not in str(info.value)
+    monkeypatch.undo()
+    summary = pack(tiny_tree, tmp_path / "out", num_workers=1, overwrite=True)
+    assert summary.samples == 300 - (change == "goes")
+
+
 def test_empty_sources_are_refused(tmp_path: Path) -> None:
     (tmp_path / "src" / ".git").mkdir(parents=True)
     (tmp_path / "src" / ".DS_Store").write_bytes(b"x")
