@@ -260,7 +260,8 @@ def test_a_file_that_changes_while_packing_is_named_with_advice_that_works(
     # the advice once said --skip-bad --resume, which a changed SRC refuses
     import shardio.packing.build as build
 
-    victim = sorted(tiny_tree.rglob("*.bin"))[3]
+    src = shutil.copytree(tiny_tree, tmp_path / "src")  # the tree is shared: change a copy
+    victim = sorted(src.rglob("*.bin"))[3]
     real = build.read_sample
 
     changed: list[bool] = []
@@ -276,10 +277,10 @@ def test_a_file_that_changes_while_packing_is_named_with_advice_that_works(
 
     monkeypatch.setattr(build, "read_sample", read_after_a_change)
     with pytest.raises(BadInputError, match="changed while packing") as info:
-        pack(tiny_tree, tmp_path / "out", num_workers=1)
+        pack(src, tmp_path / "out", num_workers=1)
     assert str(victim) in str(info.value) and "--resume" not in str(info.value)
     monkeypatch.undo()
-    summary = pack(tiny_tree, tmp_path / "out", num_workers=1, overwrite=True)
+    summary = pack(src, tmp_path / "out", num_workers=1, overwrite=True)
     assert summary.samples == 300 - (change == "goes")
 
 
