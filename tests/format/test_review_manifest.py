@@ -209,5 +209,5 @@ def test_a_damaged_or_escaping_remote_manifest_is_a_manifest_error(
         shutil.copytree(packed, http.root / "other")
         _edited(packed, http.root / "ds", lambda m: m["shards"][0].update(name=case))
     remote = RemoteOptions(cache_dir=tmp_path / "cache", retry=FAST_RETRY)
-    with pytest.raises(ManifestError, match="manifest.json"):
+    with pytest.raises(ManifestError, match=r"manifest\.json"):
         next(iter(StreamingDataset(f"{http.url}/ds", decode="raw", remote=remote)))
