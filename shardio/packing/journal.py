@@ -4,9 +4,11 @@ A writer that finishes a shard (written under a temporary name, fsynced,
 renamed, folder fsynced) then records it in ``.shardio-pack.json`` next to the
 shards, together with an *identity*: everything that must be equal for a
 resumed pack to produce the same bytes (options, input listing, seed…). The
-journal is replaced atomically, so it is always either the old or the new
-state. This module owns the file and its checks; what the shard entries hold is
-up to the writer (``ShardWriter`` and ``shardio.pack`` each keep their own).
+journal is JSON Lines: a first line of what is not a shard, then a line a finished
+shard, appended and fsynced (``JournalWriter``); it is replaced atomically only when
+the first line changes, so it always reads as some complete state. This module owns
+the file and its checks; what the shard entries hold is up to the writer
+(``ShardWriter`` and ``shardio.pack`` each keep their own).
 A pack to a remote store keeps the same journal as an object
 (``shardio.packing.remote_target``), checked by ``parse_journal``. Which names a pack
 writes (``is_shardio_file``) decides what ``--overwrite`` may delete. Every
@@ -24,7 +26,7 @@ import os
 import re
 import socket
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any, Final
 
@@ -115,18 +117,75 @@ def dataset_entries(out: Path) -> list[str]:
     return [name for name in os.listdir(out) if name != LOCK_NAME]
 
 
-def write_journal(out: Path, state: Mapping[str, Any]) -> None:
-    """Replace ``out``'s pack journal with ``state`` atomically (temporary file, fsync, rename).
+def journal_bytes(state: Mapping[str, Any]) -> bytes:
+    """``state`` (``{"shards": [entry, ...], ...}``) as a journal stores it, in JSON Lines."""
+    return _lines([{k: v for k, v in state.items() if k != "shards"}, *state["shards"]])
 
-    The journal is what ``resume`` trusts: write it only after the shards it
-    lists are renamed into place and their folder is fsynced.
+
+def _lines(items: Iterable[Any]) -> bytes:
+    return "".join(json.dumps(item) + "\n" for item in items).encode()
+
+
+def load_journal(data: bytes) -> dict[str, Any]:
+    """The state in a journal's bytes: its first line with ``shards`` its other lines (after
+    any the first line lists itself, as a journal written whole as one JSON object did).
+
+    A last line cut short is a shard whose append a kill interrupted: not journaled.
+
+    Raises:
+        ValueError: not a journal.
     """
-    tmp = out / f"{JOURNAL_NAME}.tmp"
-    with open(tmp, "w", encoding="utf-8") as fh:
-        json.dump(state, fh)
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, out / JOURNAL_NAME)
+    lines = data.split(b"\n")
+    state = json.loads(lines[0])
+    if not isinstance(state, dict):
+        raise ValueError("its first line is not an object")
+    shards = list(state.get("shards", []))
+    rest = [line for line in lines[1:] if line.strip()]
+    for number, line in enumerate(rest):
+        try:
+            shards.append(json.loads(line))
+        except ValueError:
+            if number < len(rest) - 1 or data.endswith(b"\n"):
+                raise
+    state["shards"] = shards
+    return state
+
+
+class JournalWriter:
+    """Writes a local pack's journal: a finished shard is one line appended and fsynced, so a
+    pack of n shards writes n lines, not n journals of up to n entries (1,200 one-sample
+    shards: 15-16 s rewriting the whole journal each time, 2.1-2.3 s appending; ``python -c
+    "from shardio.synth import make_tiny_tree; make_tiny_tree('t', num_files=1200)"`` then
+    ``time shardio pack t out --max-shard-samples 1 --num-workers 1``).
+
+    The journal is what ``resume`` trusts: write it only after the shards it lists are
+    renamed into place and their folder is fsynced.
+    """
+
+    def __init__(self, out: Path) -> None:
+        self.path = out / JOURNAL_NAME
+        self._head = ""
+        self._count = 0
+
+    def write(self, state: Mapping[str, Any]) -> None:
+        """Journal ``state``: its shards after those of the last ``write`` are appended when
+        all else is as it was, else the whole journal is replaced atomically (temporary
+        file, fsync, rename)."""
+        shards = state["shards"]
+        head = json.dumps({k: v for k, v in state.items() if k != "shards"})
+        if head == self._head and self._count <= len(shards) and self.path.exists():
+            with open(self.path, "ab") as fh:
+                fh.write(_lines(shards[self._count:]))
+                fh.flush()
+                os.fsync(fh.fileno())
+        else:
+            tmp = self.path.with_name(f"{JOURNAL_NAME}.tmp")
+            with open(tmp, "wb") as fh:
+                fh.write(journal_bytes(state))
+                fh.flush()
+                os.fsync(fh.fileno())
+            os.replace(tmp, self.path)
+        self._head, self._count = head, len(shards)
 
 
 def open_journal(out: Path, identity: Mapping[str, Any]) -> dict[str, Any] | None:
@@ -174,7 +233,7 @@ def parse_journal(data: bytes, identity: Mapping[str, Any], *, where: str) -> di
         PackError: the journal is damaged, or was written for another identity.
     """
     try:
-        state = json.loads(data)
+        state: Any = load_journal(data)
     except (UnicodeDecodeError, ValueError) as exc:
         state = exc
     if not isinstance(state, dict):

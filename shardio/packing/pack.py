@@ -53,7 +53,7 @@ from shardio.packing.engines import PackEngine, open_engine
 from shardio.packing.journal import dataset_lock
 from shardio.packing.plan import PLAN_VERSION, framed_bounds, plan_shards
 from shardio.packing.pool import ProgressBar, default_workers
-from shardio.packing.progress import journal_state, pack_manifest, resumable_shards
+from shardio.packing.progress import pack_manifest, resumable_shards
 from shardio.packing.sources.files import (
     IMAGEFOLDER_RULES,
     Bad,
@@ -533,7 +533,10 @@ def _pack_source(
     target.prepare(overwrite=overwrite, resume=resume)
     done = resumable_shards(job, identity, target) if resume else {}
     resumed = dict(done)
-    target.write_journal(journal_state(identity, done))
+    # in the order shards finish: each one more line of the journal
+    journaled = [asdict(done[n]) for n in sorted(done)]
+    journal = {"identity": identity, "shards": journaled}
+    target.write_journal(journal)
     todo = [n for n in range(len(plan)) if n not in done]
     files_upto = list(itertools.accumulate((len(s.paths) for s in stream), initial=0))
     bytes_upto = list(itertools.accumulate((s.num_bytes for s in stream), initial=0))
@@ -547,7 +550,8 @@ def _pack_source(
                     raise _bad_inputs(source, job.check_images,
                                       (_relative(source, result.path), result.reason))
                 done[result.number] = result  # the engine put it in the output
-                target.write_journal(journal_state(identity, done))
+                journaled.append(asdict(result))
+                target.write_journal(journal)
     except KeyboardInterrupt as exc:  # the engine stopped its workers; say what is kept
         # still a KeyboardInterrupt, so that Python exits as Ctrl-C does (signal status): a
         # note (``add_note`` from 3.11 on; the CLI reads the first) says what the pack kept

@@ -1,10 +1,10 @@
 """What a pack has finished: the journal it resumes from and the manifest it ends with.
 
 ``shardio.pack`` keeps one ``ShardResult`` per finished shard, keyed by its
-number in the plan; shards finish in any order. This module turns those results
-into the journal's state, reads them back (keeping only shards still intact in
-the output, ``shardio.packing.target``) and, once every shard is done, into the
-manifest: first indices counted in shard order, fields united in shard order,
+number in the plan; shards finish in any order, and the journal lists them in that
+order. This module reads them back from the journal (keeping only shards still intact
+in the output, ``shardio.packing.target``) and, once every shard is done, turns them into
+the manifest: first indices counted in shard order, fields united in shard order,
 shards left empty by bad input omitted. It imports nothing that imports torch.
 """
 
@@ -22,11 +22,6 @@ from shardio.packing.sources.files import Bad, PackSource
 from shardio.packing.target import PackTarget
 from shardio.packing.writer import WriteOptions
 from shardio.version import __version__
-
-
-def journal_state(identity: Mapping[str, Any], done: Mapping[int, ShardResult]) -> dict[str, Any]:
-    """The journal of a pack with ``identity`` that has finished the shards ``done``."""
-    return {"identity": identity, "shards": [asdict(done[n]) for n in sorted(done)]}
 
 
 def resumable_shards(job: ShardJob, identity: Mapping[str, Any],

@@ -26,7 +26,6 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import hashlib
-import json
 import os
 import shutil
 import tempfile
@@ -36,7 +35,12 @@ from typing import Any
 
 from shardio.errors import OutputExistsError, PackError
 from shardio.format.manifest import JOURNAL_NAME, MANIFEST_NAME, Manifest, write_manifest
-from shardio.packing.journal import is_shardio_file, parse_journal, refuse_to_clear
+from shardio.packing.journal import (
+    is_shardio_file,
+    journal_bytes,
+    parse_journal,
+    refuse_to_clear,
+)
 from shardio.storage import RemoteStore
 
 STAGING_LOCK = ".lock"
@@ -168,7 +172,7 @@ class RemoteTarget:
 
     def write_journal(self, state: Mapping[str, Any]) -> None:
         """Replace the journal object (one PUT)."""
-        self.store.put_bytes(JOURNAL_NAME, json.dumps(state).encode("utf-8"))
+        self.store.put_bytes(JOURNAL_NAME, journal_bytes(state))
 
     def write_manifest(self, manifest: Manifest) -> None:
         """Upload ``manifest.json``, serialized exactly as a local pack writes it."""

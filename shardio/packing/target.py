@@ -21,10 +21,10 @@ from shardio.errors import PackError
 from shardio.format.manifest import JOURNAL_NAME, MANIFEST_NAME, Manifest, fsync_dir, write_manifest
 from shardio.packing.journal import (
     LOCK_NAME,
+    JournalWriter,
     open_journal,
     refuse_to_clear,
     shard_is_intact,
-    write_journal,
 )
 from shardio.packing.remote_target import RemoteTarget
 from shardio.storage import RemoteOptions, RemoteStore, Store, split_url
@@ -69,7 +69,8 @@ class PackTarget(Protocol):
         ...
 
     def write_journal(self, state: Mapping[str, Any]) -> None:
-        """Replace the journal; call after the shards it lists are published."""
+        """Journal ``state``; call after the shards it lists are published. Its ``shards``
+        list grows at its end from one call to the next (a local journal appends them)."""
         ...
 
     def write_manifest(self, manifest: Manifest) -> None:
@@ -107,6 +108,7 @@ class LocalTarget:
         self.url = str(out)
         self.staging = out
         self.store: Store | None = None
+        self._journal = JournalWriter(out)
 
     def prepare(self, *, overwrite: bool, resume: bool) -> None:
         """See ``prepare_output``."""
@@ -129,8 +131,8 @@ class LocalTarget:
         """Nothing: the builder renamed the shard into place and fsynced the folder."""
 
     def write_journal(self, state: Mapping[str, Any]) -> None:
-        """See ``shardio.packing.journal.write_journal``."""
-        write_journal(self.staging, state)
+        """See ``shardio.packing.journal.JournalWriter``."""
+        self._journal.write(state)
 
     def write_manifest(self, manifest: Manifest) -> None:
         """See ``shardio.format.manifest.write_manifest``."""

@@ -184,6 +184,7 @@ class ShardWriter:
         self._codec = get_codec(self.options.codec, self.options.level)
         self._identity = {"write": asdict(self.options), **dict(identity or {})}
         self._shards: list[ShardInfo] = []
+        self._journaled: list[dict[str, Any]] = []
         self._fields: dict[str, None] = {}
         self._keys: set[str] = set()
         self._current: ShardFileWriter | None = None
@@ -337,10 +338,12 @@ class ShardWriter:
         self._write_journal()
 
     def _write_journal(self) -> None:
+        journaled = self._journaled  # grows with the shards: one line more each
+        journaled += [asdict(s) for s in self._shards[len(journaled):]]
         self._target.write_journal({
             "identity": self._identity,
             "fields": list(self._fields),
-            "shards": [asdict(s) for s in self._shards],
+            "shards": journaled,
             "block_records": self.options.block_records,
         })
 

@@ -33,6 +33,7 @@ from storage_servers import S3Endpoint  # noqa: E402
 from shardio.cli import main  # noqa: E402
 from shardio.errors import BadInputError, PackError  # noqa: E402
 from shardio.format.manifest import JOURNAL_NAME, MANIFEST_NAME  # noqa: E402
+from shardio.packing.journal import load_journal  # noqa: E402
 from shardio.packing.pack import pack  # noqa: E402
 from shardio.packing.writer import WriteOptions  # noqa: E402
 from shardio.storage import RemoteOptions, open_store  # noqa: E402
@@ -190,7 +191,7 @@ def test_a_worker_killed_mid_shard_is_retried_and_the_output_is_identical(
 
 
 def _journaled(out: Path) -> list[int]:
-    return [s["number"] for s in json.loads((out / JOURNAL_NAME).read_text())["shards"]]
+    return [s["number"] for s in load_journal((out / JOURNAL_NAME).read_bytes())["shards"]]
 
 
 def test_a_killed_driver_resumes_with_every_finished_shard_and_ends_identical(

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-import importlib
 import io
+import itertools
 import json
 import multiprocessing
 import os
@@ -31,6 +31,7 @@ from shardio.errors import (
     StorageError,
 )
 from shardio.format.manifest import MANIFEST_NAME
+from shardio.packing.journal import load_journal
 from shardio.packing.pack import PackSummary, pack, pack_imagefolder
 from shardio.packing.writer import JOURNAL_NAME, WriteOptions
 from shardio.synth import make_photo, make_tiny_tree
@@ -309,6 +310,7 @@ KILLER = textwrap.dedent("""
     from pathlib import Path
     from shardio.backends.lmdb import LmdbShardWriter
     from shardio.backends.records import RecordsShardWriter
+    from shardio.packing.journal import load_journal
     from shardio.packing.pack import pack
     from shardio.packing.writer import JOURNAL_NAME, WriteOptions
 
@@ -316,7 +318,7 @@ KILLER = textwrap.dedent("""
     main_pid = os.getpid()
 
     def first_shard_journaled():
-        return any(s["number"] == 0 for s in json.loads(journal.read_text())["shards"])
+        return any(s["number"] == 0 for s in load_journal(journal.read_bytes())["shards"])
 
     def killing(append):
         def append_then_maybe_kill(self, sample):
@@ -347,7 +349,7 @@ def _kill_midway(src: Path, out: Path, backend: str, **kwargs: object) -> None:
                              json.dumps({"backend": backend, **kwargs})], capture_output=True)
     assert killed.returncode == -signal.SIGKILL, killed.stderr.decode()
     assert not (out / MANIFEST_NAME).exists()
-    journaled = json.loads((out / JOURNAL_NAME).read_text())["shards"]
+    journaled = load_journal((out / JOURNAL_NAME).read_bytes())["shards"]
     assert [s["number"] for s in journaled] == [0]
 
 
@@ -387,6 +389,7 @@ STALLER = textwrap.dedent("""
     import json, os, signal, sys, threading, time
     from pathlib import Path
     from shardio.backends.records import RecordsShardWriter
+    from shardio.packing.journal import load_journal
     from shardio.packing.pack import pack
     from shardio.packing.writer import JOURNAL_NAME, WriteOptions
 
@@ -409,7 +412,7 @@ STALLER = textwrap.dedent("""
             time.sleep(0.01)
             if len(os.listdir(marks)) < len(stall) or not (out / JOURNAL_NAME).exists():
                 continue
-            if len(json.loads((out / JOURNAL_NAME).read_text())["shards"]) >= journaled:
+            if len(load_journal((out / JOURNAL_NAME).read_bytes())["shards"]) >= journaled:
                 os.kill(os.getpid(), getattr(signal, how))
                 return
 
@@ -469,7 +472,7 @@ def _stop_with_shards_in_flight(
     assert all(_gone(pid) for pid in pids), "workers outlived the pack"
     assert sorted(int(m.name.split("-")[0]) for m in marks.iterdir()) == stall
     assert not (out / MANIFEST_NAME).exists()
-    return stopped, [s["number"] for s in json.loads((out / JOURNAL_NAME).read_text())["shards"]]
+    return stopped, [s["number"] for s in load_journal((out / JOURNAL_NAME).read_bytes())["shards"]]
 
 
 def _stamps(out: Path, numbers: list[int]) -> dict[int, tuple[int, int]]:
@@ -561,11 +564,37 @@ def test_a_failing_worker_leaves_no_manifest_and_no_partial_shard(
     assert _files(tmp_path / "out") == _files(tmp_path / "whole")
 
 
+def test_the_journal_appends_a_line_a_shard_and_reads_what_a_kill_left(tmp_path: Path) -> None:
+    # a journal rewritten whole after every shard made a pack of n shards cost n^2
+    from shardio.packing.journal import JournalWriter, parse_journal
+
+    identity = {"write": {"level": 3}, "source": "ab"}
+    writer, shards = JournalWriter(tmp_path), []
+    writer.write({"identity": identity, "shards": shards})
+    for number in range(3):
+        shards.append({"number": number})
+        writer.write({"identity": identity, "shards": shards})
+    path = tmp_path / JOURNAL_NAME
+    assert path.read_text().count("\n") == 4 and not path.with_suffix(".json.tmp").exists()
+    whole = {"identity": identity, "shards": [{"number": n} for n in range(3)]}
+    assert parse_journal(path.read_bytes(), identity, where="out") == whole
+    # a kill mid-append: the cut line is a shard not journaled, which a resume builds again
+    cut = path.read_bytes() + b'{"numb'
+    assert parse_journal(cut, identity, where="out")["shards"] == whole["shards"]
+    # a journal written whole, as one JSON object, reads the same
+    assert parse_journal(json.dumps(whole).encode(), identity, where="out") == whole
+    with pytest.raises(PackError, match="damaged"):
+        parse_journal(path.read_bytes().replace(b'{"number": 1}', b"{nu"), identity, where="out")
+    writer.write({"identity": {**identity, "source": "cd"}, "shards": shards})  # all again
+    assert parse_journal(path.read_bytes(), {**identity, "source": "cd"}, where="out") == {
+        **whole, "identity": {**identity, "source": "cd"}}
+
+
 def test_shards_may_finish_out_of_order(
     imagefolder: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from shardio.backends.records import RecordsShardWriter
-    from shardio.packing.journal import write_journal
+    from shardio.packing.journal import JournalWriter
 
     out = tmp_path / "out"
     append = RecordsShardWriter.add
@@ -578,16 +607,19 @@ def test_shards_may_finish_out_of_order(
 
     journaled: list[list[int]] = []
 
-    def recording(out: Path, state: dict[str, Any]) -> None:
+    write = JournalWriter.write
+
+    def recording(self: JournalWriter, state: dict[str, Any]) -> None:
         journaled.append([s["number"] for s in state["shards"]])
-        write_journal(out, state)
+        write(self, state)
 
     monkeypatch.setattr(RecordsShardWriter, "add", first_shard_waits)
-    target = importlib.import_module("shardio.packing.target")
-    monkeypatch.setattr(target, "write_journal", recording)
+    monkeypatch.setattr(JournalWriter, "write", recording)
     options = WriteOptions(max_shard_samples=5)
     pack(imagefolder, out, options=options, num_workers=2)
-    assert journaled[1] != [0] and journaled[-1] == list(range(10))
+    # in the order they finished, each state the last one and one more
+    assert journaled[1] != [0] and sorted(journaled[-1]) == list(range(10))
+    assert all(a == b[:-1] for a, b in itertools.pairwise(journaled))
     monkeypatch.setattr(RecordsShardWriter, "add", append)
     pack(imagefolder, tmp_path / "whole", options=options, num_workers=1)
     assert _files(out) == _files(tmp_path / "whole")

@@ -22,6 +22,7 @@ from storage_servers import FAST_RETRY, S3Endpoint
 from shardio import RemoteOptions, verify
 from shardio.errors import OutputExistsError, PackError, StorageError
 from shardio.format.manifest import JOURNAL_NAME, MANIFEST_NAME
+from shardio.packing.journal import load_journal
 from shardio.packing.pack import pack
 from shardio.packing.remote_target import RemoteTarget, staging_folder
 from shardio.packing.writer import ShardWriter, WriteOptions
@@ -122,7 +123,8 @@ def test_large_shards_go_up_in_parts_and_stay_identical(
 
 
 KILLER = textwrap.dedent("""
-    import json, os, signal, sys
+    import os, signal, sys
+    from shardio.packing.journal import load_journal
     from shardio.packing.pack import pack
     from shardio.storage import RemoteStore
     from shardio.packing.writer import WriteOptions
@@ -131,7 +133,7 @@ KILLER = textwrap.dedent("""
 
     def put_then_maybe_die(self, name, data):
         put_bytes(self, name, data)
-        if name == ".shardio-pack.json" and len(json.loads(data)["shards"]) == 3:
+        if name == ".shardio-pack.json" and len(load_journal(data)["shards"]) == 3:
             os.kill(os.getpid(), signal.SIGKILL)  # mid-pack, right after a journal update
 
     RemoteStore.put_bytes = put_then_maybe_die
@@ -150,7 +152,7 @@ def test_a_killed_pack_leaves_no_manifest_and_resume_reuses_uploaded_shards(
     store = open_store(s3.url)
     names = store.list_names()
     assert MANIFEST_NAME not in names and JOURNAL_NAME in names
-    journaled = {s["name"] for s in json.loads(store.read_bytes(JOURNAL_NAME))["shards"]}
+    journaled = {s["name"] for s in load_journal(store.read_bytes(JOURNAL_NAME))["shards"]}
     assert len(journaled) == 3 and journaled <= set(names)
     assert staging_folder(s3.url).is_dir()  # left behind by the kill, reclaimed below
     with pytest.raises(OutputExistsError, match="not empty"):

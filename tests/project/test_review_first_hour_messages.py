@@ -21,6 +21,7 @@ from PIL import Image
 
 import shardio
 from shardio.errors import BadInputError, ManifestNotFoundError, PackError
+from shardio.packing.journal import load_journal
 from shardio.packing.pack import pack
 from shardio.packing.writer import JOURNAL_NAME, WriteOptions
 
@@ -103,7 +104,7 @@ def _interrupt_pack(tmp_path: Path, *flags: str) -> subprocess.CompletedProcess[
     try:
         while process.poll() is None:
             try:
-                if json.loads((out / JOURNAL_NAME).read_text())["shards"]:
+                if load_journal((out / JOURNAL_NAME).read_bytes())["shards"]:
                     break
             except (OSError, ValueError, KeyError):
                 pass
