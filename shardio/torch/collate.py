@@ -67,6 +67,40 @@ def decode_tensor(
     return hwc.permute(2, 0, 1)
 
 
+def image_and_label(sample: Mapping[str, Any], num_classes: int, path: str
+                    ) -> tuple[bytes | memoryview, int]:
+    """An ImageFolder sample's ``image`` bytes and ``label``, checked as ``shardio verify``
+    checks them: a record that is no such pair would fail deep in a decoder with a bare
+    KeyError or TypeError, or deliver a label outside the classes.
+
+    Raises:
+        DecodeError: the record does not fit the layout (``layout_error``).
+    """
+    data, label = sample.get("image"), sample.get("label")
+    if isinstance(data, (bytes, memoryview)) and type(label) is int and 0 <= label < num_classes:
+        return data, label
+    raise layout_error(sample, num_classes, path)
+
+
+def layout_error(sample: Mapping[str, Any], num_classes: int, path: str) -> DecodeError:
+    """The error of a record of a dataset with ``num_classes`` classes whose ``label`` does
+    not index them, or (ImageFolder) whose ``image`` is missing or not bytes."""
+    key, label, image = sample.get(KEY_FIELD), sample.get("label"), sample.get("image")
+    fields = sorted(set(sample) - {KEY_FIELD, INDEX_FIELD})
+    if "label" not in sample:
+        problem = f"has no 'label' (its fields: {fields})"
+    elif type(label) is not int or not 0 <= label < num_classes:
+        problem = f"has label {label!r}, not an index into the {num_classes} classes"
+    elif "image" not in sample:
+        problem = f"has no 'image' (its fields: {fields})"
+    else:
+        problem = f"has an image of type {type(image).__name__}, not bytes"
+    return DecodeError(
+        f"{path}: sample {key!r} (index {sample.get(INDEX_FIELD)}) {problem}: the record does "
+        f"not fit the dataset's layout; run `shardio verify {path}` to list every such record, "
+        "and re-pack them (decode='raw' reads them as stored)", key=key)
+
+
 def collate_tensor(
     batch: Sequence[tuple[torch.Tensor, Any]],
 ) -> tuple[torch.Tensor | list[torch.Tensor], torch.Tensor]:
@@ -238,14 +272,17 @@ class ImageBatchDecoder:
     (``.contiguous()`` gives the NCHW order). The pixels are those of
     ``decode_tensor``; labels as ``collate_tensor`` makes them. With ``skipped``
     (``on_bad_image="skip"``) a sample whose image does not decode is left out of the
-    batch and counted there; a batch left with none is None.
+    batch and counted there; a batch left with none is None. With ``num_classes`` (an
+    ImageFolder dataset's, ``path``), a record that is no ``image``/``label`` pair of its
+    classes is such a sample (``image_and_label``).
     """
 
     def __init__(
         self, *, draft_size: tuple[int, int] | None = None, image: str = "image",
         label: str = "label", pin_memory: bool = False, cropper: Cropper | None = None,
-        skipped: SkippedImages | None = None,
+        skipped: SkippedImages | None = None, num_classes: int | None = None, path: str = "",
     ) -> None:
+        self.num_classes, self.path = num_classes, path
         self.draft_size = draft_size
         self.cropper = cropper
         """Every image cropped to one size (``crop=``): the batch is one tensor."""
@@ -294,8 +331,9 @@ class ImageBatchDecoder:
         return views, label_batch
 
     def _open(self, sample: dict[str, Any]) -> PendingImage | PendingCrop:
-        return open_pending(sample[self.image], sample, draft_size=self.draft_size,
-                            cropper=self.cropper)
+        data = (sample[self.image] if self.num_classes is None
+                else image_and_label(sample, self.num_classes, self.path)[0])
+        return open_pending(data, sample, draft_size=self.draft_size, cropper=self.cropper)
 
 
 def open_pending(data: bytes | memoryview, sample: Mapping[str, Any], *,
@@ -372,17 +410,45 @@ def field_decoder(
         image = functools.partial(_field_image, mode=mode, draft_size=draft_size,
                                   cropper=cropper)
     together = functools.partial(_tensors_shared, draft_size=draft_size, cropper=cropper)
-    return FieldDecoder(spec, mode=mode, image=image, path=path, transform=transform,
-                        images=together if mode == "tensor" else None)
+    options: dict[str, Any] = dict(mode=mode, image=image, path=path, transform=transform,
+                                   images=together if mode == "tensor" else None)
+    if manifest.classes is not None and "label" in spec.names:
+        return ClassFieldDecoder(spec, num_classes=len(manifest.classes), **options)
+    return FieldDecoder(spec, **options)
+
+
+class ClassFieldDecoder(FieldDecoder):
+    """``fields=`` naming ``label`` on a dataset with classes: a stored label that does not
+    index them is refused (``layout_error``), not handed out as a class."""
+
+    def __init__(self, spec: Fields, *, num_classes: int, **options: Any) -> None:
+        super().__init__(spec, **options)
+        self.num_classes = num_classes
+
+    def __call__(self, sample: Mapping[str, Any], decoded: Mapping[str, Any] | None = None,
+                 ) -> Any:
+        label = sample.get("label", 0)  # a missing one is the field decoder's (``missing=``)
+        if type(label) is not int or not 0 <= label < self.num_classes:
+            raise layout_error(sample, self.num_classes, self.path)
+        return super().__call__(sample, decoded)
 
 
 def _tensors_shared(
     values: list[Any], samples: list[Mapping[str, Any]], *,
     draft_size: tuple[int, int] | None, cropper: Cropper | None,
 ) -> list[torch.Tensor]:
-    """``_field_image``'s tensors of ``values``, views of one shared block."""
-    return decode_shared([open_pending(v, s, draft_size=draft_size, cropper=cropper)
-                          for v, s in zip(values, samples, strict=True)])
+    """``_field_image``'s tensors of ``values``, views of one shared block.
+
+    Raises:
+        DecodeError: an image does not decode, or a value is no bytes (decoded one by one
+            then, the field decoder's error names the sample and field).
+    """
+    try:
+        pending = [open_pending(v, s, draft_size=draft_size, cropper=cropper)
+                   for v, s in zip(values, samples, strict=True)]
+    except TypeError as exc:
+        raise DecodeError(f"an image field holds no bytes ({exc})") from exc
+    return decode_shared(pending)
 
 
 def collate_fields(batch: Sequence[Any]) -> Any:

@@ -52,7 +52,7 @@ from shardio.torch.decoders import (
     make_decoder,
     resolve_decode,
 )
-from shardio.torch.distributed import env_rank
+from shardio.torch.distributed import check_rank, env_rank
 from shardio.torch.state import SharedState, pass_state
 
 DEFAULT_WINDOW_BYTES = 256 << 20
@@ -65,16 +65,32 @@ SHARED_GROUP = 32
 some of its images; a tensor kept alive keeps its block."""
 
 
-def resolve_rank(rank: int | None, world_size: int | None) -> tuple[int, int]:
+def resolve_rank(rank: int | None, world_size: int | None, where: str = "StreamingDataset"
+                 ) -> tuple[int, int]:
     """Explicit ``rank``/``world_size``, else torch.distributed's, else the launcher's.
 
     The launcher's are ``RANK``/``WORLD_SIZE`` (torchrun exports them before
     ``init_process_group``; ``shardio.torch.distributed.env_rank``); without them, ``(0, 1)``.
+
+    Raises:
+        TypeError: an explicit one is not an integer.
+        ValueError: only one is given, or the rank is not in ``0 .. world_size - 1``
+            (explicit or from the environment); ``where`` names who was given them.
     """
     if rank is not None or world_size is not None:
         if rank is None or world_size is None:
-            raise ValueError("pass both rank and world_size, or neither")
-        return rank, world_size
+            raise ValueError(f"{where}: pass both rank and world_size, or neither")
+        try:
+            if isinstance(rank, bool) or isinstance(world_size, bool):
+                raise TypeError  # an int to Python, but never a rank
+            rank, world_size = operator.index(rank), operator.index(world_size)
+        except TypeError:
+            raise TypeError(f"{where}: rank and world_size must be integers, got rank={rank!r} "
+                            f"and world_size={world_size!r}") from None
+        return check_rank(
+            rank, world_size, f"{where}: rank={rank} and world_size={world_size}",
+            "world_size is the number of processes and rank this one's: pass e.g. rank=0, "
+            "world_size=2, or neither to take them from torch.distributed or RANK/WORLD_SIZE")
     dist = torch.distributed
     if dist.is_available() and dist.is_initialized():
         return dist.get_rank(), dist.get_world_size()
@@ -262,10 +278,11 @@ class StreamingDataset(ClassAttributes, IterableDataset[Any]):
                 DataLoader each worker warns for its share), and ``skipped_images``
                 counts them over all processes.
         """
-        if (rank is None) != (world_size is None):
-            raise ValueError("pass both rank and world_size, or neither")
+        where = f"StreamingDataset({str(path)!r})"
+        if rank is not None or world_size is not None:  # refused now, not at len() or iteration
+            rank, world_size = resolve_rank(rank, world_size, where)
         if batch_size is not None:
-            batch_size = check_batch_size(batch_size, f"StreamingDataset({str(path)!r})")
+            batch_size = check_batch_size(batch_size, where)
         if lanes is not None and lanes < 1:
             raise ValueError(f"lanes must be >= 1, got {lanes}")
         self.reader = open_reader(path, epoch_size=epoch_size, verify=verify, remote=remote)
@@ -513,11 +530,11 @@ class StreamingDataset(ClassAttributes, IterableDataset[Any]):
             f"come short mid-epoch: give the dataset the DataLoader's size, "
             f"StreamingDataset(..., batch_size={size})")
 
-    def _decoded(self, decoder: SampleDecoder | FieldDecoder, sample: dict[str, Any]
+    def _decoded(self, decode: Callable[..., Any], sample: dict[str, Any], *parts: Any
                  ) -> list[Any]:
-        """``[decoder(sample)]``, or ``[]`` for a sample skipped (``on_bad_image``)."""
+        """``[decode(sample, *parts)]``, or ``[]`` for a sample skipped (``on_bad_image``)."""
         try:
-            return [decoder(sample)]
+            return [decode(sample, *parts)]
         except DecodeError:
             if self._skipped is None:
                 raise
@@ -542,8 +559,8 @@ class StreamingDataset(ClassAttributes, IterableDataset[Any]):
                     yield from self._decoded(decoder, sample)
                 continue
             for sample, part in zip(group, parts, strict=True):
-                self._position += 1
-                yield decoder.complete(sample, part)
+                self._position += 1  # completing may refuse a sample too (a field, a label)
+                yield from self._decoded(decoder.complete, sample, part)
 
     def _batches(
         self, chunks: Iterator[Sequence[dict[str, Any]]], split: Split, stage: Stage,

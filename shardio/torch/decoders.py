@@ -12,10 +12,9 @@ import torch
 
 from shardio.decode.crop import Crop, Cropper
 from shardio.decode.fields import FieldDecoder, Fields
-from shardio.decode.image import open_image
 from shardio.format.manifest import Manifest
 from shardio.format.record import INDEX_FIELD, KEY_FIELD
-from shardio.torch.collate import decode_shared, field_decoder
+from shardio.torch.collate import decode_shared, field_decoder, image_and_label, open_pending
 from shardio.torch.resize import resize_box
 
 Decode = Literal["auto", "raw", "pil", "tensor"]
@@ -26,7 +25,9 @@ class SampleDecoder:
 
     ``raw``: the dict (``transform`` applied to it); ``pil``: ``(PIL RGB image,
     label)`` like ``torchvision.datasets.ImageFolder``; ``tensor``: ``(uint8 CHW
-    tensor, label)``. ``pil`` and ``tensor`` need an ImageFolder pack.
+    tensor, label)``. ``pil`` and ``tensor`` need an ImageFolder pack (at ``path``, of
+    ``num_classes`` classes): a record that is no ``image``/``label`` pair of its classes
+    raises ``DecodeError`` (``collate.image_and_label``).
     """
 
     def __init__(
@@ -37,8 +38,11 @@ class SampleDecoder:
         target_transform: Callable[[Any], Any] | None = None,
         draft_size: tuple[int, int] | None = None,
         cropper: Cropper | None = None,
+        num_classes: int = 0,
+        path: str = "",
     ) -> None:
         self.mode = mode
+        self.num_classes, self.path = num_classes, path
         self.transform = transform
         self.target_transform = target_transform
         self.draft_size = draft_size
@@ -48,8 +52,9 @@ class SampleDecoder:
     def __call__(self, sample: dict[str, Any]) -> Any:
         if self.mode == "raw":
             return self.transform(sample) if self.transform else sample
+        data, label = image_and_label(sample, self.num_classes, self.path)
         if self.cropper is not None:
-            pending = self.cropper.open(sample["image"], sample[INDEX_FIELD], sample[KEY_FIELD])
+            pending = self.cropper.open(data, sample[INDEX_FIELD], sample[KEY_FIELD])
             pixels = np.empty(pending.shape, np.uint8)
             pending.decode_into(pixels)
             if self.mode == "pil":
@@ -61,16 +66,12 @@ class SampleDecoder:
         elif self.mode == "pil":
             from shardio.decode.image import decode_image
 
-            image = decode_image(
-                sample["image"], draft_size=self.draft_size, key=sample[KEY_FIELD]
-            )
+            image = decode_image(data, draft_size=self.draft_size, key=sample[KEY_FIELD])
         else:
             from shardio.torch.collate import decode_tensor
 
-            image = decode_tensor(
-                sample["image"], draft_size=self.draft_size, key=sample[KEY_FIELD]
-            )
-        return self.finish(image, sample["label"])
+            image = decode_tensor(data, draft_size=self.draft_size, key=sample[KEY_FIELD])
+        return self.finish(image, label)
 
     def finish(self, image: Any, label: Any) -> Any:
         """``(image, label)`` after ``transform`` and ``target_transform``."""
@@ -87,19 +88,18 @@ class SampleDecoder:
         return self.mode == "tensor"
 
     def complete(self, sample: Mapping[str, Any], image: Any) -> Any:
-        """``self(sample)`` for a sample whose image ``decode_group`` decoded."""
+        """``self(sample)`` for a sample whose image ``decode_group`` decoded (and checked)."""
         return self.finish(image, sample["label"])
 
     def decode_group(self, samples: Sequence[Mapping[str, Any]]) -> list[Any]:
         """The images of ``samples`` (before ``transform``) as views of one shared block.
 
         Raises:
-            DecodeError: an image does not decode.
+            DecodeError: an image does not decode, or a record does not fit the layout.
         """
-        cropper = self.cropper
         return decode_shared([
-            open_image(s["image"], draft_size=self.draft_size, key=s[KEY_FIELD])
-            if cropper is None else cropper.open(s["image"], s[INDEX_FIELD], s[KEY_FIELD])
+            open_pending(image_and_label(s, self.num_classes, self.path)[0], s,
+                         draft_size=self.draft_size, cropper=self.cropper)
             for s in samples])
 
 
@@ -143,7 +143,8 @@ def make_decoder(mode: str, fields: Fields | Sequence[str] | None, *, manifest: 
     ``fields=`` one decoder a field (``collate.field_decoder``)."""
     if fields is None:
         return SampleDecoder(mode, transform=transform, target_transform=target_transform,
-                             draft_size=draft_size, cropper=cropper)
+                             draft_size=draft_size, cropper=cropper,
+                             num_classes=len(manifest.classes or ()), path=path)
     return field_decoder(fields, mode=mode, manifest=manifest, path=path, transform=transform,
                          target_transform=target_transform, draft_size=draft_size,
                          cropper=cropper)

@@ -50,10 +50,19 @@ def env_rank(environ: Mapping[str, str] | None = None) -> tuple[int, int] | None
             "world_size= explicitly"
         )
     rank, world_size = _int_var(env, "RANK"), _int_var(env, "WORLD_SIZE")
+    return check_rank(rank, world_size,
+                      f"environment variables RANK={rank} and WORLD_SIZE={world_size}",
+                      "Fix them, or pass rank= and world_size= explicitly")
+
+
+def check_rank(rank: int, world_size: int, given: str, fix: str) -> tuple[int, int]:
+    """``(rank, world_size)`` when ``rank`` is one of ``world_size`` ranks, wherever they
+    came from: a split outside them would fail only later, at ``len()`` or the first sample.
+
+    Raises:
+        ValueError: ``rank`` is not in ``0 .. world_size - 1``; the message names what
+            gave them (``given``) and says how to ``fix`` it.
+    """
     if world_size < 1 or not 0 <= rank < world_size:
-        raise ValueError(
-            f"environment variables RANK={rank} and WORLD_SIZE={world_size} do not fit: "
-            "RANK must be in 0 .. WORLD_SIZE - 1. Fix them, or pass rank= and world_size= "
-            "explicitly"
-        )
+        raise ValueError(f"{given} do not fit: the rank must be in 0 .. world size - 1. {fix}")
     return rank, world_size

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import operator
 import os
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import torch
 from torch.utils.data import Dataset, get_worker_info
 
 from shardio.decode.crop import CenterCrop
@@ -90,8 +92,22 @@ class IndexedDataset(ClassAttributes, Dataset[Any]):
         """``index`` counted from the end when negative, like a list.
 
         Raises:
+            TypeError: ``index`` is not an integer (an int, a numpy integer, a 0-d integer
+                tensor); a bool, float, str or slice is refused, not read as a position.
             IndexError: ``index`` is outside ``-len(self)..len(self) - 1``.
         """
+        if type(index) is not int:  # a sampler's indices are ints: one test for them
+            try:
+                if isinstance(index, bool) or (isinstance(index, torch.Tensor) and (
+                        index.ndim or index.dtype == torch.bool)):
+                    raise TypeError  # each an integer to operator.index, none a position
+                index = operator.index(index)
+            except TypeError:
+                raise TypeError(
+                    f"{self.path}: IndexedDataset takes one int index, a sample's position, as "
+                    f"torch's map-style datasets do; got {type(index).__name__} {index!r}. "
+                    "For several samples index each one, or use torch.utils.data.Subset"
+                ) from None
         size = len(self)
         if not -size <= index < size:
             raise IndexError(
@@ -106,11 +122,14 @@ class IndexedDataset(ClassAttributes, Dataset[Any]):
         """Batched fetch for the DataLoader: read in storage order, returned in the order asked.
 
         Raises:
+            TypeError: an index is not an integer (``_normalise``).
             IndexError: an index is out of range (negative ones count from the end).
         """
         reader = self._reader_here()
         size = len(self)
-        wanted = (list(indices) if len(indices) and min(indices) >= 0 and max(indices) < size
+        # a sampler's batch (ints in range) taken as it is; anything else index by index
+        wanted = (list(indices) if len(indices) and all(type(i) is int for i in indices) and (
+                      min(indices) >= 0 and max(indices) < size)
                   else [self._normalise(i) for i in indices])
         order = sorted(set(wanted))
         info = get_worker_info()

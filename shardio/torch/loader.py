@@ -145,7 +145,8 @@ def _batch_decoder(
     from shardio.torch.collate import ImageBatchDecoder
 
     return ImageBatchDecoder(draft_size=decoder.draft_size, pin_memory=pin,
-                             cropper=decoder.cropper, skipped=dataset._skipped)
+                             cropper=decoder.cropper, skipped=dataset._skipped,
+                             num_classes=decoder.num_classes, path=decoder.path)
 
 
 class ShardLoader:

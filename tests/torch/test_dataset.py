@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import collections
 import copy
+import json
 import re
 from pathlib import Path
 from typing import Any
@@ -15,9 +16,17 @@ from torch.utils.data import DataLoader
 
 import shardio
 from shardio import ShardWriter, WriteOptions, read_manifest
-from shardio.errors import ChecksumError, ManifestNotFoundError, ResumeError, ShardMissingError
+from shardio.errors import (
+    ChecksumError,
+    DecodeError,
+    ManifestNotFoundError,
+    ResumeError,
+    ShardMissingError,
+)
 from shardio.reading.batch import RecordBatch
+from shardio.torch.badimage import BadImageWarning
 from shardio.torch.dataset import StreamingDataset
+from shardio.torch.decoders import Decode
 from shardio.torch.indexed import IndexedDataset
 from shardio.torch.loader import loader
 from shardio.torch.state import merge_states
@@ -72,6 +81,20 @@ def test_ranks_cover_the_dataset_with_equal_counts(
     assert sum(counts.values()) - NUM_SAMPLES == padding < world_size
     if world_size == 1:
         assert max(counts.values()) == 1
+
+
+@pytest.mark.parametrize(("rank", "world_size", "error", "message"), [
+    (0, 0, ValueError, "rank=0 and world_size=0 do not fit"),
+    (3, 3, ValueError, "rank=3 and world_size=3 do not fit"),
+    (-1, 2, ValueError, "rank=-1 and world_size=2 do not fit"),
+    (0, None, ValueError, "pass both rank and world_size"),
+    ("1", 2, TypeError, "must be integers"),
+])
+def test_explicit_rank_and_world_size_are_refused_when_the_dataset_is_built(
+    dataset_dir: Path, rank: Any, world_size: Any, error: type[Exception], message: str
+) -> None:
+    with pytest.raises(error, match=f"StreamingDataset\\(.*{message}"):
+        StreamingDataset(dataset_dir, rank=rank, world_size=world_size)
 
 
 def test_drop_last_drops_the_tail(dataset_dir: Path) -> None:
@@ -413,6 +436,73 @@ def test_a_bad_image_fails_at_its_own_sample_in_a_worker(
     pair = [keys.index(key), keys.index(junk.relative_to(imagefolder).as_posix())]
     with pytest.raises(Exception, match=re.escape(repr(key))):  # the first bad one names it
         list(DataLoader(indexed, batch_size=2, sampler=pair, num_workers=1, collate_fn=list))
+
+
+MISFITS = {"bad/no_label": "has no 'label'",
+           "bad/label_99": "has label 99, not an index into the 2 classes",
+           "bad/image_str": "has an image of type str, not bytes"}
+
+
+@pytest.fixture(scope="module")
+def misfit_pack(imagefolder: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Six good ImageFolder records and the three ``MISFITS``, under a manifest that names two
+    classes (given after writing: the writer refuses such records for a dataset with classes)."""
+    jpgs = [path.read_bytes() for path in sorted(imagefolder.rglob("*.jpg"))[:6]]
+    out = tmp_path_factory.mktemp("misfit") / "ds"
+    with ShardWriter(out, WriteOptions(max_shard_samples=4)) as writer:
+        for i, data in enumerate(jpgs):
+            writer.write({"__key__": f"good/{i}", "image": data, "label": i % 2})
+        writer.write({"__key__": "bad/no_label", "image": jpgs[0]})
+        writer.write({"__key__": "bad/label_99", "image": jpgs[1], "label": 99})
+        writer.write({"__key__": "bad/image_str", "image": "x", "label": 0})
+    manifest = json.loads((out / "manifest.json").read_text())
+    manifest.update(classes=["a", "b"], class_to_idx={"a": 0, "b": 1})
+    (out / "manifest.json").write_text(json.dumps(manifest))
+    return out
+
+
+@pytest.mark.parametrize("decode", ["pil", "tensor"])
+def test_a_record_that_does_not_fit_the_imagefolder_layout_is_a_named_decode_error(
+    misfit_pack: Path, decode: Decode
+) -> None:
+    raw = IndexedDataset(misfit_pack, decode="raw")
+    at = {raw[i]["__key__"]: i for i in range(len(raw))}
+    ds = IndexedDataset(misfit_pack, decode=decode)
+    for key, problem in MISFITS.items():
+        with pytest.raises(DecodeError, match=f"'{key}'.*{problem}.*does not fit the "
+                           "dataset's layout.*shardio verify") as caught:
+            ds[at[key]]
+        assert caught.value.key == key
+        # a worker's batch (tensor: its images decoded together into shared memory)
+        with pytest.raises(DecodeError, match=re.escape(repr(key))):
+            list(DataLoader(ds, batch_size=2, sampler=[at["good/0"], at[key]], num_workers=1,
+                            collate_fn=list))
+    # streamed, such a record is skipped like an image that does not decode
+    streamed = StreamingDataset(misfit_pack, decode=decode, on_bad_image="skip")
+    labels = [label for _image, label in DataLoader(streamed, batch_size=None, num_workers=1)]
+    assert sorted(labels) == [0, 0, 0, 1, 1, 1]
+    assert streamed.skipped_images.count == len(MISFITS)
+
+
+def test_shardio_loader_and_fields_refuse_a_label_outside_the_classes(misfit_pack: Path) -> None:
+    # the loader's batch decoder (decode="tensor") skips each misfit, or names the first
+    streamed = StreamingDataset(misfit_pack, decode="tensor", on_bad_image="skip")
+    with pytest.warns(BadImageWarning, match="skipped 3 sample"):
+        labels = [label for _images, batch in loader(streamed, batch_size=4, num_workers=0)
+                  for label in batch.tolist()]
+    assert sorted(labels) == [0, 0, 0, 1, 1, 1]
+    with pytest.raises(DecodeError, match="does not fit the dataset's layout"):
+        list(loader(StreamingDataset(misfit_pack, decode="tensor"), batch_size=4, num_workers=0))
+    # fields= naming the label: a stored label must index the classes too
+    raw = IndexedDataset(misfit_pack, decode="raw")
+    at = {raw[i]["__key__"]: i for i in range(len(raw))}
+    fields = IndexedDataset(misfit_pack, decode="tensor", fields=("image", "label"))
+    assert fields[at["good/1"]][1] == 1
+    with pytest.raises(DecodeError, match=f"'bad/label_99'.*{MISFITS['bad/label_99']}"):
+        fields[at["bad/label_99"]]
+    with pytest.raises(DecodeError, match="'bad/image_str'"):  # its images decoded together
+        list(DataLoader(fields, batch_size=2, sampler=[at["good/0"], at["bad/image_str"]],
+                        num_workers=1, collate_fn=list))
 
 
 def test_loader_breaking_early_moves_on_to_the_next_epoch(dataset_dir: Path) -> None:

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
+import numpy as np
 import pytest
+import torch
 from torch.utils.data import DataLoader
 
 from shardio import ShardWriter, WriteOptions
@@ -50,3 +52,23 @@ def test_a_dataloader_batch_sampler_with_negative_indices(indexed: IndexedDatase
     assert [[s["__key__"] for s in batch] for batch in loader] == [
         ["s/28", "s/29"], ["s/00", "s/00"]
     ]
+
+
+@pytest.mark.parametrize("bad", [slice(1, 3), 2.0, "2", True, torch.tensor(True),
+                                 torch.tensor([2])])
+def test_an_index_that_is_no_int_is_refused_not_read_as_a_position(
+    indexed: IndexedDataset, bad: object
+) -> None:
+    with pytest.raises(TypeError, match=f"takes one int index.*got {type(bad).__name__}"):
+        indexed[bad]  # type: ignore[index]
+    with pytest.raises(TypeError, match="takes one int index"):
+        indexed.__getitems__([0, bad])  # type: ignore[list-item]
+    with pytest.raises(TypeError, match="takes one int index"):  # a sampler of such
+        list(DataLoader(indexed, batch_size=2, sampler=[0, bad], collate_fn=list))
+
+
+def test_numpy_and_torch_integers_index_like_ints(indexed: IndexedDataset) -> None:
+    for index in (np.int64(-1), np.uint8(2), torch.tensor(3), torch.tensor(-2)):
+        assert indexed[index]["__key__"] == indexed[int(index)]["__key__"]  # type: ignore[index]
+    loader = DataLoader(indexed, batch_size=3, sampler=np.array([4, -1, 0]), collate_fn=list)
+    assert [[s["__key__"] for s in batch] for batch in loader] == [["s/04", "s/29", "s/00"]]
