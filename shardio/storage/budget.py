@@ -172,9 +172,15 @@ class Budget:
     def _make_folders(self) -> None:
         """Make the folder and its subfolders (again, after someone removed them)."""
         for sub in (RANGES, PARTIAL, LOCKS, WAITING):
-            # a removal still under way may take a parent away again: the callers retry
-            with contextlib.suppress(FileNotFoundError):
+            # a removal still under way may take a parent away again, also between mkdir's
+            # "exists" and its own check that it is a folder: the callers retry
+            try:
                 (self.root / sub).mkdir(parents=True, exist_ok=True)
+            except FileNotFoundError:
+                pass
+            except FileExistsError:
+                if (self.root / sub).exists():  # a file where the folder goes: no race
+                    raise
 
     def disk_bytes(self, num_bytes: int) -> int:
         """What a file of ``num_bytes`` occupies on the cache's filesystem: whole blocks."""
