@@ -473,10 +473,13 @@ def test_a_record_that_does_not_fit_the_imagefolder_layout_is_a_named_decode_err
                            "dataset's layout.*shardio verify") as caught:
             ds[at[key]]
         assert caught.value.key == key
-        # a worker's batch (tensor: its images decoded together into shared memory)
-        with pytest.raises(DecodeError, match=re.escape(repr(key))):
-            list(DataLoader(ds, batch_size=2, sampler=[at["good/0"], at[key]], num_workers=1,
-                            collate_fn=list))
+        with pytest.raises(DecodeError, match=re.escape(repr(key))):  # a batch in-process
+            ds.__getitems__([at["good/0"], at[key]])
+    # a worker's batch (tensor: its images decoded together into shared memory); one misfit
+    # is enough there, as all three fail the one check before any image is opened
+    with pytest.raises(DecodeError, match="'bad/image_str'"):
+        list(DataLoader(ds, batch_size=2, sampler=[at["good/0"], at["bad/image_str"]],
+                        num_workers=1, collate_fn=list))
     # streamed, such a record is skipped like an image that does not decode
     streamed = StreamingDataset(misfit_pack, decode=decode, on_bad_image="skip")
     labels = [label for _image, label in DataLoader(streamed, batch_size=None, num_workers=1)]
