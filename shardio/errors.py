@@ -31,7 +31,19 @@ DataLoader re-raises worker errors in the main process by calling
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
+
+_URL_SECRETS = re.compile(r"(?P<scheme>[A-Za-z][A-Za-z0-9+.\-]*://)(?:[^/\s@'\"<>]*@)?"
+                          r"(?P<rest>[^\s?#'\"<>]*)(?:[?#][^\s'\"<>]*)?")
+"""A URL, its user info (``user:password@``) and its query string or fragment (a presigned
+URL's signature and access key id)."""
+
+
+def without_url_secrets(text: str) -> str:
+    """``text`` with every URL's user info, query string and fragment cut out: what an error
+    may say of a URL a user gave (``s3://key:secret@bucket/x``, a presigned ``https://``)."""
+    return _URL_SECRETS.sub(lambda m: m["scheme"] + m["rest"], text)
 
 
 class ShardioError(Exception):
@@ -45,8 +57,10 @@ class ShardioError(Exception):
         record: int | None = None,
         offset: int | None = None,
     ) -> None:
-        super().__init__(message)
-        self.path = None if path is None else str(path)
+        # every message and place is built from what the caller gave, URLs included: cut
+        # their secrets here, once, whichever module built the message
+        super().__init__(without_url_secrets(message))
+        self.path = None if path is None else without_url_secrets(str(path))
         self.record = record
         self.offset = offset
 

@@ -62,7 +62,11 @@ class LazyGroup(click.Group):
         behind it only under ``--debug``."""
         try:
             return super().invoke(ctx)
-        except (click.ClickException, click.exceptions.Exit, click.Abort, EOFError):
+        except (click.ClickException, click.exceptions.Exit, click.Abort, EOFError) as exc:
+            if isinstance(exc, click.ClickException):  # may quote the URL the user gave
+                from shardio.errors import without_url_secrets
+
+                exc.message = without_url_secrets(exc.message)  # type: ignore[misc]
             if ctx.params.get("debug"):
                 cause = sys.exc_info()[1]
                 if cause is not None and cause.__cause__ is not None:

@@ -37,11 +37,13 @@ def doctor_command(path: Path | str, step_ms: float, num_steps: int, batch_size:
                    num_workers: int | None, decode: str, image_size: int, no_verify: bool,
                    plot: Path | None, as_json: bool) -> None:
     """Run DATASET's loader against a simulated step; name the bottleneck and the fix."""
+    from shardio.cli.inspect import dataset_errors
     from shardio.torch.doctor import doctor, draw_plot, format_report
 
-    report = doctor(str(path), step_ms=step_ms, num_steps=num_steps, batch_size=batch_size,
-                    num_workers=num_workers, decode=decode, image_size=image_size,
-                    verify=not no_verify)
+    with dataset_errors():
+        report = doctor(str(path), step_ms=step_ms, num_steps=num_steps,
+                        batch_size=batch_size, num_workers=num_workers, decode=decode,
+                        image_size=image_size, verify=not no_verify)
     if plot is not None:
         draw_plot(report, plot)
     click.echo(json.dumps(report) if as_json else format_report(report))

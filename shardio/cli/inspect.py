@@ -52,10 +52,20 @@ def dataset_errors() -> Iterator[None]:
     try:
         yield
     except ShardioError as exc:
-        raise click.ClickException(str(exc)) from exc
+        raise click.ClickException(_own_text(exc)) from exc
     except OSError as exc:
         where = f"{exc.filename}: " if exc.filename else ""
         raise click.ClickException(f"{where}{exc.strerror or exc}") from exc
+
+
+def _own_text(exc: ShardioError) -> str:
+    """``exc``'s message; raised in a DataLoader worker, torch re-raised it with the worker's
+    traceback before it, which ``--debug`` shows and one ``Error:`` line does not."""
+    text = str(exc)
+    if "\nOriginal Traceback" in text:
+        last = text.rstrip().rsplit("\n", 1)[-1]
+        text = last.split(": ", 1)[1] if last.startswith("shardio.errors.") else last
+    return text
 
 
 def abbreviate(items: Sequence[str], limit: int = MAX_LISTED) -> str:

@@ -26,14 +26,13 @@ from __future__ import annotations
 import asyncio
 import errno
 import random
-import re
 import threading
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import TypeVar
 
-from shardio.errors import ShardioError, StorageError
+from shardio.errors import ShardioError, StorageError, without_url_secrets
 
 T = TypeVar("T")
 
@@ -77,10 +76,6 @@ REDACTED = "[redacted]"
 MIN_SECRET_CHARS = 6
 """Shorter values are not cut out of messages (they would cut common words), and are not
 secrets anyway."""
-_URL_SECRETS = re.compile(r"(?P<scheme>[A-Za-z][A-Za-z0-9+.\-]*://)(?:[^/\s@'\"<>]*@)?"
-                          r"(?P<rest>[^\s?#'\"<>]*)(?:[?#][^\s'\"<>]*)?")
-"""A URL, its user info (``user:password@``) and its query string or fragment (a presigned
-URL's signature and access key id)."""
 _secrets: set[str] = set()
 _secrets_lock = threading.Lock()
 
@@ -95,7 +90,7 @@ def add_secrets(values: Iterable[str]) -> None:
 def redact(text: str) -> str:
     """``text`` without URL user info, query strings and fragments, and without the values
     ``add_secrets`` was given."""
-    text = _URL_SECRETS.sub(lambda m: m["scheme"] + m["rest"], text)
+    text = without_url_secrets(text)
     with _secrets_lock:
         secrets = sorted(_secrets, key=len, reverse=True)  # a secret within another: the longer
     for secret in secrets:

@@ -31,7 +31,7 @@ import pytest
 import torch
 from click.testing import CliRunner
 from moto.core.authorization import enable_iam_authentication
-from storage_servers import FAST_RETRY, S3Endpoint
+from storage_servers import FAST_RETRY, HttpEndpoint, S3Endpoint
 
 import shardio
 from benchmarks.storage_proxy import Server, _ProxyHandler, _ProxyServer, serve
@@ -397,3 +397,22 @@ def test_every_get_redirected_in_a_loop_fails_without_a_signed_url(
     for name, read in readers(s3.url, remote(tmp_path, options)).items():
         error = watched.run(read)
         assert error is not None or name == "verify", name
+
+
+@pytest.mark.parametrize("args", [["info", "nosuch"], ["ls", "nosuch"], ["verify", "nosuch"],
+                                  ["cat", "ds", "nokey"], ["doctor", "nosuch"]])
+def test_a_password_in_the_dataset_url_is_never_shown(packed: Path, http: HttpEndpoint,
+                                                      tmp_path: Path, args: list[str]) -> None:
+    # messages quote the URL the user gave: every ShardioError and CLI line cuts its user info
+    shutil.copytree(packed, http.root / "ds")
+    url = http.url.replace("http://", f"http://someone:{BASIC_PASSWORD}@") + "/" + args[1]
+    result = CliRunner().invoke(main, [args[0], url, *args[2:],
+                                       *(["--cache-dir", str(tmp_path / "c")]
+                                         if args[0] in ("verify", "cat") else [])])
+    assert result.exit_code == 1 and result.output.startswith("Error: "), result.output
+    assert BASIC_PASSWORD not in result.output and "Traceback" not in result.output
+    assert "unexpected" not in result.output, result.output
+    if args[1] == "nosuch":  # the Python API's error too
+        with pytest.raises(shardio.ShardioError) as info:
+            shardio.open_dataset(url)
+        assert BASIC_PASSWORD not in f"{info.value} {info.value.path}"

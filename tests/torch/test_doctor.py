@@ -234,3 +234,22 @@ def test_a_rebuilt_loader_keeps_the_options_of_its_dataset_and_loader(tmp_path: 
     assert len(expected) == 3 and all(label >= 100 for b in expected for label in b)
     # and the change: decoded at a reduced scale, no smaller than asked
     assert all(64 <= side < 300 for sides, _labels in batches for side in sides.tolist())
+
+
+def test_the_cli_says_a_damaged_shard_in_one_line_and_a_missing_dataset_as_any_command(
+        tmp_path: Path) -> None:
+    # a worker's error came back with the worker's traceback in its text, and any shardio
+    # error was called unexpected: doctor now reports as ls and verify do
+    make_tiny_tree(tmp_path / "tree", num_files=200)
+    shardio.pack(tmp_path / "tree", tmp_path / "ds", num_workers=1, progress=False)
+    shard = tmp_path / "ds" / "shard-00000.rec"
+    data = bytearray(shard.read_bytes())
+    data[40] ^= 0xFF  # inside block 0
+    shard.write_bytes(bytes(data))
+    for target, words in ((tmp_path / "ds", "checksum"), (tmp_path / "nosuch", "does not exist")):
+        result = CliRunner().invoke(main, ["doctor", str(target), "--steps", "2",
+                                           "--num-workers", "1", "--no-verify"])
+        assert result.exit_code == 1, result.output
+        assert result.output.startswith("Error: ") and words in result.output, result.output
+        assert len(result.output.strip().splitlines()) == 1, result.output
+        assert "unexpected" not in result.output and "Traceback" not in result.output
