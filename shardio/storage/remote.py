@@ -178,7 +178,15 @@ class RemoteStore:
         def head() -> int:
             fs = self._fs()
             fs.invalidate_cache(path)
-            size = fs.size(path)
+            try:
+                size = fs.size(path)
+            except FileNotFoundError as exc:
+                # fsspec's HTTP file system says "not found" of any failed HEAD and GET: a
+                # 403 or 500 is the server's answer, to retry or name, not a missing object
+                status = getattr(exc.__cause__, "status", None)
+                if isinstance(status, int) and status not in (404, 410):
+                    raise exc.__cause__ from None  # type: ignore[misc]
+                raise
             if size is None:
                 raise StorageError(f"{path}: the server does not say the object's size", path=path)
             return int(size)

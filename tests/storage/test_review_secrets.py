@@ -416,3 +416,18 @@ def test_a_password_in_the_dataset_url_is_never_shown(packed: Path, http: HttpEn
         with pytest.raises(shardio.ShardioError) as info:
             shardio.open_dataset(url)
         assert BASIC_PASSWORD not in f"{info.value} {info.value.path}"
+
+
+@pytest.mark.parametrize("fault", ["403", "404", "500"])
+def test_a_shard_the_server_refuses_or_fails_is_not_called_missing(
+        packed: Path, hostile: _HostileServer, tmp_path: Path, fault: str) -> None:
+    # fsspec says "not found" of any failed HEAD over HTTP: a 403 or 500 on a shard once came
+    # out as ShardMissingError, "restore the object or re-pack"
+    shutil.copytree(packed, hostile.root / "ds")
+    hostile.fault, hostile.match = fault, ".rec"
+    url = f"http://127.0.0.1:{hostile.server_address[1]}/ds"
+    with pytest.raises(shardio.ShardioError) as info:
+        next(iter(StreamingDataset(url, decode="raw", remote=remote(tmp_path))))
+    missing = isinstance(info.value, shardio.ShardMissingError)
+    assert missing == (fault == "404"), repr(info.value)
+    assert missing or isinstance(info.value, shardio.StorageError)
